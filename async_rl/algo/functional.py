@@ -1,0 +1,114 @@
+"""Loss pieces around the policy loss: value loss, entropies, KL, whitening, guards."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+Tensor = torch.Tensor
+
+_LOG_2PI_E = math.log(2.0 * math.pi * math.e)
+
+
+def masked_mean(x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """Mean over elements where ``mask`` is true (plain mean when no mask)."""
+    if mask is None:
+        return x.mean()
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def masked_whiten(x: Tensor, mask: Optional[Tensor] = None, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / std over valid elements (population std); keeps the mean if not ``shift_mean``."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    return whitened if shift_mean else whitened + mean
+
+
+def value_loss(
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    clip_eps: Optional[float] = None,
+    mask: Optional[Tensor] = None,
+) -> Tensor:
+    """0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2), masked mean; unclipped if eps is None."""
+    returns = returns.detach()
+    loss = (values - returns) ** 2
+    if clip_eps is not None:
+        values_old = values_old.detach()
+        clipped = values_old + (values - values_old).clamp(-clip_eps, clip_eps)
+        loss = torch.maximum(loss, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(loss, mask)
+
+
+def categorical_entropy(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dimension."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1).to(logits.dtype)
+
+
+def tanh_gaussian_log_prob(mu: Tensor, log_std: Tensor, action: Tensor, eps: float = 1e-6) -> Tensor:
+    """Per-dimension log-density of ``action = tanh(u)``, ``u ~ N(mu, exp(log_std))``."""
+    action = action.clamp(-1.0 + eps, 1.0 - eps)
+    pre_tanh = torch.atanh(action)
+    normal_logp = -0.5 * ((pre_tanh - mu) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2.0 * math.pi)
+    return normal_logp - torch.log1p(-action.pow(2) + eps)
+
+
+def tanh_gaussian_entropy(mu: Tensor, log_std: Tensor, num_samples: int = 1) -> Tensor:
+    """Per-dimension entropy of tanh(N(mu, std)), estimated with reparameterised samples.
+
+    H = H_gauss + E[log(1 - tanh(u)^2)]; the Gaussian part is exact, the correction is a
+    Monte-Carlo mean over ``num_samples`` draws and carries gradients.
+    """
+    std = torch.exp(log_std)
+    noise = torch.randn((num_samples, *mu.shape), dtype=mu.dtype, device=mu.device)
+    pre_tanh = mu + std * noise
+    # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
+    log_det = 2.0 * (math.log(2.0) - pre_tanh - torch.nn.functional.softplus(-2.0 * pre_tanh))
+    return 0.5 * _LOG_2PI_E + log_std + log_det.mean(dim=0)
+
+
+def kl_penalty(logp: Tensor, logp_ref: Tensor, kind: str = "k3") -> Tensor:
+    """Per-element estimate of KL(pi || pi_ref) from samples of pi: ``k1`` or ``k3``."""
+    log_ratio = logp_ref - logp
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k3":
+        return torch.exp(log_ratio) - log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator '{kind}'; valid: k1, k3")
+
+
+def ratio_guard(loss: Tensor, ratio_mean: float, threshold: Optional[float]) -> tuple[Tensor, bool]:
+    """Zero the loss of an update whose mean ratio exceeds ``threshold``; returns (loss, skipped)."""
+    if threshold is not None and ratio_mean > threshold:
+        return loss * 0.0, True
+    return loss, False
+
+
+@torch.no_grad()
+def distributed_normalize(
+    x: Tensor,
+    mask: Optional[Tensor] = None,
+    group: Optional["dist.ProcessGroup"] = None,
+    eps: float = 1e-8,
+) -> Tensor:
+    """Whiten ``x`` with mean and std over every rank's valid elements.
+
+    All-reduces (sum, sum of squares, count); with torch.distributed not initialised it is
+    the local whitening.
+    """
+    valid = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.bool()
+    x64 = torch.where(valid, x.to(torch.float64), 0.0)
+    totals = torch.stack([x64.sum(), (x64**2).sum(), valid.sum().to(torch.float64)])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
+    total, total_sq, count = totals.tolist()
+    count = max(count, 1.0)
+    mean = total / count
+    var = max(total_sq / count - mean * mean, 0.0)
+    return ((x.to(torch.float64) - mean) / (math.sqrt(var) + eps)).to(x.dtype)

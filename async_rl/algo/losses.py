@@ -1,0 +1,311 @@
+"""Policy losses: one registry, one signature, one function per clip mode.
+
+Every mode maps (ratio r, advantage A, params) to a per-element loss ``l`` plus two boolean
+masks used for diagnostics: where a hard clip is active and where the gradient is exactly
+zero because of that clip. ``compute_policy_loss`` does the shared work around it: the
+ratio, broadcasting, masking, the mean and the metrics.
+
+Adding a mode is one function and one ``@register_policy_loss`` line.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import pydantic
+import torch
+import yaml
+
+from async_rl.errors import ConfigError
+from async_rl.validation import validate_model
+
+Tensor = torch.Tensor
+
+
+class PolicyLossParams(pydantic.BaseModel):
+    """Hyper-parameters shared by the clip modes (``--clip-config`` loads these)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    clip_eps: float = pydantic.Field(0.2, gt=0.0, lt=1.0)
+    clip_eps_low: Optional[float] = pydantic.Field(None, gt=0.0, lt=1.0)
+    clip_eps_high: Optional[float] = pydantic.Field(None, gt=0.0)
+    dual_clip_c: Optional[float] = pydantic.Field(None, gt=1.0)
+    soft_clip_alpha: float = pydantic.Field(1.0, ge=0.0)
+    tau_pos: float = pydantic.Field(1.0, gt=0.0)
+    tau_neg: float = pydantic.Field(1.05, gt=0.0)
+    beta1: float = pydantic.Field(0.75, ge=0.0)
+    beta2: float = pydantic.Field(1.0, ge=0.0)
+    is_eps_low: Optional[float] = pydantic.Field(None, ge=0.0, lt=1.0)
+    is_eps_high: Optional[float] = pydantic.Field(None, ge=0.0)
+
+    # strict=True refuses ints for floats; integers are fine for every key here.
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _int_to_float(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+    @property
+    def eps_low(self) -> float:
+        return self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+
+    @property
+    def eps_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    @property
+    def is_low(self) -> float:
+        return self.eps_low if self.is_eps_low is None else self.is_eps_low
+
+    @property
+    def is_high(self) -> float:
+        return self.eps_high if self.is_eps_high is None else self.is_eps_high
+
+
+@dataclass
+class LossTerms:
+    """What a clip mode returns, per element (broadcast shape of logp and advantages)."""
+
+    loss: Tensor
+    clipped: Tensor  # bool: a hard clip / cut is active
+    dead_grad: Tensor  # bool: gradient exactly zero because of clipping
+    extra: dict[str, Tensor] = field(default_factory=dict)  # per-element diagnostics to average
+
+
+LossFn = Callable[[Tensor, Tensor, PolicyLossParams], LossTerms]
+
+
+@dataclass(frozen=True)
+class _ModeSpec:
+    fn: LossFn
+    fixed: Mapping[str, Any]
+    dual_clip: bool
+
+
+_REGISTRY: dict[str, _ModeSpec] = {}
+_CANONICAL: dict[str, str] = {}  # every name (mode or alias) -> canonical mode
+
+
+def register_policy_loss(
+    name: str,
+    aliases: Mapping[str, Mapping[str, Any]] | tuple[str, ...] = (),
+    dual_clip: bool = False,
+) -> Callable[[LossFn], LossFn]:
+    """Register a clip mode under ``name``.
+
+    ``aliases`` is a tuple of extra names, or a mapping alias -> params that alias fixes
+    (e.g. ``{"soft_clip_alpha-2": {"soft_clip_alpha": 2.0}}``). ``dual_clip`` says whether
+    ``dual_clip_c`` applies to this mode.
+    """
+    alias_map = dict(aliases) if isinstance(aliases, Mapping) else {a: {} for a in aliases}
+
+    def wrap(fn: LossFn) -> LossFn:
+        for mode_name, fixed in {name: {}, **alias_map}.items():
+            if mode_name in _REGISTRY:
+                raise ValueError(f"policy loss '{mode_name}' is registered twice")
+            _REGISTRY[mode_name] = _ModeSpec(fn=fn, fixed=fixed, dual_clip=dual_clip)
+            _CANONICAL[mode_name] = name
+        return fn
+
+    return wrap
+
+
+def policy_loss_modes() -> list[str]:
+    """Every valid ``clip_mode`` (modes and aliases)."""
+    return sorted(_REGISTRY)
+
+
+def _mode_spec(clip_mode: str) -> _ModeSpec:
+    try:
+        return _REGISTRY[clip_mode]
+    except KeyError:
+        raise ConfigError(
+            f"unknown clip mode '{clip_mode}'; valid modes and aliases: {', '.join(policy_loss_modes())}"
+        ) from None
+
+
+def resolve_policy_loss_params(
+    clip_mode: str, params: Mapping[str, Any] | PolicyLossParams | None = None
+) -> PolicyLossParams:
+    """Validate ``params`` for ``clip_mode`` (unknown key, type, range, conflicts)."""
+    spec = _mode_spec(clip_mode)
+    if isinstance(params, PolicyLossParams):
+        params = params.model_dump(exclude_unset=True)
+    params = dict(params or {})
+    for key, value in spec.fixed.items():
+        if key in params and float(params[key]) != float(value):
+            raise ConfigError(
+                f"clip mode '{clip_mode}' fixes {key}={value} but the clip config sets {key}={params[key]}; "
+                f"use mode '{_CANONICAL[clip_mode]}' to choose {key} freely"
+            )
+        params[key] = value
+    resolved = validate_model(PolicyLossParams, params, "clip param")
+    if resolved.dual_clip_c is not None and not spec.dual_clip:
+        dual_modes = sorted({_CANONICAL[m] for m, s in _REGISTRY.items() if s.dual_clip})
+        raise ConfigError(
+            f"clip param 'dual_clip_c' does not apply to clip mode '{clip_mode}'; "
+            f"it applies to: {', '.join(dual_modes)}; remove it from the clip config"
+        )
+    return resolved
+
+
+def load_clip_config(path: str | Path | None) -> dict[str, Any]:
+    """Read a ``--clip-config`` file (YAML or JSON; JSON is valid YAML) into a dict."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--clip-config {path}: no such file; pass a YAML or JSON file of clip params")
+    try:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--clip-config {path}: cannot parse ({exc.__class__.__name__}: {exc}".replace("\n", " ") + ")") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--clip-config {path}: expected a mapping of clip params, got {type(data).__name__}")
+    return data
+
+
+def _dual_clip(loss: Tensor, adv: Tensor, c: Optional[float]) -> tuple[Tensor, Tensor]:
+    """Bound the loss of negative-advantage elements by -c*A; returns (loss, where active)."""
+    if c is None:
+        return loss, torch.zeros_like(loss, dtype=torch.bool)
+    bound = -c * adv
+    active = (adv < 0) & (loss > bound)
+    return torch.where(active, bound, loss), active
+
+
+def _straight_through(ratio: Tensor) -> Tensor:
+    """r / sg(r): forward value 1, gradient that of r."""
+    return ratio / ratio.detach()
+
+
+@register_policy_loss("clip", dual_clip=True)
+def _clip_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+    low, high = 1.0 - p.eps_low, 1.0 + p.eps_high
+    unclipped = -ratio * adv
+    clipped = -ratio.clamp(low, high) * adv
+    loss = torch.maximum(unclipped, clipped)
+    loss, dual_active = _dual_clip(loss, adv, p.dual_clip_c)
+    outside = (ratio < low) | (ratio > high)
+    # The clipped branch wins (and is flat) exactly when the ratio left the region on the
+    # side the advantage pushes towards.
+    flat = ((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low))
+    return LossTerms(loss, clipped=outside | dual_active, dead_grad=flat | dual_active)
+
+
+@register_policy_loss(
+    "soft_clip",
+    aliases={"soft_clip_alpha-1": {"soft_clip_alpha": 1.0}, "soft_clip_alpha-2": {"soft_clip_alpha": 2.0}},
+)
+def _soft_clip_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+    # (1/max(r, 1/r))^alpha shrinks the gradient of far-off ratios without ever zeroing it.
+    coeff = (1.0 / torch.maximum(ratio, 1.0 / ratio)).detach() ** p.soft_clip_alpha
+    loss = -ratio * adv * coeff
+    none = torch.zeros_like(loss, dtype=torch.bool)
+    return LossTerms(loss, clipped=none, dead_grad=none, extra={"soft_clip_coeff_mean": coeff.expand_as(loss)})
+
+
+@register_policy_loss("sapo", aliases=("sapo_soft_clip", "sapo_gate"))
+def _sapo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+    tau = torch.where(adv > 0, p.tau_pos, p.tau_neg).to(ratio.dtype)
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * gate * adv
+    # d loss / d r = -4 sigma (1 - sigma) A: the gate's weight on the plain PG gradient (1 at r=1).
+    gate_weight = (4.0 * gate * (1.0 - gate)).detach()
+    none = torch.zeros_like(loss, dtype=torch.bool)
+    return LossTerms(
+        loss,
+        clipped=none,
+        dead_grad=none,
+        extra={"sapo_gate_weight_mean": gate_weight, "sapo_gate_saturation_frac": (gate_weight < 0.1).to(loss.dtype)},
+    )
+
+
+@register_policy_loss("ce-gppo_clip", dual_clip=True)
+def _ce_gppo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+    low, high = 1.0 - p.eps_low, 1.0 + p.eps_high
+    st = _straight_through(ratio)
+    below = (adv < 0) & (ratio < low)
+    above = (adv > 0) & (ratio > high)
+    # Outside the trust region the forward value is the clip bound, but a scaled gradient
+    # survives (beta1 / beta2) instead of vanishing.
+    loss = torch.where(
+        below,
+        -p.beta1 * low * st * adv,
+        torch.where(above, -p.beta2 * high * st * adv, -ratio * adv),
+    )
+    loss, dual_active = _dual_clip(loss, adv, p.dual_clip_c)
+    return LossTerms(loss, clipped=below | above | dual_active, dead_grad=dual_active)
+
+
+@register_policy_loss("cispo", aliases=("cispo_clip", "is_clip", "is_weight_clip"))
+def _cispo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+    weight = ratio.clamp(1.0 - p.is_low, 1.0 + p.is_high).detach()
+    loss = -weight * adv * _straight_through(ratio)
+    clipped = (ratio < 1.0 - p.is_low) | (ratio > 1.0 + p.is_high)
+    return LossTerms(loss, clipped=clipped, dead_grad=torch.zeros_like(clipped))
+
+
+def _masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    if mask is None:
+        return x.mean()
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def compute_policy_loss(
+    clip_mode: str,
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Optional[Tensor] = None,
+    params: Mapping[str, Any] | PolicyLossParams | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Policy loss of ``clip_mode`` and its diagnostics.
+
+    ``logp``/``logp_old``: log-probs of the taken actions (any shape); ``advantages``
+    broadcasts to that shape; ``mask`` (shape of ``logp``) marks valid elements. Gradients
+    flow through ``logp`` only. Returns the masked mean loss and a dict of floats.
+    """
+    spec = _mode_spec(clip_mode)
+    p = resolve_policy_loss_params(clip_mode, params)
+    log_ratio = logp - logp_old.detach()
+    ratio = torch.exp(log_ratio)
+    adv = advantages.detach().to(ratio.dtype)
+    shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+    if shape != ratio.shape:
+        raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(ratio.shape)}")
+    if mask is not None and mask.shape != ratio.shape:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} must have logp's shape {tuple(ratio.shape)}")
+    adv = adv.expand(shape)
+    terms = spec.fn(ratio, adv, p)
+    loss = _masked_mean(terms.loss, mask)
+
+    with torch.no_grad():
+        r = ratio.detach()
+        valid = torch.ones_like(r, dtype=torch.bool) if mask is None else mask.bool()
+        n = valid.sum().clamp_min(1).to(torch.float64)
+        r64 = torch.where(valid, r.to(torch.float64), 0.0)
+        lr64 = torch.where(valid, log_ratio.detach().to(torch.float64), 0.0)
+        frac = lambda b: (b & valid).sum().to(torch.float64) / n  # noqa: E731
+        stats = {
+            "clip_frac": frac(terms.clipped),
+            "dead_grad_frac": frac(terms.dead_grad),
+            "ess": r64.sum() ** 2 / (n * (r64**2).sum()).clamp_min(torch.finfo(torch.float64).tiny),
+            "ratio_mean": r64.sum() / n,
+            "ratio_max": torch.where(valid, r64, -torch.inf).max() if valid.any() else r64.new_tensor(0.0),
+            "ratio_min": torch.where(valid, r64, torch.inf).min() if valid.any() else r64.new_tensor(0.0),
+            # k3 estimator of KL(old || new): unbiased, always >= 0.
+            "approx_kl": ((r64 - 1.0) - lr64).sum() / n,
+        }
+        for key, value in terms.extra.items():
+            stats[key] = torch.where(valid, value.to(torch.float64), 0.0).sum() / n
+        names = list(stats)
+        values = torch.stack([stats[k].to(torch.float64).reshape(()) for k in names]).tolist()  # one device sync
+    return loss, dict(zip(names, values))

@@ -1,0 +1,20 @@
+"""Errors with one-line messages meant for the person running the job."""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message names the problem and the fix, on one line."""
+
+
+class ActorTimeoutError(TimeoutError):
+    """A wait on another actor or a collective ran past its timeout; the message names who."""
+
+
+def unknown_key_message(key: str, valid: Iterable[str], what: str) -> str:
+    valid = sorted(valid)
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown {what} '{key}'{hint}; valid keys: {', '.join(valid)}"

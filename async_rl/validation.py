@@ -1,0 +1,30 @@
+"""Turns pydantic validation errors into one-line messages that name the key and the fix."""
+from __future__ import annotations
+
+from typing import Any, Mapping, TypeVar
+
+import pydantic
+
+from async_rl.errors import ConfigError, unknown_key_message
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+
+
+def validate_model(model_cls: type[ModelT], data: Mapping[str, Any], what: str) -> ModelT:
+    """Build `model_cls` from `data`; raise ConfigError naming the first bad key.
+
+    `what` says where the keys come from (e.g. "clip param", "config key").
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{what}s must be a mapping of key: value, got {type(data).__name__}")
+    valid = model_cls.model_fields.keys()
+    for key in data:
+        if key not in valid:
+            raise ConfigError(unknown_key_message(str(key), valid, what))
+    try:
+        return model_cls.model_validate(dict(data))
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(part) for part in err["loc"]) or "(model)"
+        value = data.get(err["loc"][0]) if err["loc"] else None
+        raise ConfigError(f"{what} '{key}' = {value!r}: {err['msg']}") from None
