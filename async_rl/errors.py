@@ -17,4 +17,6 @@ def unknown_key_message(key: str, valid: Iterable[str], what: str) -> str:
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
+    if len(valid) > 20:
+        return f"unknown {what} '{key}'{hint}; run with --help to list the valid ones"
     return f"unknown {what} '{key}'{hint}; valid keys: {', '.join(valid)}"

@@ -25,6 +25,8 @@ def validate_model(model_cls: type[ModelT], data: Mapping[str, Any], what: str) 
         return model_cls.model_validate(dict(data))
     except pydantic.ValidationError as exc:
         err = exc.errors()[0]
-        key = ".".join(str(part) for part in err["loc"]) or "(model)"
-        value = data.get(err["loc"][0]) if err["loc"] else None
-        raise ConfigError(f"{what} '{key}' = {value!r}: {err['msg']}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a check across several keys
+            raise ConfigError(msg) from None
+        key = ".".join(str(part) for part in err["loc"])
+        raise ConfigError(f"{what} '{key}' = {data.get(err['loc'][0])!r}: {msg}") from None

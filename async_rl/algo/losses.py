@@ -137,13 +137,19 @@ def resolve_policy_loss_params(
         params = params.model_dump(exclude_unset=True)
     params = dict(params or {})
     for key, value in spec.fixed.items():
-        if key in params and float(params[key]) != float(value):
+        given = params.get(key, value)
+        if isinstance(given, bool) or not isinstance(given, (int, float)) or float(given) != float(value):
             raise ConfigError(
-                f"clip mode '{clip_mode}' fixes {key}={value} but the clip config sets {key}={params[key]}; "
+                f"clip mode '{clip_mode}' fixes {key}={value} but the clip config sets {key}={params[key]!r}; "
                 f"use mode '{_CANONICAL[clip_mode]}' to choose {key} freely"
             )
         params[key] = value
-    resolved = validate_model(PolicyLossParams, params, "clip param")
+    try:
+        resolved = validate_model(PolicyLossParams, params, "clip param")
+    except ConfigError as exc:
+        if "valid keys:" in str(exc):
+            raise
+        raise ConfigError(f"{exc}; valid keys: {', '.join(PolicyLossParams.model_fields)}") from None
     if resolved.dual_clip_c is not None and not spec.dual_clip:
         dual_modes = sorted({_CANONICAL[m] for m, s in _REGISTRY.items() if s.dual_clip})
         raise ConfigError(
@@ -213,7 +219,7 @@ def _soft_clip_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerm
 
 @register_policy_loss("sapo", aliases=("sapo_soft_clip", "sapo_gate"))
 def _sapo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
-    tau = torch.where(adv > 0, p.tau_pos, p.tau_neg).to(ratio.dtype)
+    tau = torch.where(adv > 0, ratio.new_tensor(p.tau_pos), ratio.new_tensor(p.tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     loss = -(4.0 / tau) * gate * adv
     # d loss / d r = -4 sigma (1 - sigma) A: the gate's weight on the plain PG gradient (1 at r=1).
@@ -241,7 +247,8 @@ def _ce_gppo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
         torch.where(above, -p.beta2 * high * st * adv, -ratio * adv),
     )
     loss, dual_active = _dual_clip(loss, adv, p.dual_clip_c)
-    return LossTerms(loss, clipped=below | above | dual_active, dead_grad=dual_active)
+    dead = dual_active | (below & (p.beta1 == 0.0)) | (above & (p.beta2 == 0.0))
+    return LossTerms(loss, clipped=below | above | dual_active, dead_grad=dead)
 
 
 @register_policy_loss("cispo", aliases=("cispo_clip", "is_clip", "is_weight_clip"))
@@ -278,7 +285,10 @@ def compute_policy_loss(
     log_ratio = logp - logp_old.detach()
     ratio = torch.exp(log_ratio)
     adv = advantages.detach().to(ratio.dtype)
-    shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+    try:
+        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+    except RuntimeError:
+        shape = None
     if shape != ratio.shape:
         raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(ratio.shape)}")
     if mask is not None and mask.shape != ratio.shape:
@@ -302,7 +312,7 @@ def compute_policy_loss(
             "ratio_max": torch.where(valid, r64, -torch.inf).max() if valid.any() else r64.new_tensor(0.0),
             "ratio_min": torch.where(valid, r64, torch.inf).min() if valid.any() else r64.new_tensor(0.0),
             # k3 estimator of KL(old || new): unbiased, always >= 0.
-            "approx_kl": ((r64 - 1.0) - lr64).sum() / n,
+            "approx_kl": torch.where(valid, (r64 - 1.0) - lr64, 0.0).sum() / n,
         }
         for key, value in terms.extra.items():
             stats[key] = torch.where(valid, value.to(torch.float64), 0.0).sum() / n

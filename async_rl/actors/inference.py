@@ -1,0 +1,195 @@
+"""InferenceActor: batched forward passes of the policy, serving many rollout workers.
+
+Requests wait in a queue as asyncio futures; a background loop runs one forward pass when
+``batch_size`` requests wait or ``timeout_s`` has passed since the oldest one arrived. New
+weights are staged and swapped in between two batches, so a batch never sees a half-updated
+model, and every answer carries the policy version that produced it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import ray
+import torch
+from tensordict import TensorDict
+
+from async_rl.runtime import configure_torch, resolve_device
+from async_rl.weight_sync import WeightSyncGroup, tensor_signature
+
+ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
+
+
+@dataclass
+class _Request:
+    obs: TensorDict
+    deterministic: bool
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class BatchingServer:
+    """The batching loop, independent of Ray (tested directly)."""
+
+    def __init__(self, forward: ForwardFn, batch_size: int, timeout_s: float) -> None:
+        self._forward = forward
+        self.batch_size = batch_size
+        self.timeout_s = timeout_s
+        self.version = 0
+        self._pending: list[_Request] = []
+        self._arrived = asyncio.Event()
+        self._staged: Optional[tuple[Callable[[], None], int]] = None
+        self._fatal: Optional[BaseException] = None
+        self._stats = {"batches": 0, "requests": 0, "forward_seconds": 0.0}
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task.add_done_callback(self._on_loop_done)
+
+    async def submit(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
+        """Queue one observation (no batch dim); returns the policy output with ``policy_version``."""
+        if self._fatal is not None:
+            raise RuntimeError(f"inference loop is dead: {self._fatal!r}")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Request(obs, deterministic, future))
+        self._arrived.set()
+        return await future
+
+    def stage_weights(self, apply: Callable[[], None], version: int) -> None:
+        """``apply`` copies new weights into the model; it runs between two batches."""
+        self._staged = (apply, version)
+
+    def apply_staged(self) -> None:
+        """Swap in staged weights now (the loop calls it before every batch)."""
+        if self._staged is not None:
+            apply, version = self._staged
+            self._staged = None
+            apply()
+            self.version = version
+
+    def stats(self, reset: bool = True) -> dict[str, float]:
+        s = self._stats
+        out = {
+            "batches": s["batches"],
+            "batch_size": s["requests"] / max(s["batches"], 1),
+            "forward_ms": 1000.0 * s["forward_seconds"] / max(s["batches"], 1),
+            "pending": len(self._pending),
+            "policy_version": self.version,
+        }
+        if reset:
+            self._stats = {"batches": 0, "requests": 0, "forward_seconds": 0.0}
+        return out
+
+    async def _next_batch(self) -> list[_Request]:
+        while not self._pending:
+            self._arrived.clear()
+            await self._arrived.wait()
+        deadline = self._pending[0].arrived + self.timeout_s
+        while len(self._pending) < self.batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        batch, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size :]
+        return batch
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            self.apply_staged()
+            version = self.version
+            obs = torch.stack([r.obs for r in batch])
+            deterministic = torch.tensor([r.deterministic for r in batch])
+            start = time.perf_counter()
+            try:
+                out = await asyncio.to_thread(self._forward, obs, deterministic)
+            except Exception as exc:  # every caller of this batch gets the error
+                traceback.print_exc()
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
+            self._stats["batches"] += 1
+            self._stats["requests"] += len(batch)
+            self._stats["forward_seconds"] += time.perf_counter() - start
+            out["policy_version"] = torch.full((len(batch),), version, dtype=torch.int64)
+            for i, r in enumerate(batch):
+                if not r.future.done():
+                    r.future.set_result(out[i])
+
+    def _on_loop_done(self, task: asyncio.Task) -> None:
+        self._fatal = task.exception() if not task.cancelled() else asyncio.CancelledError()
+        for r in self._pending:
+            if not r.future.done():
+                r.future.set_exception(RuntimeError(f"inference loop stopped: {self._fatal!r}"))
+        self._pending.clear()
+
+
+@ray.remote
+class InferenceActor:
+    """One copy of the policy on its device, behind a BatchingServer."""
+
+    def __init__(self, index: int, policy_factory: Callable[[], torch.nn.Module], batch_size: int,
+                 timeout_ms: float, device: str = "cpu", seed: int = 0, torch_threads: int = 1) -> None:
+        configure_torch(seed + 10_000 * (index + 1), torch_threads)
+        self.name = f"inference-{index}"
+        self.device = resolve_device(device)
+        self.model = policy_factory().to(self.device).eval()
+        self._batch_size, self._timeout_s = batch_size, timeout_ms / 1000.0
+        self._server: Optional[BatchingServer] = None
+        self._sync: Optional[WeightSyncGroup] = None
+
+    def _forward(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
+        with torch.inference_mode():
+            return self.model.act(obs.to(self.device), deterministic.to(self.device)).to("cpu")
+
+    def _server_ready(self) -> BatchingServer:
+        if self._server is None:  # created lazily: it needs the actor's running event loop
+            self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s)
+        return self._server
+
+    async def request(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
+        return await self._server_ready().submit(obs, deterministic)
+
+    async def ping(self) -> str:
+        return self.name
+
+    def weight_signature(self) -> list[tuple[str, tuple[int, ...], str]]:
+        return tensor_signature(self.model.inference_tensors())
+
+    async def join_weight_sync(self, rank: int, world_size: int, addr: str, port: int,
+                               timeout_s: float, member_names: list[str]) -> None:
+        self._sync = await asyncio.to_thread(
+            WeightSyncGroup, rank, world_size, addr, port, timeout_s=timeout_s, member_names=member_names
+        )
+
+    async def receive_weights(self, version: int) -> int:
+        """Receive a broadcast from trainer rank 0 into staging buffers, then stage the swap."""
+        targets = [t for _, t in self.model.inference_tensors()]
+        staging = [torch.empty_like(t) for t in targets]
+        await self._sync.broadcast_async(staging)
+
+        def apply() -> None:
+            with torch.no_grad():
+                for target, new in zip(targets, staging):
+                    target.copy_(new)
+
+        self._server_ready().stage_weights(apply, version)
+        return version
+
+    def stats(self) -> dict[str, float]:
+        return self._server_ready().stats() if self._server else {"batches": 0, "policy_version": 0}
+
+    async def weights(self) -> dict[str, torch.Tensor]:
+        """The weights the next batch will use (staged ones applied first); for tests."""
+        self._server_ready().apply_staged()
+        return {k: v.detach().cpu().clone() for k, v in self.model.inference_tensors()}
+
+    def shutdown(self) -> None:
+        if self._sync is not None:
+            self._sync.close()

@@ -1,0 +1,58 @@
+"""StatsActor: aggregates what workers report, per task, between two snapshots."""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+import ray
+
+
+class StatsAggregator:
+    def __init__(self) -> None:
+        self.total_env_steps = 0
+        self.total_episodes = 0
+        self._episodes: dict[str, list[tuple[float, int, bool]]] = defaultdict(list)
+        self._steps_since = 0
+        self._since = time.monotonic()
+
+    def record_steps(self, source: str, n: int) -> None:
+        self.total_env_steps += n
+        self._steps_since += n
+
+    def record_episode(self, task: str, episode_return: float, length: int, success: bool, seconds: float) -> None:
+        self.total_episodes += 1
+        self._episodes[task].append((episode_return, length, success))
+
+    def snapshot(self) -> dict:
+        """Per-task and overall means since the last snapshot, plus running totals."""
+        now = time.monotonic()
+        per_task = {
+            task: {
+                "episode_return": float(np.mean([e[0] for e in eps])),
+                "episode_length": float(np.mean([e[1] for e in eps])),
+                "success_rate": float(np.mean([e[2] for e in eps])),
+                "episodes": len(eps),
+            }
+            for task, eps in self._episodes.items()
+        }
+        all_eps = [e for eps in self._episodes.values() for e in eps]
+        out = {
+            "tasks": per_task,
+            "episodes": len(all_eps),
+            "env_steps_per_sec": self._steps_since / max(now - self._since, 1e-9),
+            "total_env_steps": self.total_env_steps,
+            "total_episodes": self.total_episodes,
+        }
+        if all_eps:
+            out["episode_return"] = float(np.mean([e[0] for e in all_eps]))
+            out["episode_length"] = float(np.mean([e[1] for e in all_eps]))
+            out["success_rate"] = float(np.mean([e[2] for e in all_eps]))
+        self._episodes.clear()
+        self._steps_since, self._since = 0, now
+        return out
+
+
+@ray.remote
+class StatsActor(StatsAggregator):
+    pass

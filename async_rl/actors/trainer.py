@@ -1,0 +1,230 @@
+"""TrainerActor: one data-parallel rank under DeepSpeed ZeRO-2.
+
+A background coroutine prefetches the next super-batch from the replay buffer while the
+current one trains (double buffering); the epoch itself runs in a thread so the actor's event
+loop keeps serving the prefetch and the weight broadcast.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from typing import Any, Callable, Optional
+
+import ray
+import torch
+from tensordict import TensorDict
+
+from async_rl.algo import (
+    compute_policy_loss,
+    distributed_normalize,
+    kl_penalty,
+    ratio_guard,
+    resolve_policy_loss_params,
+    value_loss,
+    vtrace,
+)
+from async_rl.experience import policy_versions
+from async_rl.runtime import configure_torch, wait_for
+from async_rl.weight_sync import WeightSyncGroup, tensor_signature
+
+
+def warmup_cosine(warmup: int, decay_steps: int, min_ratio: float) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up, then cosine decay to ``min_ratio`` at ``decay_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(decay_steps - warmup, 1), 1.0)
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def deepspeed_config(cfg: Any, bf16: bool) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": cfg.train_batch_size,
+        "gradient_accumulation_steps": cfg.accumulation_steps,
+        "gradient_clipping": cfg.max_grad_norm,
+        "zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_scatter": True, "contiguous_gradients": True},
+        # torch AdamW needs no compiled op; DeepSpeed's own Adams JIT-compile for ~100 s on CPU.
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for row in rows for k in row}
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
+
+
+@ray.remote
+class TrainerActor:
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: Any,
+                 policy_factory: Callable[[], torch.nn.Module], replay: Any, gpu_id: Optional[int] = None) -> None:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        if gpu_id is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+        configure_torch(cfg.seed + rank, cfg.torch_threads)
+        self.rank, self.world_size, self.cfg = rank, world_size, cfg
+        self.name = f"trainer-{rank}"
+        self.policy_factory, self.replay = policy_factory, replay
+        self.loss_params = resolve_policy_loss_params(cfg.clip_mode, cfg.clip_params)
+        self.engine = None
+        self._ready: Optional[asyncio.Queue] = None
+        self._prefetch: Optional[asyncio.Task] = None
+        self._sync: Optional[WeightSyncGroup] = None
+        self.global_step = 0
+        self.skipped_updates = 0
+
+    # ---- set-up -------------------------------------------------------------------------
+    def setup(self) -> dict[str, int]:
+        """Initialise torch.distributed (training group) and the DeepSpeed engine."""
+        import deepspeed  # heavy; only trainers need it
+
+        cuda = torch.cuda.is_available() and self.cfg.device != "cpu"
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
+        bf16 = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+        model = self.policy_factory()
+        value_ids = {id(p) for p in model.value_parameters()}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in trainable if id(p) not in value_ids], "lr": self.cfg.lr_policy, "name": "policy"},
+            {"params": [p for p in trainable if id(p) in value_ids], "lr": self.cfg.lr_value, "name": "value"},
+        ]
+        optimizer = torch.optim.AdamW(groups, weight_decay=self.cfg.weight_decay)
+        schedule = warmup_cosine(self.cfg.warmup_steps, self.cfg.lr_decay_steps, self.cfg.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [schedule, schedule])
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(self.cfg, bf16)
+        )
+        self.device = self.engine.device
+        return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
+
+    # ---- data ---------------------------------------------------------------------------
+    async def _prefetch_loop(self) -> None:
+        while True:
+            batch = await wait_for(self.replay.sample.remote(self.cfg.super_batch_size), self.cfg.actor_timeout_s,
+                                   "replay buffer", f"sample for {self.name}")
+            if batch is None:  # not enough experience yet
+                await asyncio.sleep(0.2)
+                continue
+            await self._ready.put(batch)  # blocks while the previous super-batch is unconsumed
+
+    async def _next_super_batch(self) -> TensorDict:
+        if self._ready is None:
+            self._ready = asyncio.Queue(maxsize=1)
+            self._prefetch = asyncio.get_running_loop().create_task(self._prefetch_loop())
+        get = asyncio.ensure_future(self._ready.get())
+        done, _ = await asyncio.wait([get, self._prefetch], timeout=self.cfg.actor_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if get not in done:
+            get.cancel()
+            if self._prefetch.done():
+                raise self._prefetch.exception()
+            raise TimeoutError(f"{self.name}: no super-batch from the replay buffer within {self.cfg.actor_timeout_s:g} s")
+        return get.result()
+
+    # ---- training -----------------------------------------------------------------------
+    async def train_epoch(self, policy_version: int) -> dict[str, float]:
+        """One epoch on a fresh super-batch; returns mean metrics of this rank."""
+        batch = await self._next_super_batch()
+        return await asyncio.to_thread(self._train_on, batch, policy_version)
+
+    def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        lag = (policy_version - policy_versions(batch)).float()
+        batch = batch.to(self.device)
+        mb = self.cfg.train_batch_size
+        rows = []
+        for _ in range(self.cfg.updates_per_epoch):
+            order = torch.randperm(batch.batch_size[0], device=self.device)
+            if self.cfg.advantage == "gae":
+                adv_all = batch["advantage"]
+                if self.cfg.normalize_advantages:
+                    adv_all = distributed_normalize(adv_all)
+            for i in range(0, len(order), mb):
+                idx = order[i : i + mb]
+                if self.cfg.advantage == "gae":
+                    rows.append(self._gae_step(batch[idx], adv_all[idx]))
+                else:
+                    rows.append(self._vtrace_step(batch[idx]))
+        metrics = _mean_metrics(rows)
+        metrics.update({
+            "policy_lag_mean": float(lag.mean()),
+            "policy_lag_max": float(lag.max()),
+            "lr_policy": self.scheduler.get_last_lr()[0],
+            "lr_value": self.scheduler.get_last_lr()[1],
+            "global_step": self.global_step,
+            "skipped_updates": self.skipped_updates,
+            "epoch_seconds": time.perf_counter() - start,
+        })
+        return metrics
+
+    def _loss_and_step(self, logp, logp_old, entropy, value, value_old, value_target, adv) -> dict[str, float]:
+        cfg = self.cfg
+        policy_loss, metrics = compute_policy_loss(cfg.clip_mode, logp, logp_old, adv.unsqueeze(-1), params=self.loss_params)
+        v_loss = value_loss(value, value_old, value_target, cfg.value_clip_eps)
+        entropy_mean = entropy.sum(-1).mean()
+        loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * entropy_mean
+        if cfg.kl_coef > 0:
+            loss = loss + cfg.kl_coef * kl_penalty(logp, logp_old.detach(), "k3").mean()
+        loss, guarded = ratio_guard(loss, metrics["ratio_mean"], cfg.ratio_threshold)
+        self.engine.backward(loss)
+        self.engine.step()
+        self.global_step = self.engine.global_steps
+        metrics.update(policy_loss=float(policy_loss), value_loss=float(v_loss), entropy=float(entropy_mean),
+                       loss=float(loss), ratio_guard_skipped=float(guarded))
+        return metrics
+
+    def _gae_step(self, mb: TensorDict, adv: torch.Tensor) -> dict[str, float]:
+        logp, entropy, value = self.engine(mb["obs"], mb["action"])
+        return self._loss_and_step(logp, mb["logp"], entropy, value, mb["value"], mb["value_target"], adv)
+
+    def _vtrace_step(self, mb: TensorDict) -> dict[str, float]:
+        cfg, steps = self.cfg, mb["steps"]
+        b, t = steps.batch_size
+        flat = steps.reshape(b * t)
+        logp, entropy, value = self.engine(flat["obs"], flat["action"])
+        with torch.no_grad():
+            bootstrap = self.engine.module.value(mb["bootstrap_obs"])
+        time_major = lambda x: x.reshape(b, t).transpose(0, 1)  # noqa: E731
+        log_rhos = time_major((logp.detach() - flat["logp"]).sum(-1))
+        discounts = cfg.gamma * (1.0 - time_major(flat["done"].to(value.dtype)))
+        vs, pg_adv = vtrace(log_rhos, discounts, time_major(flat["reward"]), time_major(value.detach()), bootstrap,
+                            cfg.vtrace_clip_rho, cfg.vtrace_clip_c, cfg.vtrace_clip_pg_rho)
+        flat_major = lambda x: x.transpose(0, 1).reshape(b * t)  # noqa: E731
+        adv = flat_major(pg_adv)
+        if cfg.normalize_advantages:
+            adv = distributed_normalize(adv)
+        return self._loss_and_step(logp, flat["logp"], entropy, value, flat["value"], flat_major(vs), adv)
+
+    # ---- weights ------------------------------------------------------------------------
+    def weight_signature(self) -> list[tuple[str, tuple[int, ...], str]]:
+        return tensor_signature(self.engine.module.inference_tensors())
+
+    async def join_weight_sync(self, world_size: int, addr: str, port: int, timeout_s: float, member_names: list[str]) -> None:
+        self._sync = await asyncio.to_thread(
+            WeightSyncGroup, 0, world_size, addr, port, timeout_s=timeout_s, member_names=member_names
+        )
+
+    async def broadcast_weights(self) -> float:
+        """Rank 0 sends the inference tensors to every inference actor; returns seconds taken."""
+        start = time.perf_counter()
+        tensors = [t.detach() for _, t in self.engine.module.inference_tensors()]
+        await self._sync.broadcast_async(tensors)
+        return time.perf_counter() - start
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.engine.module.inference_tensors()}
+
+    def shutdown(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+        if self._sync is not None:
+            self._sync.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -1,0 +1,318 @@
+"""The driver: builds the actors, runs warm-up -> epoch -> broadcast -> log, and shuts down.
+
+Every launch script is a config plus ``run(cfg)``.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import ray
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import envs
+from async_rl.actors.evaluation import EvaluationWorkerActor
+from async_rl.actors.inference import InferenceActor
+from async_rl.actors.replay_buffer import ReplayBufferActor
+from async_rl.actors.rollout_worker import RolloutWorkerActor
+from async_rl.actors.stats import StatsActor
+from async_rl.actors.trainer import TrainerActor
+from async_rl.config import RunConfig
+from async_rl.errors import ActorTimeoutError
+from async_rl.logger import MetricsLogger
+from async_rl.policies import build_policy, build_preprocessor
+from async_rl.runtime import check_resources, plan_gpus
+from async_rl.weight_sync import check_signature, find_free_port
+
+LOCALHOST = "127.0.0.1"
+console = Console(stderr=True)
+
+
+def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
+    """ray.get of several refs; on timeout the error names every actor that did not answer."""
+    by_ref = {ref: name for name, ref in refs.items()}
+    ready, pending = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=timeout_s)
+    if pending:
+        names = ", ".join(by_ref[r] for r in pending)
+        raise ActorTimeoutError(f"{names} did not answer {what} within {timeout_s:g} s")
+    return {name: ray.get(ref) for name, ref in refs.items()}
+
+
+def obs_spec_of(task_set: Any) -> dict[str, Any]:
+    return dict(getattr(task_set, "obs_spec", None) or {"state_dim": task_set.obs_dim})
+
+
+class Runtime:
+    """All actors of one run and the loop that drives them."""
+
+    def __init__(self, cfg: RunConfig, task_set: Any) -> None:
+        self.cfg = cfg
+        self.task_set = task_set
+        obs_spec = obs_spec_of(task_set)
+        self.policy_factory = functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs)
+        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec)
+        self.policy_version = 0
+        self.epoch = 0
+        self._eval_ref: Optional[ray.ObjectRef] = None
+        self.last_eval: Optional[dict] = None
+        self.broadcast_seconds: list[float] = []
+
+    # ---- start-up -----------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.cfg
+        trainer_gpus, inference_gpus = plan_gpus(cfg)
+        self.replay = ReplayBufferActor.options(num_cpus=0, name=None).remote(cfg.replay_capacity, cfg.seed)
+        self.stats = StatsActor.options(num_cpus=0).remote()
+        self.inference = {
+            f"inference-{i}": InferenceActor.options(num_cpus=cfg.inference_num_cpus).remote(
+                i, self.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms,
+                "cpu" if gpu is None else "cuda", cfg.seed, cfg.torch_threads,
+            )
+            for i, gpu in enumerate(inference_gpus)
+        }
+        master_port = find_free_port()
+        self.trainers = {
+            f"trainer-{r}": TrainerActor.options(num_cpus=cfg.trainer_num_cpus).remote(
+                r, cfg.num_trainers, LOCALHOST, master_port, cfg, self.policy_factory, self.replay, gpu
+            )
+            for r, gpu in enumerate(trainer_gpus)
+        }
+        info = get_named({n: t.setup.remote() for n, t in self.trainers.items()}, cfg.startup_timeout_s, "DeepSpeed set-up")
+        console.print(f"[bold]policy[/] {cfg.policy}: {info['trainer-0']['params']:,} parameters, "
+                      f"{info['trainer-0']['trainable']:,} trainable; {cfg.num_trainers} trainer rank(s) under ZeRO-2")
+        self._join_weight_sync()
+        self.broadcast()  # inference starts from the trainers' initial weights (version 0)
+        self.evaluators = {
+            f"eval-{i}": EvaluationWorkerActor.options(num_cpus=cfg.worker_num_cpus).remote(
+                i, self.task_set, self.preprocessor_factory, *self._inference_for(i), cfg
+            )
+            for i in range(cfg.num_eval_workers)
+        }
+        self.workers = {
+            f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus).remote(
+                i, self.task_set, self.preprocessor_factory, *self._inference_for(i), self.replay, self.stats, cfg
+            )
+            for i in range(cfg.num_rollout_workers)
+        }
+        self.worker_runs = {name: w.run.remote() for name, w in self.workers.items()}
+
+    def _inference_for(self, i: int) -> tuple[Any, str]:
+        name = list(self.inference)[i % len(self.inference)]
+        return self.inference[name], name
+
+    def _join_weight_sync(self) -> None:
+        cfg = self.cfg
+        rank0 = self.trainers["trainer-0"]
+        ours = ray.get(rank0.weight_signature.remote(), timeout=cfg.actor_timeout_s)
+        theirs = get_named({n: a.weight_signature.remote() for n, a in self.inference.items()}, cfg.actor_timeout_s,
+                           "weight_signature")
+        for name, sig in theirs.items():
+            check_signature(ours, sig, name)
+        names = ["trainer-0", *self.inference]
+        port = find_free_port()
+        joins = {"trainer-0": rank0.join_weight_sync.remote(len(names), LOCALHOST, port, cfg.collective_timeout_s, names)}
+        for rank, (name, actor) in enumerate(self.inference.items(), start=1):
+            joins[name] = actor.join_weight_sync.remote(rank, len(names), LOCALHOST, port, cfg.collective_timeout_s, names)
+        get_named(joins, cfg.collective_timeout_s + 10, "joining the weight-sync group")
+
+    def broadcast(self) -> float:
+        """Send rank 0's weights to every inference actor (both sides in flight before waiting)."""
+        refs = {"trainer-0": self.trainers["trainer-0"].broadcast_weights.remote()}
+        for name, actor in self.inference.items():
+            refs[name] = actor.receive_weights.remote(self.policy_version)
+        seconds = get_named(refs, self.cfg.collective_timeout_s + 10, f"weight broadcast v{self.policy_version}")["trainer-0"]
+        self.broadcast_seconds.append(seconds)
+        return seconds
+
+    def wait_for_warmup(self, deadline: float) -> bool:
+        """Block until the replay buffer holds a super-batch; False if the deadline passed first."""
+        while time.monotonic() < deadline:
+            size = ray.get(self.replay.size.remote(), timeout=self.cfg.actor_timeout_s)
+            if size >= self.cfg.super_batch_size:
+                return True
+            self._check_workers()
+            time.sleep(0.5)
+        return False
+
+    def _check_workers(self) -> None:
+        """Surface a worker's crash now instead of when the buffer runs dry."""
+        done, _ = ray.wait(list(self.worker_runs.values()), num_returns=len(self.worker_runs), timeout=0)
+        for ref in done:
+            ray.get(ref)  # raises the worker's error; a clean return before stop is a bug too
+            raise RuntimeError("a rollout worker stopped before the run ended")
+
+    # ---- one epoch ----------------------------------------------------------------------
+    def train_epoch(self) -> dict[str, float]:
+        cfg = self.cfg
+        results = get_named({n: t.train_epoch.remote(self.policy_version) for n, t in self.trainers.items()},
+                            cfg.actor_timeout_s + 60, f"train_epoch {self.epoch}")
+        self.policy_version += 1
+        seconds = self.broadcast()
+        self.epoch += 1
+        rows = list(results.values())
+        metrics = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        metrics["broadcast_seconds"] = seconds
+        return metrics
+
+    def poll_eval(self, force: bool = False) -> Optional[dict]:
+        """Start an evaluation every ``eval_interval_epochs``; return a finished one's result."""
+        if not self.evaluators:
+            return None
+        result = None
+        if self._eval_ref is not None:
+            ready, _ = ray.wait([self._eval_ref], timeout=self.cfg.actor_timeout_s if force else 0)
+            if ready:
+                result, self._eval_ref = ray.get(self._eval_ref), None
+                self.last_eval = result
+        if self._eval_ref is None and not force and self.epoch % self.cfg.eval_interval_epochs == 0:
+            evaluator = next(iter(self.evaluators.values()))
+            self._eval_ref = evaluator.evaluate.remote(self.cfg.eval_episodes, self.cfg.eval_deterministic)
+        return result
+
+    def snapshot(self) -> dict[str, Any]:
+        cfg = self.cfg
+        stats = ray.get(self.stats.snapshot.remote(), timeout=cfg.actor_timeout_s)
+        replay = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)
+        inference = get_named({n: a.stats.remote() for n, a in self.inference.items()}, cfg.actor_timeout_s, "stats")
+        rows = [s for s in inference.values() if s.get("batches")]
+        return {"stats": stats, "replay": replay,
+                "inference": {k: sum(r[k] for r in rows) / len(rows) for k in ("batch_size", "forward_ms")} if rows else {}}
+
+    # ---- shut-down ----------------------------------------------------------------------
+    def shutdown(self) -> None:
+        timeout = self.cfg.actor_timeout_s
+        for name, worker in getattr(self, "workers", {}).items():
+            worker.stop.remote()
+        if getattr(self, "worker_runs", None):
+            ray.wait(list(self.worker_runs.values()), num_returns=len(self.worker_runs), timeout=timeout)
+        for group in ("evaluators", "trainers", "inference"):
+            actors = getattr(self, group, {})
+            ray.wait([a.shutdown.remote() for a in actors.values()], num_returns=len(actors), timeout=timeout)
+        for group in ("workers", "evaluators", "trainers", "inference"):
+            for actor in getattr(self, group, {}).values():
+                ray.kill(actor)
+        for name in ("replay", "stats"):
+            if hasattr(self, name):
+                ray.kill(getattr(self, name))
+
+
+def init_ray(cfg: RunConfig) -> None:
+    """Join ``--ray-address`` or start a local cluster bound to 127.0.0.1."""
+    env_vars = {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
+        return
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
+             runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
+
+
+def training_scalars(epoch_metrics: Mapping[str, float], runtime: Runtime) -> dict[str, float]:
+    m = epoch_metrics
+    out = {f"train/{k}": m[k] for k in ("policy_loss", "value_loss", "entropy", "clip_frac", "dead_grad_frac", "ess",
+                                          "approx_kl", "ratio_mean", "ratio_max", "lr_policy", "lr_value", "loss",
+                                          "epoch_seconds", "global_step", "skipped_updates") if k in m}
+    out.update({f"train/{k}": v for k, v in m.items() if k.startswith(("sapo_", "soft_clip_"))})
+    out["rollout/policy_lag"] = m["policy_lag_mean"]
+    out["rollout/policy_lag_max"] = m["policy_lag_max"]
+    out["sync/broadcast_seconds"] = m["broadcast_seconds"]
+    out["sync/policy_version"] = runtime.policy_version
+    return out
+
+
+def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
+    stats, out = snap["stats"], {}
+    out["rollout/env_steps_per_sec"] = stats["env_steps_per_sec"]
+    out["rollout/total_env_steps"] = stats["total_env_steps"]
+    for key in ("episode_return", "episode_length", "success_rate"):
+        if key in stats:
+            out[f"rollout/{key}"] = stats[key]
+    for task, row in stats["tasks"].items():
+        out[f"rollout_task/{task}/success_rate"] = row["success_rate"]
+        out[f"rollout_task/{task}/episode_return"] = row["episode_return"]
+    out.update({f"replay/{k}": v for k, v in snap["replay"].items()})
+    out.update({f"inference/{k}": v for k, v in snap["inference"].items()})
+    return out
+
+
+def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:
+    tasks = result["tasks"]
+    out = {f"eval_task/{t}/success_rate": r["success_rate"] for t, r in tasks.items()}
+    out["eval/success_rate"] = sum(r["success_rate"] for r in tasks.values()) / len(tasks)
+    out["eval/return"] = sum(r["return"] for r in tasks.values()) / len(tasks)
+    return out
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Run training until ``max_epochs`` or ``max_minutes``; returns a summary of the run."""
+    started = time.monotonic()
+    task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
+    if not cfg.ray_address:
+        check_resources(cfg, float(os.cpu_count() or 1))
+    init_ray(cfg)
+    if cfg.ray_address:
+        check_resources(cfg, float(ray.cluster_resources().get("CPU", 0)))
+    logger = MetricsLogger(cfg.log_dir, cfg.swanlab_mode, cfg.model_dump())
+    Path(cfg.log_dir, "ray_session.txt").write_text(ray.get_runtime_context().get_node_id() + "\n" + _session_dir() + "\n")
+    runtime = Runtime(cfg, task_set)
+    deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
+    summary: dict[str, Any] = {}
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
+                        TimeElapsedColumn(), console=console, transient=False)
+    try:
+        runtime.start()
+        console.print(f"collecting a first super-batch of {cfg.super_batch_size} ...")
+        if not runtime.wait_for_warmup(deadline):
+            console.print("time limit reached during warm-up")
+        last_log = 0.0
+        with progress:
+            bar = progress.add_task("epochs", total=cfg.max_epochs, line="")
+            while (cfg.max_epochs is None or runtime.epoch < cfg.max_epochs) and time.monotonic() < deadline:
+                metrics = runtime.train_epoch()
+                runtime._check_workers()
+                scalars = training_scalars(metrics, runtime)
+                result = runtime.poll_eval()
+                if result is not None:
+                    scalars.update(eval_scalars(result))
+                if time.monotonic() - last_log >= cfg.log_interval_seconds:
+                    scalars.update(snapshot_scalars(runtime.snapshot()))
+                    last_log = time.monotonic()
+                logger.log(scalars, runtime.epoch)
+                summary.update(scalars)
+                progress.update(bar, advance=1, line=_status_line(summary))
+        result = runtime.poll_eval(force=True)
+        final = snapshot_scalars(runtime.snapshot())
+        if result is not None:
+            final.update(eval_scalars(result))
+        logger.log(final, runtime.epoch)
+        summary.update(final)
+        summary["epochs"] = runtime.epoch
+        summary["broadcast_seconds_mean"] = sum(runtime.broadcast_seconds) / max(len(runtime.broadcast_seconds), 1)
+        summary["wall_seconds"] = time.monotonic() - started
+        console.print(f"done: {_status_line(summary)}; {summary['wall_seconds']:.0f} s")
+        return summary
+    finally:
+        logger.close()
+        runtime.shutdown()
+        ray.shutdown()
+
+
+def _session_dir() -> str:
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 (for the no-leftover check)
+    except AttributeError:
+        return ""
+
+
+def _status_line(s: Mapping[str, Any]) -> str:
+    parts = [f"v{int(s.get('sync/policy_version', 0))}"]
+    for key, fmt in (("rollout/env_steps_per_sec", "{:.0f} steps/s"), ("rollout/success_rate", "success {:.2f}"),
+                     ("eval/success_rate", "eval {:.2f}"), ("rollout/episode_return", "return {:.1f}"),
+                     ("train/policy_loss", "pl {:.3f}"), ("rollout/policy_lag", "lag {:.1f}")):
+        if key in s:
+            parts.append(fmt.format(s[key]))
+    return "  ".join(parts)

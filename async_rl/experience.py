@@ -1,0 +1,55 @@
+"""The one record type that flows from workers through the replay buffer to the trainers.
+
+An experience is a ``TensorDict``. A step record (batch ``[N]``) holds:
+
+``obs`` (nested, policy-specific), ``action`` (normalised), ``logp`` (behaviour log-prob per
+action dimension), the behaviour statistics the policy returned (``mu``/``log_std`` or
+``logits``), ``value``, ``reward``, ``done``, ``policy_version``, ``task_id`` and, once the
+worker has run GAE, ``advantage`` and ``value_target``.
+
+A V-trace segment (batch ``[N]``) holds ``steps`` (step records, batch ``[N, T]``) and
+``bootstrap_obs`` (the observation after the last step, batch ``[N]``): the trainer recomputes
+log-probs and values on them with its current weights.
+"""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from async_rl.algo import gae
+
+STEP_KEYS = ("obs", "action", "logp", "value", "reward", "done", "policy_version", "task_id")
+
+
+def step_record(
+    obs: TensorDict, policy_out: TensorDict, reward: float, done: bool, task_id: int
+) -> TensorDict:
+    """One step: the inference answer (minus the env action) plus what the env returned."""
+    record = policy_out.exclude("env_action")
+    record["obs"] = obs
+    record["reward"] = torch.tensor(reward, dtype=torch.float32)
+    record["done"] = torch.tensor(done, dtype=torch.bool)
+    record["task_id"] = torch.tensor(task_id, dtype=torch.int64)
+    return record
+
+
+def with_gae(steps: list[TensorDict], bootstrap_value: float, gamma: float, lam: float) -> TensorDict:
+    """Stack a trajectory piece and add ``advantage`` and ``value_target`` (GAE, worker side)."""
+    traj = torch.stack(steps)
+    advantages, returns = gae(
+        traj["reward"], traj["value"], traj["done"], torch.tensor(bootstrap_value, dtype=traj["value"].dtype), gamma, lam
+    )
+    traj["advantage"] = advantages
+    traj["value_target"] = returns
+    return traj
+
+
+def vtrace_segment(steps: list[TensorDict], bootstrap_obs: TensorDict) -> TensorDict:
+    """A fixed-length segment for V-trace: ``steps`` [1, T] and ``bootstrap_obs`` [1]."""
+    traj = torch.stack(steps).unsqueeze(0)
+    return TensorDict({"steps": traj, "bootstrap_obs": bootstrap_obs.unsqueeze(0)}, batch_size=[1])
+
+
+def policy_versions(batch: TensorDict) -> torch.Tensor:
+    """Policy version of every step in a batch of step records or segments."""
+    return batch["steps", "policy_version"] if "steps" in batch.keys() else batch["policy_version"]

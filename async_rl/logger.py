@@ -1,0 +1,47 @@
+"""Scalars to TensorBoard (always) and SwanLab (offline by default; never a login prompt)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from torch.utils.tensorboard import SummaryWriter
+
+
+def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """{"a": {"b": 1}} -> {"a/b": 1.0}; drops values that are not numbers."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = float(value)
+    return flat
+
+
+class MetricsLogger:
+    def __init__(self, log_dir: str, swanlab_mode: str = "offline", config: Mapping[str, Any] | None = None,
+                 project: str = "async_rl") -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.tb = SummaryWriter(str(self.log_dir))
+        self._swanlab = None
+        if swanlab_mode != "disabled":
+            import swanlab
+
+            self._swanlab = swanlab.init(project=project, mode=swanlab_mode, logdir=str(self.log_dir / "swanlab"),
+                                         config=dict(config or {}))
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        flat = flatten(metrics)
+        for tag, value in flat.items():
+            self.tb.add_scalar(tag, value, step)
+        if self._swanlab is not None and flat:
+            self._swanlab.log(flat, step=step)
+
+    def close(self) -> None:
+        self.tb.flush()
+        self.tb.close()
+        if self._swanlab is not None:
+            self._swanlab.finish()
+            self._swanlab = None

@@ -1,0 +1,49 @@
+"""What every policy provides to the runtime."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+import torch
+from tensordict import TensorDict
+
+ObsSpec = Mapping[str, Any]  # e.g. {"state_dim": 39}; what the env tells the policy about observations
+
+
+class Preprocessor(Protocol):
+    """Runs on rollout workers: raw env observation -> a TensorDict of model inputs (no batch dim)."""
+
+    def __call__(self, obs: Any, task_name: str) -> TensorDict: ...
+
+
+class ActorCritic(torch.nn.Module):
+    """Actor-critic interface used by the inference actor and the trainer.
+
+    ``act`` returns, per sample: ``action`` (the normalised action that is trained on),
+    ``env_action`` (what the environment receives), ``logp`` (behaviour log-prob per action
+    dimension), ``value`` and the behaviour statistics the policy needs to recompute
+    ``logp`` (e.g. ``mu``/``log_std`` or ``logits``).
+    """
+
+    def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
+        """Sample (or, where ``deterministic`` [B] is true, take the mode of) actions for a batch."""
+        raise NotImplementedError
+
+    def evaluate(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logp per action dimension, entropy per action dimension, value) of ``action``."""
+        raise NotImplementedError
+
+    def forward(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # The DeepSpeed engine calls forward; training evaluates stored actions.
+        return self.evaluate(obs, action)
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        """State value ``[B]``."""
+        raise NotImplementedError
+
+    def value_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters of the value head (their own optimiser group and learning rate)."""
+        raise NotImplementedError
+
+    def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """Named tensors the inference copy needs, in a fixed order (what the weight sync sends)."""
+        return [*self.named_parameters(), *self.named_buffers()]

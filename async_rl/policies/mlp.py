@@ -1,0 +1,94 @@
+"""MLP actor-critic with a tanh-squashed Gaussian policy (seed 004 section 2.2)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from async_rl.algo import tanh_gaussian_entropy, tanh_gaussian_log_prob
+from async_rl.policies import register_policy
+from async_rl.policies.base import ActorCritic, ObsSpec
+
+
+class StatePreprocessor:
+    """Float32 state vector as ``{"state": tensor}``."""
+
+    def __init__(self, obs_spec: ObsSpec) -> None:
+        self.state_dim = int(obs_spec["state_dim"])
+
+    def __call__(self, obs: Any, task_name: str) -> TensorDict:
+        state = torch.as_tensor(np.asarray(obs, dtype=np.float32))
+        if state.shape != (self.state_dim,):
+            raise ValueError(f"observation of shape {tuple(state.shape)} from task {task_name}, expected ({self.state_dim},)")
+        return TensorDict({"state": state}, batch_size=[])
+
+
+def _mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        linear = nn.Linear(n_in, n_out)
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(linear.weight, gain=out_gain if last else np.sqrt(2.0))
+        nn.init.zeros_(linear.bias)
+        layers += [linear] if last else [linear, nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+class MLPActorCritic(ActorCritic):
+    """Separate policy and value MLPs; the policy outputs a mean and a state-independent log-std."""
+
+    def __init__(
+        self,
+        obs_spec: ObsSpec,
+        action_dim: int,
+        hidden_sizes: Sequence[int] = (256, 256),
+        init_log_std: float = -0.5,
+        min_log_std: float = -5.0,
+        max_log_std: float = 1.0,
+    ) -> None:
+        super().__init__()
+        state_dim = int(obs_spec["state_dim"])
+        self.policy_net = _mlp([state_dim, *hidden_sizes, action_dim], out_gain=0.01)
+        self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+        self.value_net = _mlp([state_dim, *hidden_sizes, 1], out_gain=1.0)
+        self.min_log_std, self.max_log_std = min_log_std, max_log_std
+
+    def _dist(self, obs: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        mu = self.policy_net(obs["state"])
+        log_std = self.log_std.clamp(self.min_log_std, self.max_log_std).expand_as(mu)
+        return mu, log_std
+
+    def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
+        mu, log_std = self._dist(obs)
+        sample = mu + torch.exp(log_std) * torch.randn_like(mu)
+        pre_tanh = torch.where(torch.as_tensor(deterministic, device=mu.device).reshape(-1, 1), mu, sample)
+        action = torch.tanh(pre_tanh)
+        value = self.value(obs)
+        return TensorDict(
+            {
+                "action": action,
+                "env_action": action,
+                "logp": tanh_gaussian_log_prob(mu, log_std, action),
+                "value": value,
+                "mu": mu,
+                "log_std": log_std,
+            },
+            batch_size=mu.shape[:1],
+        )
+
+    def evaluate(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mu, log_std = self._dist(obs)
+        value = self.value(obs)
+        return tanh_gaussian_log_prob(mu, log_std, action), tanh_gaussian_entropy(mu, log_std), value
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        return self.value_net(obs["state"]).squeeze(-1)
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.value_net.parameters())
+
+
+register_policy("mlp", preprocessor=StatePreprocessor)(MLPActorCritic)

@@ -1,0 +1,92 @@
+"""Process-level set-up shared by the driver and the actors: devices, threads, resources, Ray."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from typing import Any, Awaitable, Optional, TypeVar
+
+import numpy as np
+import torch
+
+from async_rl.errors import ActorTimeoutError, ConfigError
+
+T = TypeVar("T")
+
+
+def configure_torch(seed: int, threads: int) -> None:
+    """Seed every RNG and cap intra-op threads (actors share few cores)."""
+    torch.set_num_threads(threads)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> the first visible CUDA device if there is one, else CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but no CUDA device is visible; use --device cpu")
+    return torch.device(device)
+
+
+def visible_gpu_ids() -> list[int]:
+    """GPU ids this process may use (``CUDA_VISIBLE_DEVICES`` order)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [int(x) for x in env.split(",") if x.strip() != ""]
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def plan_gpus(cfg: Any) -> tuple[list[Optional[int]], list[Optional[int]]]:
+    """GPU id per trainer and per inference actor (None = CPU).
+
+    Default split: the first ``num_trainers`` visible GPUs train, the rest serve inference
+    (inference actors share them round-robin); ``trainer_gpu_ids``/``inference_gpu_ids`` override.
+    """
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and visible_gpu_ids())
+    if not use_cuda:
+        return [None] * cfg.num_trainers, [None] * cfg.num_inference_actors
+    gpus = visible_gpu_ids()
+    trainer_ids = cfg.trainer_gpu_ids or gpus[: cfg.num_trainers]
+    inference_pool = cfg.inference_gpu_ids or gpus[cfg.num_trainers :] or gpus[-1:]
+    if len(trainer_ids) < cfg.num_trainers:
+        raise ConfigError(
+            f"num_trainers={cfg.num_trainers} but only {len(gpus)} GPU(s) visible ({gpus}); "
+            "lower --num-trainers or set CUDA_VISIBLE_DEVICES"
+        )
+    missing = [g for g in [*trainer_ids, *inference_pool] if g not in gpus]
+    if missing:
+        raise ConfigError(f"GPU id(s) {missing} are not visible (visible: {gpus}); fix trainer_gpu_ids/inference_gpu_ids")
+    inference_ids = [inference_pool[i % len(inference_pool)] for i in range(cfg.num_inference_actors)]
+    return list(trainer_ids), inference_ids
+
+
+def required_cpus(cfg: Any) -> float:
+    """CPUs the actors reserve (light actors reserve none)."""
+    return (
+        cfg.num_trainers * cfg.trainer_num_cpus
+        + cfg.num_inference_actors * cfg.inference_num_cpus
+        + (cfg.num_rollout_workers + cfg.num_eval_workers) * cfg.worker_num_cpus
+    )
+
+
+def check_resources(cfg: Any, available_cpus: float) -> None:
+    """Refuse a plan Ray could not place (it would leave an actor pending forever)."""
+    need = required_cpus(cfg)
+    if need > available_cpus + 1e-9:
+        raise ConfigError(
+            f"the actors need {need:g} CPUs (trainers {cfg.num_trainers}x{cfg.trainer_num_cpus:g}, inference "
+            f"{cfg.num_inference_actors}x{cfg.inference_num_cpus:g}, workers {cfg.num_rollout_workers + cfg.num_eval_workers}"
+            f"x{cfg.worker_num_cpus:g}) but {available_cpus:g} are available; lower the counts or the *_num_cpus keys"
+        )
+    plan_gpus(cfg)
+
+
+async def wait_for(awaitable: Awaitable[T], timeout_s: float, who: str, what: str) -> T:
+    """Await with a timeout; on expiry raise ActorTimeoutError naming who did not answer."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except asyncio.TimeoutError:
+        raise ActorTimeoutError(f"{who} did not answer {what} within {timeout_s:g} s") from None

@@ -1,0 +1,12 @@
+"""PPO on MetaWorld with an MLP actor-critic; GAE advantages computed on the rollout workers.
+
+    python launch/ds_metaworld_ppo_mlp.py --clip-mode soft_clip --max-minutes 3
+"""
+from pathlib import Path
+
+from async_rl.config import config_or_exit
+from async_rl.driver import run
+
+if __name__ == "__main__":
+    config = Path(__file__).resolve().parents[1] / "configs" / "metaworld_mt1_ppo.yaml"
+    run(config_or_exit(str(config), __doc__))

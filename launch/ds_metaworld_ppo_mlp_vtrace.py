@@ -1,0 +1,13 @@
+"""MetaWorld with an MLP actor-critic; the trainer recomputes log-probs and values on stored
+segments and trains on V-trace targets and policy-gradient advantages (seed 004 section 5.4).
+
+    python launch/ds_metaworld_ppo_mlp_vtrace.py --clip-mode sapo --max-minutes 3
+"""
+from pathlib import Path
+
+from async_rl.config import config_or_exit
+from async_rl.driver import run
+
+if __name__ == "__main__":
+    config = Path(__file__).resolve().parents[1] / "configs" / "metaworld_mt1_vtrace.yaml"
+    run(config_or_exit(str(config), __doc__))
