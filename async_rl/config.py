@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -189,12 +188,3 @@ def _check_paths(cfg: RunConfig) -> None:
     parent = next((p for p in [log_dir, *log_dir.parents] if p.exists()), Path("."))
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"--log-dir {cfg.log_dir}: {parent} is not writable; pass a writable directory")
-
-
-def config_or_exit(default_config: Optional[str] = None, description: str = "", argv: Optional[list[str]] = None) -> RunConfig:
-    """``load_config`` for launch scripts: a ConfigError prints one line and exits with code 2."""
-    try:
-        return load_config(argv, default_config, description)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None

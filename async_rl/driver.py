@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
+import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import ray
 from rich.console import Console
@@ -22,8 +22,8 @@ from async_rl.actors.replay_buffer import ReplayBufferActor
 from async_rl.actors.rollout_worker import RolloutWorkerActor
 from async_rl.actors.stats import StatsActor
 from async_rl.actors.trainer import TrainerActor
-from async_rl.config import RunConfig
-from async_rl.errors import ActorTimeoutError
+from async_rl.config import RunConfig, load_config
+from async_rl.errors import ActorTimeoutError, ConfigError
 from async_rl.logger import MetricsLogger
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.runtime import check_resources, plan_gpus
@@ -247,12 +247,33 @@ def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def run(cfg: RunConfig) -> dict[str, Any]:
-    """Run training until ``max_epochs`` or ``max_minutes``; returns a summary of the run."""
-    started = time.monotonic()
+def prepare(cfg: RunConfig) -> Any:
+    """Every check that needs no Ray: builds the task set and checks local resources."""
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
     if not cfg.ray_address:
         check_resources(cfg, float(os.cpu_count() or 1))
+    return task_set
+
+
+def main(default_config: str, description: str = "", argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """Entry point of the launch scripts: bad input is one line on stderr and exit code 2."""
+    try:
+        cfg = load_config(argv, default_config, description)
+        task_set = prepare(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return run(cfg, task_set)
+
+
+def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtime], Any]] = None) -> dict[str, Any]:
+    """Run training until ``max_epochs`` or ``max_minutes``; returns a summary of the run.
+
+    ``inspect(runtime)``, if given, runs after training and before shut-down (tests use it to
+    look at the live actors); its result is ``summary["inspect"]``.
+    """
+    started = time.monotonic()
+    task_set = task_set if task_set is not None else prepare(cfg)
     init_ray(cfg)
     if cfg.ray_address:
         check_resources(cfg, float(ray.cluster_resources().get("CPU", 0)))
@@ -294,6 +315,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         summary["broadcast_seconds_mean"] = sum(runtime.broadcast_seconds) / max(len(runtime.broadcast_seconds), 1)
         summary["wall_seconds"] = time.monotonic() - started
         console.print(f"done: {_status_line(summary)}; {summary['wall_seconds']:.0f} s")
+        if inspect is not None:
+            summary["inspect"] = inspect(runtime)
         return summary
     finally:
         logger.close()

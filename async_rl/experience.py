@@ -13,6 +13,8 @@ log-probs and values on them with its current weights.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from tensordict import TensorDict
 
@@ -48,6 +50,45 @@ def vtrace_segment(steps: list[TensorDict], bootstrap_obs: TensorDict) -> Tensor
     """A fixed-length segment for V-trace: ``steps`` [1, T] and ``bootstrap_obs`` [1]."""
     traj = torch.stack(steps).unsqueeze(0)
     return TensorDict({"steps": traj, "bootstrap_obs": bootstrap_obs.unsqueeze(0)}, batch_size=[1])
+
+
+class GaeSegmenter:
+    """Cuts a worker's stream of steps into GAE-processed pieces.
+
+    A terminal step closes a piece with bootstrap 0. When ``local_buf + 1`` steps wait, the
+    first ``local_buf`` go out bootstrapped from the value of the last one, which starts the
+    next piece (its value is the estimate of the state the cut-off piece leads to).
+    """
+
+    def __init__(self, local_buf: int, gamma: float, lam: float) -> None:
+        self.local_buf, self.gamma, self.lam = local_buf, gamma, lam
+        self.steps: list[TensorDict] = []
+
+    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]:
+        self.steps.append(record)
+        if bool(record["done"]):
+            piece, self.steps = with_gae(self.steps, 0.0, self.gamma, self.lam), []
+            return piece
+        if len(self.steps) == self.local_buf + 1:
+            piece = with_gae(self.steps[:-1], float(self.steps[-1]["value"]), self.gamma, self.lam)
+            self.steps = self.steps[-1:]
+            return piece
+        return None
+
+
+class VtraceSegmenter:
+    """Cuts the stream into fixed-length segments (crossing episode ends) for V-trace."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.steps: list[TensorDict] = []
+
+    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]:
+        self.steps.append(record)
+        if len(self.steps) < self.length:
+            return None
+        segment, self.steps = vtrace_segment(self.steps, next_obs), []
+        return segment
 
 
 def policy_versions(batch: TensorDict) -> torch.Tensor:

@@ -4,9 +4,8 @@
 """
 from pathlib import Path
 
-from async_rl.config import config_or_exit
-from async_rl.driver import run
+from async_rl.driver import main
 
 if __name__ == "__main__":
     config = Path(__file__).resolve().parents[1] / "configs" / "metaworld_mt1_ppo.yaml"
-    run(config_or_exit(str(config), __doc__))
+    main(str(config), __doc__)

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 from tensordict import TensorDict
 
-from async_rl.experience import step_record, vtrace_segment, with_gae
+from async_rl.experience import GaeSegmenter, VtraceSegmenter, step_record
 from async_rl.runtime import configure_torch, wait_for
 
 
@@ -95,7 +95,8 @@ class RolloutWorkerActor:
     async def run(self) -> int:
         """Collect until ``stop``; returns the number of env steps taken."""
         cfg = self.cfg
-        steps: list[TensorDict] = []
+        segmenter = (VtraceSegmenter(cfg.rollout_local_buf) if cfg.advantage == "vtrace"
+                     else GaeSegmenter(cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda))
         obs: Optional[TensorDict] = None
         while not self._stopped:
             if obs is None:
@@ -114,7 +115,7 @@ class RolloutWorkerActor:
                 # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
                 learn_reward += cfg.gamma * float((await self.policy.act(next_obs))["value"])
             done = terminated or truncated
-            steps.append(step_record(obs, out, learn_reward, done, task))
+            piece = segmenter.add(step_record(obs, out, learn_reward, done, task), next_obs)
             self.env_steps += 1
             obs = next_obs
             if done:
@@ -122,18 +123,8 @@ class RolloutWorkerActor:
                 self.stats.record_episode.remote(self.task_names[task], ep_return, ep_len, ep_success,
                                                  time.monotonic() - ep_start)
                 obs = None
-            if cfg.advantage == "vtrace":
-                if len(steps) == cfg.rollout_local_buf:
-                    bootstrap = next_obs if obs is None else obs
-                    await self._push(vtrace_segment(steps, bootstrap))
-                    steps = []
-            elif done:
-                await self._push(with_gae(steps, 0.0, cfg.gamma, cfg.gae_lambda))
-                steps = []
-            elif len(steps) == cfg.rollout_local_buf + 1:
-                # Cut: the extra step's value bootstraps the others; it starts the next piece.
-                await self._push(with_gae(steps[:-1], float(steps[-1]["value"]), cfg.gamma, cfg.gae_lambda))
-                steps = steps[-1:]
+            if piece is not None:
+                await self._push(piece)
         if self._push_ref is not None:
             await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
         self.envs.close()

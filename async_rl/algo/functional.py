@@ -47,8 +47,9 @@ def value_loss(
 
 def categorical_entropy(logits: Tensor) -> Tensor:
     """Entropy of softmax(logits) over the last dimension."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1).to(logits.dtype)
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    # p log p = 0 where p = 0 (a -inf logit): the clamp keeps 0 * -inf (NaN) out of both passes.
+    return -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(dim=-1).to(logits.dtype)
 
 
 def tanh_gaussian_log_prob(mu: Tensor, log_std: Tensor, action: Tensor, eps: float = 1e-6) -> Tensor:
@@ -56,7 +57,9 @@ def tanh_gaussian_log_prob(mu: Tensor, log_std: Tensor, action: Tensor, eps: flo
     action = action.clamp(-1.0 + eps, 1.0 - eps)
     pre_tanh = torch.atanh(action)
     normal_logp = -0.5 * ((pre_tanh - mu) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2.0 * math.pi)
-    return normal_logp - torch.log1p(-action.pow(2) + eps)
+    # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)): exact, unlike log1p(-a^2 + eps).
+    log_det = 2.0 * (math.log(2.0) - pre_tanh - torch.nn.functional.softplus(-2.0 * pre_tanh))
+    return normal_logp - log_det
 
 
 def tanh_gaussian_entropy(mu: Tensor, log_std: Tensor, num_samples: int = 1) -> Tensor:

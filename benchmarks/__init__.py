@@ -1,0 +1,1 @@
+"""Benchmarks; modules here can be run as scripts or imported by other benchmarks."""

@@ -1,0 +1,175 @@
+"""MetaWorld MT1 / MT10 / MT50 (state observations only, no rendering).
+
+The benchmark object (``metaworld.MT10()`` etc.) is built once, in the driver, by
+``metaworld_task_set``; the resulting ``MetaWorldTaskSet`` keeps only plain data (task names and
+each task's pickled goal data), so it pickles small and fast and unpickles without importing
+metaworld. A task index is one environment class (e.g. ``reach-v3``); every ``reset`` of an env
+samples one of that class's goal variations with the env's own seeded RNG.
+
+``metaworld`` is imported lazily (in the factory and in ``make_env``) so that ``import envs``
+never needs it.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from async_rl.errors import ConfigError, unknown_key_message
+from envs import register_env
+
+OBS_DIM = 39
+ACTION_DIM = 4
+BENCHMARKS = ("MT1", "MT10", "MT50")
+_DEFAULT_TASK = "reach-v3"
+_INSTALL_HINT = "run: pip install -e '.[metaworld]'"
+
+
+def _import_metaworld() -> Any:
+    try:
+        import metaworld  # noqa: PLC0415  (optional dependency, imported lazily on purpose)
+    except ImportError as exc:
+        raise ConfigError(f"MetaWorld is not installed ({exc}); {_INSTALL_HINT}") from None
+    return metaworld
+
+
+@register_env("metaworld")
+def metaworld_task_set(
+    benchmark: str = "MT1",
+    task: str | None = _DEFAULT_TASK,
+    seed: int = 0,
+    max_episode_steps: int = 500,
+    reward_scale: float = 1.0,
+) -> MetaWorldTaskSet:
+    """Build a MetaWorld TaskSet.
+
+    benchmark: "MT1" (one task, named by ``task``), "MT10" or "MT50" (``task`` must be left at
+    its default or null). seed: seeds MetaWorld's goal generation (the 50 goal variations per
+    task). max_episode_steps: episodes are truncated after this many steps (MetaWorld's own
+    limit is 500; larger values lift it). reward_scale multiplies every reward.
+    """
+    bench = str(benchmark).upper()
+    if bench not in BENCHMARKS:
+        raise ConfigError(unknown_key_message(str(benchmark), BENCHMARKS, "MetaWorld benchmark"))
+    if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
+        raise ConfigError(f"metaworld max_episode_steps must be a positive integer, got {max_episode_steps!r}")
+    if bench != "MT1" and task not in (None, _DEFAULT_TASK):
+        raise ConfigError(
+            f"metaworld task '{task}' only applies to benchmark MT1, not {bench}; "
+            f"use benchmark: MT1 or set task: null"
+        )
+
+    metaworld = _import_metaworld()
+    if bench == "MT1":
+        valid = metaworld.env_dict.ALL_V3_ENVIRONMENTS
+        if task is None:
+            raise ConfigError(f"metaworld benchmark MT1 needs a task, e.g. task: {_DEFAULT_TASK}")
+        if task not in valid:
+            close = difflib.get_close_matches(str(task), list(valid), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown MetaWorld task '{task}'{hint}; valid tasks: {', '.join(sorted(valid))}")
+        bm = metaworld.MT1(task, seed=seed)
+    elif bench == "MT10":
+        bm = metaworld.MT10(seed=seed)
+    else:
+        bm = metaworld.MT50(seed=seed)
+
+    task_names = list(bm.train_classes.keys())
+    by_name: dict[str, list[bytes]] = {name: [] for name in task_names}
+    for t in bm.train_tasks:
+        by_name[t.env_name].append(t.data)
+    return MetaWorldTaskSet(
+        benchmark=bench,
+        task_names=task_names,
+        task_data=[by_name[name] for name in task_names],
+        max_episode_steps=max_episode_steps,
+        reward_scale=float(reward_scale),
+        seed=seed,
+    )
+
+
+@dataclass
+class MetaWorldTaskSet:
+    """Picklable MetaWorld TaskSet: plain data only (no env classes, no benchmark object)."""
+
+    benchmark: str
+    task_names: list[str]
+    task_data: list[list[bytes]]  # task_data[i]: the pickled goal variations of task_names[i]
+    max_episode_steps: int = 500
+    reward_scale: float = 1.0
+    seed: int = 0
+    obs_dim: int = field(default=OBS_DIM)
+    action_dim: int = field(default=ACTION_DIM)
+
+    def __len__(self) -> int:
+        return len(self.task_names)
+
+    def make_env(self, task_index: int, seed: int) -> MetaWorldTaskEnv:
+        if not 0 <= task_index < len(self.task_names):
+            raise IndexError(f"task_index {task_index} out of range for {len(self.task_names)} MetaWorld tasks")
+        return MetaWorldTaskEnv(
+            task_name=self.task_names[task_index],
+            task_data=self.task_data[task_index],
+            seed=seed,
+            max_episode_steps=self.max_episode_steps,
+            reward_scale=self.reward_scale,
+        )
+
+
+class MetaWorldTaskEnv:
+    """One MetaWorld env for one task; samples a goal variation per reset; state obs only."""
+
+    def __init__(
+        self,
+        task_name: str,
+        task_data: list[bytes],
+        seed: int,
+        max_episode_steps: int,
+        reward_scale: float = 1.0,
+    ) -> None:
+        metaworld = _import_metaworld()
+        from metaworld.types import Task  # noqa: PLC0415
+
+        self.task_name = task_name
+        self.max_episode_steps = int(max_episode_steps)
+        self.reward_scale = float(reward_scale)
+        self._tasks = [Task(env_name=task_name, data=d) for d in task_data]
+        self._rng = np.random.default_rng(seed)
+        env_cls = metaworld.env_dict.ALL_V3_ENVIRONMENTS[task_name]
+        self._env = env_cls(render_mode=None)  # state only: no renderer is ever created
+        # MetaWorld raises on steps past its own max_path_length (500); make its limit ours.
+        self._env.max_path_length = self.max_episode_steps
+        self._env.set_task(self._tasks[0])  # seed() needs the task's spaces
+        self._env.seed(int(seed) % 2**32)
+        self._t = 0
+        self._needs_reset = True
+        self.goal_index = -1
+
+    def reset(self) -> np.ndarray:
+        self.goal_index = int(self._rng.integers(len(self._tasks)))
+        self._env.set_task(self._tasks[self.goal_index])
+        obs, _ = self._env.reset()
+        self._t = 0
+        self._needs_reset = False
+        return np.asarray(obs, dtype=np.float32)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._needs_reset:
+            raise RuntimeError(f"MetaWorld env '{self.task_name}': call reset() before step() (episode ended)")
+        a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
+        if a.shape != (ACTION_DIM,):
+            raise ValueError(f"MetaWorld action must have {ACTION_DIM} values, got shape {np.shape(action)}")
+        obs, reward, terminated, truncated, info = self._env.step(a)
+        self._t += 1
+        truncated = bool(truncated) or self._t >= self.max_episode_steps
+        terminated = bool(terminated)
+        info = dict(info)
+        info["success"] = bool(info.get("success", 0.0) > 0.5)
+        if terminated or truncated:
+            self._needs_reset = True
+        return np.asarray(obs, dtype=np.float32), float(reward) * self.reward_scale, terminated, truncated, info
+
+    def close(self) -> None:
+        self._env.close()

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Set up the project: system packages, .venv (Python 3.11), torch, and the package itself.
+#
+#   scripts/setup.sh          core + metaworld extra
+#   scripts/setup.sh --dev    also the dev extra (pytest, ...)
+#
+# Idempotent. A second run with an unchanged setup.py (and this script) skips pip entirely:
+# a stamp in .venv records the hash of both and the mode that was installed.
+#
+# Environment overrides:
+#   PYTHON=/path/to/python3.11   interpreter used to create .venv
+#   TORCH_INDEX_URL=...          index to take torch from (e.g. a CPU-only wheel index)
+set -euo pipefail
+
+TORCH_VERSION="2.13.0"
+# Debian packages the project needs. g++: DeepSpeed JIT-builds a small comm op on first use.
+# Extend this list when a new need appears (e.g. libegl1 libosmesa6 for headless rendering).
+SYSTEM_PACKAGES="g++ make"
+
+MODE="base"
+for arg in "$@"; do
+    case "$arg" in
+        --dev) MODE="dev" ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        *) echo "setup: unknown argument: $arg" >&2; exit 2 ;;
+    esac
+done
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.async_rl-setup.stamp"
+log() { echo "[setup] $*"; }
+
+# ---- 1. system packages (only when missing) --------------------------------------------
+missing=()
+for pkg in $SYSTEM_PACKAGES; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+            echo "[setup] ERROR: need system packages (${missing[*]}) but not root and no sudo" >&2
+            exit 1
+        fi
+    fi
+    log "installing system packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    log "system packages present: $SYSTEM_PACKAGES"
+fi
+
+# ---- 2. the virtual environment (Python 3.11) ------------------------------------------
+is_py311() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1; }
+
+if [ -x "$VENV/bin/python" ] && is_py311 "$VENV/bin/python"; then
+    log ".venv exists ($("$VENV/bin/python" -V 2>&1))"
+else
+    if [ -e "$VENV" ]; then
+        echo "[setup] ERROR: $VENV exists but is not a working Python 3.11 venv; remove it and re-run" >&2
+        exit 1
+    fi
+    PY=""
+    candidates=("${PYTHON:-}" python3.11 python3)
+    if command -v pyenv >/dev/null 2>&1; then
+        for p in "$(pyenv root)"/versions/3.11*/bin/python3.11; do candidates+=("$p"); done
+    fi
+    candidates+=(/usr/bin/python3.11 /usr/local/bin/python3.11)
+    for c in "${candidates[@]}"; do
+        [ -n "$c" ] || continue
+        if command -v "$c" >/dev/null 2>&1 && is_py311 "$c"; then
+            PY="$("$c" -c 'import sys; print(sys.executable)')"  # resolves pyenv shims
+            break
+        fi
+    done
+    if [ -z "$PY" ]; then
+        echo "[setup] ERROR: no Python 3.11 interpreter found (tried: ${candidates[*]})." >&2
+        echo "[setup]        Install one (apt-get install python3.11 python3.11-venv, or pyenv) or set PYTHON=..." >&2
+        exit 1
+    fi
+    log "creating .venv with $PY ($("$PY" -V 2>&1))"
+    "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+# ---- 3. Python packages (skipped when the stamp matches) -------------------------------
+# Key: setup.py + this script + the repo path (an editable install points at it).
+KEY="$({ cat setup.py scripts/setup.sh; echo "$ROOT"; } | sha256sum | cut -c1-16)"
+if [ -f "$STAMP" ]; then
+    s_hash="" s_mode=""
+    read -r s_hash s_mode < "$STAMP" || true
+    if [ "$s_hash" = "$KEY" ] && { [ "$s_mode" = "$MODE" ] || [ "$s_mode" = "dev" ]; }; then
+        log "python packages up to date (stamp ${s_hash}, mode ${s_mode}); nothing to do"
+        exit 0
+    fi
+fi
+rm -f "$STAMP"
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+PIP=(pip_quiet "$VPY" -m pip --quiet)
+# pip's stderr minus the noise of this workplace's unused file:// extra indexes.
+pip_quiet() {
+    "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2 || true)
+}
+
+log "upgrading pip"
+"${PIP[@]}" install --progress-bar off --upgrade pip
+
+torch_version() {
+    "$VPY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true
+}
+TV="$(torch_version)"
+if [ -z "$TV" ]; then
+    torch_args=("torch==$TORCH_VERSION")
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+        log "nvidia-smi found: installing torch==$TORCH_VERSION and letting pip pick the CUDA wheel"
+    else
+        log "no GPU: installing torch==$TORCH_VERSION (CPU build expected)"
+    fi
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then torch_args+=(--index-url "$TORCH_INDEX_URL"); fi
+    "${PIP[@]}" install --progress-bar off "${torch_args[@]}"
+    TV="$(torch_version)"
+    log "torch $TV installed"
+else
+    log "torch $TV already installed"
+fi
+
+SPEC=".[metaworld]"
+[ "$MODE" = "dev" ] && SPEC=".[metaworld,dev]"
+log "installing the project: pip install -e \"$SPEC\""
+"${PIP[@]}" install --progress-bar off -e "$SPEC"
+
+TV_AFTER="$(torch_version)"
+if [ "$TV_AFTER" != "$TV" ]; then
+    log "WARNING: torch changed from $TV to $TV_AFTER during the project install"
+fi
+
+echo "$KEY $MODE" > "$STAMP"
+log "done (mode $MODE, torch $TV_AFTER)"

@@ -1,0 +1,53 @@
+"""async_rl: a Ray-based asynchronous distributed RL library.
+
+Set up with ``scripts/setup.sh`` (or ``make setup``): it installs torch==2.13.0 first so
+that pip never pulls a CUDA build of torch on a CPU-only machine, then this package.
+"""
+from setuptools import find_packages, setup
+
+# Versions measured together on the project's machine (Python 3.11, CPU):
+# torch 2.13.0+cpu, ray 2.60.0, deepspeed 0.19.8, peft 0.21.2, transformers 5.23.0,
+# swanlab 0.10.3, tensordict 0.15.3, pydantic 2.14.3, metaworld 3.1.1 / mujoco 3.3.0.
+INSTALL_REQUIRES = [
+    # tensordict 0.15 requires torch>=2.11; the set-up script installs torch==2.13.0 first.
+    "torch>=2.11,<3",
+    "ray[default]==2.60.0",
+    "deepspeed==0.19.8",
+    "peft>=0.21.2,<1",
+    "transformers>=5.23,<6",
+    "swanlab>=0.10.3,<0.11",
+    "tensordict>=0.15.3,<0.16",
+    "pydantic>=2.14,<3",
+    "pyyaml>=6,<7",
+    "tensorboard>=2.21,<3",
+    "rich>=13.6",
+    "numpy>=2,<3",
+]
+
+EXTRAS_REQUIRE = {
+    # gymnasium's mujoco module needs `packaging`; mujoco 3.3.0 is also the version that
+    # works with LIBERO's robosuite 1.4.0.
+    "metaworld": ["metaworld==3.1.1", "mujoco==3.3.0", "packaging"],
+    # LIBERO is installed by scripts/setup.sh with --no-deps (its declared deps pull CUDA
+    # torch, mujoco 4, wandb, ...), so nothing is listed here.
+    "libero": [],
+    # CompilerGym runs in its own Python 3.10 venv (.venv-compilergym): its pinned deps
+    # have no cp311 builds, so nothing is installed into the main venv.
+    "compilergym": [],
+    "dev": [
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "matplotlib>=3.8",
+        "stable-baselines3>=2.7,<3",
+    ],
+}
+
+setup(
+    name="async_rl",
+    version="0.1.0",
+    description="Ray-based asynchronous distributed reinforcement learning",
+    python_requires=">=3.10",
+    packages=find_packages(include=["async_rl", "async_rl.*", "envs", "envs.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+)

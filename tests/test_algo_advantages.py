@@ -1,0 +1,250 @@
+"""GAE, V-trace and group baselines against hand numbers and direct (non-recursive) sums."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from async_rl.algo import gae, grpo_advantages, rloo_advantages, vtrace
+
+F64 = torch.float64
+
+
+def t(x, dtype=F64):
+    return torch.tensor(x, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# GAE
+# ----------------------------------------------------------------------------------------
+def gae_direct(rewards, values, dones, bootstrap, gamma, lam):
+    """A_t = sum_k (gamma lam)^(k-t) [no done in t..k-1] delta_k, from nested lists [T][B]."""
+    T, B = len(rewards), len(rewards[0])
+    adv = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        v_next = [values[k + 1][b] if k + 1 < T else bootstrap[b] for k in range(T)]
+        delta = [rewards[k][b] + gamma * (1 - dones[k][b]) * v_next[k] - values[k][b] for k in range(T)]
+        for s in range(T):
+            total, alive = 0.0, 1.0
+            for k in range(s, T):
+                total += (gamma * lam) ** (k - s) * alive * delta[k]
+                alive *= 1 - dones[k][b]
+            adv[s][b] = total
+    return adv
+
+
+DOC = dict(rewards=[0.1, 0.2, 0.3, 0.4], values=[2.0, 2.1, 2.2, 2.3], gamma=0.9, lam=0.95)
+# Exact values of the design doc's example, worked by hand:
+# d3 = 0.4 - 2.3 = -1.9; d2 = 0.3 + 0.9*2.3 - 2.2 = 0.17; d1 = 0.2 + 0.9*2.2 - 2.1 = 0.08;
+# d0 = 0.1 + 0.9*2.1 - 2.0 = -0.01; gamma*lam = 0.855.
+DOC_EXACT = [-0.01 + 0.855 * (0.08 + 0.855 * (0.17 + 0.855 * -1.9)), 0.08 + 0.855 * (0.17 + 0.855 * -1.9),
+             0.17 + 0.855 * -1.9, -1.9]
+DOC_ROUNDED = [-1.0049, -1.1636, -1.4545, -1.9]
+
+
+@pytest.mark.parametrize("dones", [[0, 0, 0, 1], [0, 0, 0, 0]], ids=["terminal", "bootstrap0"])
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_gae_design_doc_example(dones, dtype):
+    adv, ret = gae(t(DOC["rewards"], dtype), t(DOC["values"], dtype), t(dones, dtype), 0.0, DOC["gamma"], DOC["lam"])
+    tol = 1e-12 if dtype == F64 else 1e-6
+    assert adv.dtype == dtype and adv.shape == (4,)
+    torch.testing.assert_close(adv.double(), t(DOC_EXACT), rtol=tol, atol=tol)
+    torch.testing.assert_close(adv.double(), t([-1.0048758625, -1.1635975, -1.4545, -1.9]), rtol=0, atol=1e-9 + tol)
+    torch.testing.assert_close(adv.double(), t(DOC_ROUNDED), rtol=0, atol=1e-3)
+    torch.testing.assert_close(ret.double(), t(DOC_EXACT) + t(DOC["values"]), rtol=tol, atol=tol)
+
+
+def _rand_rollout(T=6, B=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(T, B, generator=g, dtype=F64)
+    values = torch.randn(T, B, generator=g, dtype=F64)
+    bootstrap = torch.randn(B, generator=g, dtype=F64)
+    dones = torch.zeros(T, B, dtype=F64)
+    dones[2, 0] = 1.0  # episode boundary inside column 0
+    dones[1, 2] = dones[4, 2] = 1.0  # two boundaries in column 2; column 1 is cut (bootstraps)
+    return rewards, values, dones, bootstrap
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.9, 1.0), (0.5, 0.0)])
+def test_gae_batch_with_boundaries_matches_direct_sum(gamma, lam):
+    rewards, values, dones, bootstrap = _rand_rollout()
+    adv, ret = gae(rewards, values.requires_grad_(True), dones.bool(), bootstrap, gamma, lam)
+    expected = gae_direct(rewards.tolist(), values.tolist(), dones.tolist(), bootstrap.tolist(), gamma, lam)
+    torch.testing.assert_close(adv, t(expected), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ret, adv + values.detach(), rtol=0, atol=0)
+    assert not adv.requires_grad and not ret.requires_grad
+    # hand checks: the step that ends an episode ignores what follows; a cut bootstraps
+    assert adv[2, 0].item() == pytest.approx(rewards[2, 0].item() - values[2, 0].item(), abs=1e-12)
+    assert adv[5, 1].item() == pytest.approx(
+        rewards[5, 1].item() + gamma * bootstrap[1].item() - values[5, 1].item(), abs=1e-12
+    )
+
+
+def test_gae_episode_boundary_isolates_episodes():
+    rewards, values, dones, bootstrap = _rand_rollout()
+    adv, _ = gae(rewards, values, dones, bootstrap, 0.99, 0.95)
+    later = values.clone()
+    later[3:, 0] += 100.0  # values after column 0's boundary at t=2
+    rewards2 = rewards.clone()
+    rewards2[3:, 0] -= 7.0
+    adv2, _ = gae(rewards2, later, dones, bootstrap, 0.99, 0.95)
+    torch.testing.assert_close(adv2[:3, 0], adv[:3, 0], rtol=0, atol=1e-12)
+    assert not torch.allclose(adv2[3:, 0], adv[3:, 0])
+
+
+def test_gae_bootstrap_on_cut():
+    # one step, not done: A = r + gamma * V_boot - V; scalar and per-column bootstrap agree
+    adv, ret = gae(t([[1.0, 2.0]]), t([[0.5, 0.5]]), t([[0.0, 0.0]]), t([10.0, -4.0]), 0.9, 0.95)
+    torch.testing.assert_close(adv, t([[1.0 + 9.0 - 0.5, 2.0 - 3.6 - 0.5]]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(ret, t([[10.0, -1.6]]), rtol=0, atol=1e-12)
+    adv_s, _ = gae(t([[1.0, 2.0]]), t([[0.5, 0.5]]), t([[0.0, 0.0]]), 10.0, 0.9, 0.95)
+    torch.testing.assert_close(adv_s, t([[9.5, 10.5]]), rtol=0, atol=1e-12)
+    # a done last step ignores the bootstrap value
+    adv_d, _ = gae(t([[1.0]]), t([[0.5]]), t([[1.0]]), t([1e6]), 0.9, 0.95)
+    assert adv_d.item() == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------------------
+# V-trace
+# ----------------------------------------------------------------------------------------
+def vtrace_direct(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, pg_bar):
+    """The paper's sum, evaluated term by term for every s (no recursion)."""
+    T, B = len(rewards), len(rewards[0])
+
+    def clip(x, bar):
+        return x if bar is None else min(bar, x)
+
+    vs = [[0.0] * B for _ in range(T)]
+    pg = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        V = [values[k][b] for k in range(T)] + [bootstrap[b]]
+        rho = [math.exp(log_rhos[k][b]) for k in range(T)]
+        for s in range(T):
+            total = V[s]
+            for k in range(s, T):
+                trace = math.prod(discounts[i][b] * clip(rho[i], c_bar) for i in range(s, k))
+                total += trace * clip(rho[k], rho_bar) * (rewards[k][b] + discounts[k][b] * V[k + 1] - V[k])
+            vs[s][b] = total
+        for s in range(T):
+            vs_next = vs[s + 1][b] if s + 1 < T else bootstrap[b]
+            pg[s][b] = clip(rho[s], pg_bar) * (rewards[s][b] + discounts[s][b] * vs_next - V[s])
+    return vs, pg
+
+
+THRESHOLDS = [(1.0, 1.0, 1.0), (None, None, None), (2.0, 0.5, 1.5), (0.8, None, None), (None, 1.2, 0.7)]
+
+
+@pytest.mark.parametrize("rho_bar,c_bar,pg_bar", THRESHOLDS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vtrace_matches_direct_sum(rho_bar, c_bar, pg_bar, seed):
+    g = torch.Generator().manual_seed(seed)
+    T, B = 7, 3
+    log_rhos = torch.randn(T, B, generator=g, dtype=F64) * 0.8
+    rewards = torch.randn(T, B, generator=g, dtype=F64)
+    values = torch.randn(T, B, generator=g, dtype=F64)
+    bootstrap = torch.randn(B, generator=g, dtype=F64)
+    dones = (torch.rand(T, B, generator=g) < 0.2).to(F64)
+    discounts = 0.95 * (1.0 - dones)
+    assert (log_rhos > 0.5).any() and (log_rhos < -0.5).any()  # the clips matter
+    args = [x.clone().requires_grad_(True) for x in (log_rhos, rewards, values, bootstrap)]
+    vs, pg = vtrace(args[0], discounts, args[1], args[2], args[3], rho_bar, c_bar, pg_bar)
+    exp_vs, exp_pg = vtrace_direct(
+        log_rhos.tolist(), discounts.tolist(), rewards.tolist(), values.tolist(), bootstrap.tolist(),
+        rho_bar, c_bar, pg_bar,
+    )
+    torch.testing.assert_close(vs, t(exp_vs), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(pg, t(exp_pg), rtol=1e-10, atol=1e-10)
+    assert not vs.requires_grad and not pg.requires_grad
+
+
+def test_vtrace_default_thresholds_are_one():
+    g = torch.Generator().manual_seed(5)
+    x = [torch.randn(4, 2, generator=g, dtype=F64) for _ in range(3)]
+    bootstrap = torch.randn(2, generator=g, dtype=F64)
+    discounts = torch.full((4, 2), 0.9, dtype=F64)
+    vs, pg = vtrace(x[0], discounts, x[1], x[2], bootstrap)
+    exp_vs, exp_pg = vtrace_direct(x[0].tolist(), discounts.tolist(), x[1].tolist(), x[2].tolist(),
+                                   bootstrap.tolist(), 1.0, 1.0, 1.0)
+    torch.testing.assert_close(vs, t(exp_vs), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(pg, t(exp_pg), rtol=1e-10, atol=1e-10)
+
+
+def test_vtrace_hand_computed():
+    # T=2, B=1, rho = [2, 0.5] clipped at 1 -> rho_bar = [1, 0.5], c = [1, 0.5]; gamma 0.9
+    # d1 = 0.5 * (1 + 0.9*4 - 2) = 1.3 -> vs1 = 3.3; d0 = 1 * (0 + 0.9*2 - 1) = 0.8
+    # vs0 = 1 + 0.8 + 0.9 * 1 * 1.3 = 2.97; pg0 = 1 * (0 + 0.9*3.3 - 1) = 1.97; pg1 = 0.5 * 2.6 = 1.3
+    vs, pg = vtrace(t([[math.log(2.0)], [math.log(0.5)]]), t([[0.9], [0.9]]), t([[0.0], [1.0]]),
+                    t([[1.0], [2.0]]), t([4.0]))
+    torch.testing.assert_close(vs, t([[2.97], [3.3]]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(pg, t([[1.97], [1.3]]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("thresholds", [(None, None, None), (1.0, 1.0, 1.0)])
+def test_vtrace_on_policy_equals_gae_lambda_one(thresholds):
+    rewards, values, dones, bootstrap = _rand_rollout(T=8, B=4, seed=3)
+    gamma = 0.97
+    vs, pg = vtrace(torch.zeros_like(rewards), gamma * (1.0 - dones), rewards, values, bootstrap, *thresholds)
+    adv, ret = gae(rewards, values, dones, bootstrap, gamma, 1.0)
+    torch.testing.assert_close(vs, ret, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pg, adv, rtol=1e-12, atol=1e-12)
+
+
+def test_vtrace_float32():
+    g = torch.Generator().manual_seed(2)
+    x = [torch.randn(5, 2, generator=g, dtype=F64) for _ in range(3)]
+    bootstrap = torch.randn(2, generator=g, dtype=F64)
+    discounts = torch.full((5, 2), 0.9, dtype=F64)
+    vs32, pg32 = vtrace(*(y.float() for y in (x[0], discounts, x[1], x[2], bootstrap)))
+    exp_vs, exp_pg = vtrace_direct(x[0].tolist(), discounts.tolist(), x[1].tolist(), x[2].tolist(),
+                                   bootstrap.tolist(), 1.0, 1.0, 1.0)
+    assert vs32.dtype == torch.float32
+    torch.testing.assert_close(vs32.double(), t(exp_vs), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pg32.double(), t(exp_pg), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------
+# Group baselines
+# ----------------------------------------------------------------------------------------
+def test_grpo_hand_computed():
+    # [1,2,3,4]: mean 2.5, unbiased std sqrt(5/3); [5,5,5,5]: std 0 -> 0; [0,1]: mean .5, std sqrt(.5)
+    rewards = t([[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 5.0, 5.0]])
+    adv = grpo_advantages(rewards)
+    std = math.sqrt(5.0 / 3.0)
+    torch.testing.assert_close(adv, t([[x / (std + 1e-6) for x in (-1.5, -0.5, 0.5, 1.5)], [0.0] * 4]), rtol=1e-12, atol=0)
+    adv = grpo_advantages(t([[0.0, 1.0]]), eps=0.5)
+    s = math.sqrt(0.5)
+    torch.testing.assert_close(adv, t([[-0.5 / (s + 0.5), 0.5 / (s + 0.5)]]), rtol=1e-12, atol=0)
+
+
+def test_rloo_hand_computed():
+    # r_i - mean of the others: 1-3, 2-8/3, 3-7/3, 4-2; group 2: 0-1, 2-0 ... [0, 2]: -2, 2
+    adv = rloo_advantages(t([[1.0, 2.0, 3.0, 4.0], [0.0, 2.0, 0.0, 2.0]]))
+    torch.testing.assert_close(
+        adv, t([[-2.0, -2.0 / 3.0, 2.0 / 3.0, 2.0], [-4.0 / 3.0, 4.0 / 3.0, -4.0 / 3.0, 4.0 / 3.0]]), rtol=1e-12, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("fn", [grpo_advantages, rloo_advantages])
+def test_group_baselines_random_and_no_grad(fn):
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.randn(3, 5, generator=g, dtype=F64, requires_grad=True)
+    out = fn(rewards)
+    rows = rewards.detach().tolist()
+    if fn is grpo_advantages:
+        exp = []
+        for row in rows:
+            m = sum(row) / len(row)
+            sd = math.sqrt(sum((x - m) ** 2 for x in row) / (len(row) - 1))
+            exp.append([(x - m) / (sd + 1e-6) for x in row])
+    else:
+        exp = [[x - (sum(row) - x) / (len(row) - 1) for x in row] for row in rows]
+    torch.testing.assert_close(out, t(exp), rtol=1e-12, atol=1e-12)
+    assert not out.requires_grad
+
+
+@pytest.mark.parametrize("fn", [grpo_advantages, rloo_advantages])
+@pytest.mark.parametrize("shape", [(4,), (3, 1), (2, 3, 4)])
+def test_group_baselines_reject_bad_shapes(fn, shape):
+    with pytest.raises(ValueError, match=r"\[G, n\]"):
+        fn(torch.zeros(shape))

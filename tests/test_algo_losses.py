@@ -1,0 +1,455 @@
+"""compute_policy_loss: every clip mode and alias, forward, gradient, metrics and errors.
+
+The expected numbers come from references written here from the specification, element by
+element in float64 Python (never from the code under test), plus hand-computed tables.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from async_rl.algo import PolicyLossParams, compute_policy_loss, policy_loss_modes, resolve_policy_loss_params
+from async_rl.errors import ConfigError
+
+ALL_MODES = {
+    "clip",
+    "soft_clip",
+    "soft_clip_alpha-1",
+    "soft_clip_alpha-2",
+    "sapo",
+    "sapo_soft_clip",
+    "sapo_gate",
+    "ce-gppo_clip",
+    "cispo",
+    "cispo_clip",
+    "is_clip",
+    "is_weight_clip",
+}
+PARAM_KEYS = [
+    "clip_eps",
+    "clip_eps_low",
+    "clip_eps_high",
+    "dual_clip_c",
+    "soft_clip_alpha",
+    "tau_pos",
+    "tau_neg",
+    "beta1",
+    "beta2",
+    "is_eps_low",
+    "is_eps_high",
+]
+
+
+# ----------------------------------------------------------------------------------------
+# Reference: per element (r, A) -> (loss l, d l / d logp, clipped?, extra diagnostics)
+# ----------------------------------------------------------------------------------------
+def _params(p: dict) -> dict:
+    eps = p.get("clip_eps", 0.2)
+    lo = p.get("clip_eps_low", eps)
+    hi = p.get("clip_eps_high", eps)
+    return {
+        "lo": 1.0 - lo,
+        "hi": 1.0 + hi,
+        "c": p.get("dual_clip_c"),
+        "alpha": p.get("soft_clip_alpha", 1.0),
+        "tau_pos": p.get("tau_pos", 1.0),
+        "tau_neg": p.get("tau_neg", 1.05),
+        "beta1": p.get("beta1", 0.75),
+        "beta2": p.get("beta2", 1.0),
+        "is_lo": 1.0 - p.get("is_eps_low", lo),
+        "is_hi": 1.0 + p.get("is_eps_high", hi),
+    }
+
+
+def _dual(l, g, clipped, A, c):
+    if c is not None and A < 0 and l > -c * A:
+        return -c * A, 0.0, True
+    return l, g, clipped
+
+
+def ref_clip(r, A, q):
+    # Pessimistic PPO bound written per advantage sign: A >= 0 caps r at hi, A < 0 floors it at lo.
+    if A >= 0:
+        l, g = -A * min(r, q["hi"]), (-A * r if r < q["hi"] else 0.0)
+    else:
+        l, g = -A * max(r, q["lo"]), (-A * r if r > q["lo"] else 0.0)
+    l, g, clipped = _dual(l, g, not (q["lo"] <= r <= q["hi"]), A, q["c"])
+    return l, g, clipped, {}
+
+
+def ref_soft_clip(r, A, q):
+    coeff = min(r, 1.0 / r) ** q["alpha"]
+    return -r * A * coeff, -r * A * coeff, False, {"soft_clip_coeff_mean": coeff}
+
+
+def ref_sapo(r, A, q):
+    tau = q["tau_pos"] if A > 0 else q["tau_neg"]
+    s = 1.0 / (1.0 + math.exp(-tau * (r - 1.0)))
+    weight = 4.0 * s * (1.0 - s)
+    extra = {"sapo_gate_weight_mean": weight, "sapo_gate_saturation_frac": float(weight < 0.1)}
+    # d/dlogp of -(4/tau) s(tau (r-1)) A = -(4/tau) s (1-s) tau r A
+    return -(4.0 / tau) * s * A, -weight * r * A, False, extra
+
+
+def ref_ce_gppo(r, A, q):
+    if A < 0 and r < q["lo"]:
+        l, g, clipped = -q["beta1"] * q["lo"] * A, -q["beta1"] * q["lo"] * A, True
+    elif A > 0 and r > q["hi"]:
+        l, g, clipped = -q["beta2"] * q["hi"] * A, -q["beta2"] * q["hi"] * A, True
+    else:
+        l, g, clipped = -r * A, -r * A, False
+    l, g, clipped = _dual(l, g, clipped, A, q["c"])
+    return l, g, clipped, {}
+
+
+def ref_cispo(r, A, q):
+    w = min(max(r, q["is_lo"]), q["is_hi"])
+    return -w * A, -w * A, not (q["is_lo"] <= r <= q["is_hi"]), {}
+
+
+# alias -> (reference, params the alias fixes)
+MODES = {
+    "clip": (ref_clip, {}),
+    "soft_clip": (ref_soft_clip, {}),
+    "soft_clip_alpha-1": (ref_soft_clip, {"soft_clip_alpha": 1.0}),
+    "soft_clip_alpha-2": (ref_soft_clip, {"soft_clip_alpha": 2.0}),
+    "sapo": (ref_sapo, {}),
+    "sapo_soft_clip": (ref_sapo, {}),
+    "sapo_gate": (ref_sapo, {}),
+    "ce-gppo_clip": (ref_ce_gppo, {}),
+    "cispo": (ref_cispo, {}),
+    "cispo_clip": (ref_cispo, {}),
+    "is_clip": (ref_cispo, {}),
+    "is_weight_clip": (ref_cispo, {}),
+}
+DUAL_MODES = {"clip", "ce-gppo_clip"}
+EXTRA_KEYS = {
+    ref_soft_clip: {"soft_clip_coeff_mean"},
+    ref_sapo: {"sapo_gate_weight_mean", "sapo_gate_saturation_frac"},
+}
+
+# Parameter sets per canonical mode; the ratio grid below keeps every ratio >= 5% away from
+# every bound. Aliases are checked with their own fixed params and against their canonical mode.
+PARAM_SETS = {
+    "default": {},
+    "eps0.3": {"clip_eps": 0.3},
+    "asym": {"clip_eps_low": 0.1, "clip_eps_high": 0.28},
+    "dual": {"dual_clip_c": 3.0},
+    "asym_dual": {"clip_eps_low": 0.3, "clip_eps_high": 0.1, "dual_clip_c": 2},
+    "beta": {"beta1": 0.5, "beta2": 0.9},
+    "beta0": {"beta1": 0.0, "beta2": 0.0},
+    "tau": {"tau_pos": 2.0, "tau_neg": 0.5},
+    "alpha0.5": {"soft_clip_alpha": 0.5},
+    "alpha0": {"soft_clip_alpha": 0},
+    "is_eps": {"is_eps_low": 0.5, "is_eps_high": 2.0},
+}
+MODE_PARAM_SETS = {
+    "clip": ["default", "eps0.3", "asym", "dual", "asym_dual"],
+    "ce-gppo_clip": ["default", "eps0.3", "asym", "dual", "asym_dual", "beta", "beta0"],
+    "soft_clip": ["default", "alpha0.5", "alpha0"],
+    "sapo": ["default", "tau"],
+    "cispo": ["default", "asym", "is_eps"],
+}
+RATIOS = [0.3, 0.6, 0.95, 1.05, 1.5, 4.0, 8.0]
+ADVS = [1.3, -0.7, 2.0, -1.9, 0.4, -0.25, 1.1, -3.0, 0.6]
+
+
+def make_case(shape, adv_shape, dtype, masked, seed=0):
+    """logp, logp_old, advantages, mask with ratios from RATIOS (masked-out ones extreme)."""
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    ratios = torch.tensor([RATIOS[(3 * i) % len(RATIOS)] for i in range(n)], dtype=torch.float64)
+    logp_old = -torch.rand(n, generator=g, dtype=torch.float64) * 2.0 - 0.1
+    mask = None
+    if masked:
+        mask = torch.tensor([(i % 3) != 1 for i in range(n)]).reshape(shape)
+        ratios = torch.where(mask.reshape(-1), ratios, torch.tensor(50.0, dtype=torch.float64))
+    logp = logp_old + ratios.log()
+    m = math.prod(adv_shape)
+    adv = torch.tensor([ADVS[(i * 5 + 1) % len(ADVS)] for i in range(m)], dtype=torch.float64)
+    return (
+        logp.reshape(shape).to(dtype),
+        logp_old.reshape(shape).to(dtype),
+        adv.reshape(adv_shape).to(dtype),
+        mask,
+    )
+
+
+def reference(mode, params, logp, logp_old, adv, mask):
+    """Expected loss, d loss / d logp, and metrics from the float64 value of the inputs."""
+    ref, fixed = MODES[mode]
+    q = _params({**params, **fixed})
+    lp, lpo = logp.double(), logp_old.double()
+    r_all = torch.exp(lp - lpo).reshape(-1).tolist()
+    a_all = adv.double().expand(logp.shape).reshape(-1).tolist()
+    valid = [True] * len(r_all) if mask is None else mask.reshape(-1).tolist()
+    n = sum(valid)
+    grads, loss, rows = [], 0.0, []
+    for r, A, v in zip(r_all, a_all, valid):
+        l, g, clipped, extra = ref(r, A, q)
+        grads.append(g / n if v else 0.0)
+        if v:
+            loss += l / n
+            rows.append((r, g, clipped, extra))
+    rs = [row[0] for row in rows]
+    metrics = {
+        "clip_frac": sum(row[2] for row in rows) / n,
+        "dead_grad_frac": sum(row[1] == 0.0 for row in rows) / n,
+        "ess": sum(rs) ** 2 / (n * sum(r * r for r in rs)),
+        "ratio_mean": sum(rs) / n,
+        "ratio_max": max(rs),
+        "ratio_min": min(rs),
+        "approx_kl": sum((r - 1.0) - math.log(r) for r in rs) / n,
+    }
+    for key in EXTRA_KEYS.get(ref, ()):
+        metrics[key] = sum(row[3][key] for row in rows) / n
+    return loss, torch.tensor(grads, dtype=torch.float64).reshape(logp.shape), metrics
+
+
+def run_loss(mode, params, logp, logp_old, adv, mask):
+    logp = logp.clone().requires_grad_(True)
+    logp_old = logp_old.clone().requires_grad_(True)
+    adv = adv.clone().requires_grad_(True)
+    loss, metrics = compute_policy_loss(mode, logp, logp_old, adv, mask=mask, params=params)
+    loss.backward()
+    # gradients flow through logp only
+    assert logp_old.grad is None and adv.grad is None
+    return loss, logp.grad, metrics
+
+
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
+SHAPES = {  # name -> (logp shape, advantages shape)
+    "B": ((14,), (14,)),
+    "BD": ((7, 3), (7, 3)),
+    "BD_adv_B1": ((7, 3), (7, 1)),
+    "BT_adv_B1": ((3, 7), (3, 1)),
+}
+CASES = [(mode, pname) for mode, names in MODE_PARAM_SETS.items() for pname in names]
+ALIASES = sorted(set(MODES) - set(MODE_PARAM_SETS))
+
+
+def _check(mode, params, shape_name, dtype, masked):
+    shape, adv_shape = SHAPES[shape_name]
+    inputs = make_case(shape, adv_shape, dtype, masked)
+    loss, grad, metrics = run_loss(mode, params, *inputs)
+    exp_loss, exp_grad, exp_metrics = reference(mode, params, *inputs)
+    tol = TOL[dtype]
+    assert loss.dtype == dtype and loss.shape == ()
+    assert loss.item() == pytest.approx(exp_loss, rel=tol, abs=tol)
+    assert grad.dtype == dtype
+    torch.testing.assert_close(grad.double(), exp_grad, rtol=tol, atol=tol)
+    for key, value in exp_metrics.items():
+        assert isinstance(metrics[key], float), key
+        assert metrics[key] == pytest.approx(value, rel=tol, abs=tol), key
+    return metrics
+
+
+@pytest.mark.parametrize("mode,pname", CASES)
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("shape_name", list(SHAPES))
+def test_policy_loss_matches_reference_float64(mode, pname, shape_name, masked):
+    _check(mode, PARAM_SETS[pname], shape_name, torch.float64, masked)
+
+
+@pytest.mark.parametrize("mode", ALIASES)
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_alias_matches_reference_float64(mode, masked):
+    _check(mode, {}, "BD_adv_B1", torch.float64, masked)
+
+
+@pytest.mark.parametrize("mode,pname", [(m, "dual" if m in DUAL_MODES else "default") for m in MODE_PARAM_SETS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_policy_loss_low_precision(mode, pname, dtype, masked):
+    _check(mode, PARAM_SETS[pname], "BD_adv_B1", dtype, masked)
+
+
+def test_reference_grid_exercises_every_branch():
+    """The case grid hits clipped/dead/dual/saturated elements, so the tests above can fail."""
+    inputs = make_case(*SHAPES["BD_adv_B1"], torch.float64, masked=False)
+    m = reference("clip", PARAM_SETS["dual"], *inputs)[2]
+    assert 0 < m["dead_grad_frac"] < m["clip_frac"] < 1
+    m = reference("sapo", {}, *inputs)[2]
+    assert 0 < m["sapo_gate_saturation_frac"] < 1
+    m = reference("ce-gppo_clip", PARAM_SETS["beta0"], *inputs)[2]
+    assert 0 < m["dead_grad_frac"]
+
+
+# ----------------------------------------------------------------------------------------
+# Hand-computed tables: (mode, params, ratios, advantages, per-element loss, per-element grad)
+# grad is d l_i / d logp_i; the mean loss and its gradient divide by N.
+# ----------------------------------------------------------------------------------------
+S = 1.0 / (1.0 + math.exp(-1.0))  # sigma(1)
+HAND = [
+    # clip, eps 0.2: inside -> -rA, grad -rA; A>0 r>1.2 -> -1.2A flat; A<0 r<0.8 -> -0.8A flat
+    ("clip", {}, [1.1, 0.9, 1.5, 0.5, 0.5, 1.5], [2, -1, 1, -1, 1, -1],
+     [-2.2, 0.9, -1.2, 0.8, -0.5, 1.5], [-2.2, 0.9, 0, 0, -0.5, 1.5]),
+    # dual clip c=3: A=-1, r=4 -> min(4, 3) = 3, flat
+    ("clip", {"dual_clip_c": 3}, [4.0, 2.0], [-1, -1], [3.0, 2.0], [0, 2.0]),
+    ("clip", {"clip_eps_low": 0.1, "clip_eps_high": 0.5}, [1.4, 0.85], [1, -2], [-1.4, 1.8], [-1.4, 0]),
+    # soft clip alpha 1: coeff = min(r, 1/r); r=2 -> 0.5, r=0.5 -> 0.5
+    ("soft_clip", {}, [2.0, 0.5, 1.0], [1, -2, 3], [-1.0, 0.5, -3.0], [-1.0, 0.5, -3.0]),
+    ("soft_clip_alpha-2", {}, [2.0, 0.5], [1, -2], [-0.5, 0.25], [-0.5, 0.25]),
+    # sapo: r=1 -> -2A/tau, grad -A; r=2, tau=1 -> -4 sigma(1) A, grad -4 s(1-s) 2 A
+    ("sapo", {}, [1.0, 1.0, 2.0], [1, -1, 1], [-2.0, 2.0 / 1.05, -4 * S], [-1.0, 1.0, -8 * S * (1 - S)]),
+    # ce-gppo: A<0 r<0.8 -> -0.75*0.8*A = 0.6|A|; A>0 r>1.2 -> -1.2A; gradients survive scaled
+    ("ce-gppo_clip", {}, [0.5, 1.5, 1.0, 0.5], [-1, 1, 2, 1], [0.6, -1.2, -2.0, -0.5], [0.6, -1.2, -2.0, -0.5]),
+    ("ce-gppo_clip", {"dual_clip_c": 2.5}, [3.0, 0.5], [-2, -2], [5.0, 1.2], [0, 1.2]),
+    # cispo: w = clip(r, 0.8, 1.2); forward -wA, gradient -wA
+    ("cispo", {}, [1.5, 0.5, 1.1], [1, -1, 2], [-1.2, 0.8, -2.2], [-1.2, 0.8, -2.2]),
+    ("is_clip", {"is_eps_low": 0.6, "is_eps_high": 1.0}, [3.0, 0.2, 1.1], [1, 1, -1], [-2.0, -0.4, 1.1], [-2.0, -0.4, 1.1]),
+]
+
+
+@pytest.mark.parametrize("mode,params,ratios,advs,per_elem,per_grad", HAND)
+def test_policy_loss_hand_computed(mode, params, ratios, advs, per_elem, per_grad):
+    logp_old = torch.full((len(ratios),), -1.5, dtype=torch.float64)
+    logp = logp_old + torch.tensor(ratios, dtype=torch.float64).log()
+    loss, grad, _ = run_loss(mode, params, logp, logp_old, torch.tensor(advs, dtype=torch.float64), None)
+    n = len(ratios)
+    assert loss.item() == pytest.approx(sum(per_elem) / n, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor(per_grad, dtype=torch.float64) / n, rtol=1e-12, atol=1e-12)
+
+
+def test_metrics_hand_computed():
+    # r = [1, 2] valid, 50 masked out: ess = 3^2 / (2 * 5) = 0.9, kl = (0 + 1 - ln 2) / 2
+    logp_old = torch.zeros(3, dtype=torch.float64)
+    logp = torch.tensor([1.0, 2.0, 50.0], dtype=torch.float64).log()
+    mask = torch.tensor([True, True, False])
+    adv = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    _, m = compute_policy_loss("clip", logp, logp_old, adv, mask=mask)
+    assert m["ess"] == pytest.approx(0.9)
+    assert m["ratio_mean"] == pytest.approx(1.5)
+    assert m["ratio_max"] == pytest.approx(2.0)
+    assert m["approx_kl"] == pytest.approx((1.0 - math.log(2.0)) / 2)
+    assert m["clip_frac"] == pytest.approx(0.5)  # r=2 is outside [0.8, 1.2]
+    assert m["dead_grad_frac"] == pytest.approx(0.5)  # and A > 0 there: flat
+    # on-policy: every ratio 1
+    _, m = compute_policy_loss("clip", logp_old, logp_old, adv)
+    assert (m["ess"], m["ratio_mean"], m["approx_kl"], m["clip_frac"]) == (1.0, 1.0, 0.0, 0.0)
+
+
+def test_sapo_saturation_metric():
+    # tau=1: r=8 -> sigma(7), gate weight 4 s (1-s) = 0.0036 < 0.1 (saturated); r=1 -> weight 1
+    logp_old = torch.zeros(4, dtype=torch.float64)
+    logp = torch.tensor([8.0, 1.0, 1.0, 1.5], dtype=torch.float64).log()
+    _, m = compute_policy_loss("sapo_gate", logp, logp_old, torch.tensor([1.0, 1.0, -1.0, 1.0], dtype=torch.float64))
+    s7, s05 = 1 / (1 + math.exp(-7.0)), 1 / (1 + math.exp(-0.5))
+    assert m["sapo_gate_saturation_frac"] == pytest.approx(0.25)
+    assert m["sapo_gate_weight_mean"] == pytest.approx((4 * s7 * (1 - s7) + 2.0 + 4 * s05 * (1 - s05)) / 4)
+    assert m["clip_frac"] == 0.0 and m["dead_grad_frac"] == 0.0
+
+
+def test_soft_clip_never_clips():
+    logp = torch.tensor([3.0, -3.0, 0.1], dtype=torch.float64)
+    _, m = compute_policy_loss("soft_clip", logp, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+    assert m["clip_frac"] == 0.0 and m["dead_grad_frac"] == 0.0
+    assert m["soft_clip_coeff_mean"] == pytest.approx((math.exp(-3.0) * 2 + math.exp(-0.1)) / 3)
+
+
+def test_all_masked_out_is_finite():
+    logp = torch.zeros(3, requires_grad=True)
+    loss, m = compute_policy_loss("clip", logp, torch.zeros(3), torch.ones(3), mask=torch.zeros(3, dtype=torch.bool))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(logp.grad, torch.zeros(3))
+    assert all(math.isfinite(v) for v in m.values())
+
+
+# ----------------------------------------------------------------------------------------
+# Modes, aliases and errors
+# ----------------------------------------------------------------------------------------
+def test_registry_lists_every_mode_and_alias():
+    assert set(policy_loss_modes()) == ALL_MODES
+
+
+@pytest.mark.parametrize("alias,canonical,params", [
+    ("soft_clip_alpha-1", "soft_clip", {"soft_clip_alpha": 1.0}),
+    ("soft_clip_alpha-2", "soft_clip", {"soft_clip_alpha": 2.0}),
+    ("sapo_soft_clip", "sapo", {"tau_pos": 2.0}),
+    ("sapo_gate", "sapo", {}),
+    ("cispo_clip", "cispo", {"is_eps_high": 1.0}),
+    ("is_clip", "cispo", {}),
+    ("is_weight_clip", "cispo", {"is_eps_low": 0.5}),
+])
+def test_alias_equals_canonical(alias, canonical, params):
+    logp, logp_old, adv, mask = make_case((5, 4), (5, 1), torch.float64, masked=True, seed=3)
+    alias_params = {k: v for k, v in params.items() if k not in MODES[alias][1]}
+    a_loss, a_grad, a_m = run_loss(alias, alias_params, logp, logp_old, adv, mask)
+    c_loss, c_grad, c_m = run_loss(canonical, params, logp, logp_old, adv, mask)
+    assert a_loss.item() == c_loss.item() and torch.equal(a_grad, c_grad) and a_m == c_m
+
+
+def test_unknown_mode_lists_every_mode_and_alias():
+    with pytest.raises(ConfigError) as exc:
+        compute_policy_loss("ppo_clipp", torch.zeros(2), torch.zeros(2), torch.ones(2))
+    msg = str(exc.value)
+    assert "'ppo_clipp'" in msg
+    for mode in ALL_MODES:
+        assert mode in msg
+
+
+@pytest.mark.parametrize("params,key", [
+    ({"clip_epsilon": 0.2}, "clip_epsilon"),  # unknown key
+    ({"clip_eps": "0.2"}, "clip_eps"),  # wrong type
+    ({"clip_eps": True}, "clip_eps"),
+    ({"clip_eps": 1.5}, "clip_eps"),  # out of range
+    ({"clip_eps_low": 0.0}, "clip_eps_low"),
+    ({"dual_clip_c": 0.5}, "dual_clip_c"),
+    ({"tau_pos": 0.0}, "tau_pos"),
+    ({"tau_neg": -1.0}, "tau_neg"),
+    ({"soft_clip_alpha": -1.0}, "soft_clip_alpha"),
+    ({"beta1": -0.1}, "beta1"),
+    ({"is_eps_low": 1.0}, "is_eps_low"),
+    ({"is_eps_high": [1.0]}, "is_eps_high"),
+])
+def test_bad_params_name_key_and_list_valid_keys(params, key):
+    with pytest.raises(ConfigError) as exc:
+        compute_policy_loss("clip", torch.zeros(2), torch.zeros(2), torch.ones(2), params=params)
+    msg = str(exc.value)
+    assert f"'{key}'" in msg
+    for valid in PARAM_KEYS:
+        assert valid in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("mode", sorted(ALL_MODES - DUAL_MODES))
+def test_dual_clip_refused_where_it_does_not_apply(mode):
+    with pytest.raises(ConfigError) as exc:
+        resolve_policy_loss_params(mode, {"dual_clip_c": 3.0})
+    msg = str(exc.value)
+    assert "dual_clip_c" in msg and f"'{mode}'" in msg
+    assert "clip" in msg and "ce-gppo_clip" in msg
+
+
+@pytest.mark.parametrize("alias,alpha", [("soft_clip_alpha-1", 2.0), ("soft_clip_alpha-2", 1.0), ("soft_clip_alpha-2", "2")])
+def test_alias_conflicting_alpha_refused(alias, alpha):
+    with pytest.raises(ConfigError) as exc:
+        resolve_policy_loss_params(alias, {"soft_clip_alpha": alpha})
+    assert "soft_clip_alpha" in str(exc.value) and alias in str(exc.value)
+
+
+def test_params_defaults_and_accepted_forms():
+    p = resolve_policy_loss_params("clip", None)
+    assert (p.clip_eps, p.eps_low, p.eps_high, p.dual_clip_c) == (0.2, 0.2, 0.2, None)
+    assert (p.soft_clip_alpha, p.tau_pos, p.tau_neg, p.beta1, p.beta2) == (1.0, 1.0, 1.05, 0.75, 1.0)
+    assert (p.is_low, p.is_high) == (0.2, 0.2)
+    p = resolve_policy_loss_params("cispo", {"clip_eps_low": 0.1, "clip_eps_high": 0.3})
+    assert (p.is_low, p.is_high) == (0.1, 0.3)
+    assert resolve_policy_loss_params("clip", {"dual_clip_c": 3}).dual_clip_c == 3.0  # ints are fine
+    assert resolve_policy_loss_params("soft_clip_alpha-2", {}).soft_clip_alpha == 2.0
+    assert resolve_policy_loss_params("soft_clip_alpha-2", {"soft_clip_alpha": 2}).soft_clip_alpha == 2.0
+    # a PolicyLossParams object works like the dict it came from
+    logp, logp_old, adv, _ = make_case((6,), (6,), torch.float64, masked=False)
+    obj = PolicyLossParams(clip_eps=0.3)
+    assert compute_policy_loss("clip", logp, logp_old, adv, params=obj)[0].item() == pytest.approx(
+        compute_policy_loss("clip", logp, logp_old, adv, params={"clip_eps": 0.3})[0].item(), abs=0
+    )
+
+
+@pytest.mark.parametrize("adv_shape,mask_shape", [((4, 2), None), ((4, 3, 1), None), ((4, 1), (4,))])
+def test_shape_errors(adv_shape, mask_shape):
+    mask = None if mask_shape is None else torch.ones(mask_shape, dtype=torch.bool)
+    with pytest.raises(ValueError, match="shape"):
+        compute_policy_loss("clip", torch.zeros(4, 3), torch.zeros(4, 3), torch.ones(adv_shape), mask=mask)

@@ -1,0 +1,104 @@
+"""Worker-side GAE pieces, V-trace segments, the replay buffer and the task sampler."""
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from async_rl.actors.replay_buffer import ReplayStorage
+from async_rl.actors.rollout_worker import FailureWeightedTaskSampler
+from async_rl.experience import GaeSegmenter, VtraceSegmenter, step_record
+
+GAMMA, LAM = 0.9, 0.8
+
+
+def _record(t: int, value: float, reward: float, done: bool = False, version: int = 0) -> TensorDict:
+    out = TensorDict({"action": torch.zeros(2), "env_action": torch.zeros(2), "logp": torch.zeros(2),
+                      "value": torch.tensor(value), "policy_version": torch.tensor(version)}, batch_size=[])
+    obs = TensorDict({"state": torch.tensor([float(t)])}, batch_size=[])
+    return step_record(obs, out, reward, done, task_id=0)
+
+
+def _manual_gae(rewards, values, bootstrap):
+    adv, running, nxt = [0.0] * len(rewards), 0.0, bootstrap
+    for t in reversed(range(len(rewards))):
+        delta = rewards[t] + GAMMA * nxt - values[t]
+        running = delta + GAMMA * LAM * running
+        adv[t], nxt = running, values[t]
+    return adv
+
+
+def test_episode_end_bootstraps_zero():
+    seg = GaeSegmenter(local_buf=10, gamma=GAMMA, lam=LAM)
+    values, rewards = [0.5, 1.0, 2.0], [1.0, 0.0, 3.0]
+    pieces = [seg.add(_record(t, values[t], rewards[t], done=t == 2), None) for t in range(3)]
+    assert pieces[:2] == [None, None]
+    piece = pieces[2]
+    assert piece.batch_size == torch.Size([3])
+    torch.testing.assert_close(piece["advantage"], torch.tensor(_manual_gae(rewards, values, 0.0)))
+    torch.testing.assert_close(piece["value_target"], piece["advantage"] + torch.tensor(values))
+    assert seg.steps == []
+
+
+def test_buffer_cut_bootstraps_from_the_next_value_and_keeps_that_step():
+    seg = GaeSegmenter(local_buf=3, gamma=GAMMA, lam=LAM)
+    values, rewards = [0.5, 1.0, 2.0, 4.0], [1.0, 0.0, 3.0, 7.0]
+    pieces = [seg.add(_record(t, values[t], rewards[t]), None) for t in range(4)]
+    assert pieces[:3] == [None, None, None]
+    piece = pieces[3]
+    assert piece.batch_size == torch.Size([3])
+    torch.testing.assert_close(piece["advantage"], torch.tensor(_manual_gae(rewards[:3], values[:3], 4.0)))
+    # Cut vs end: the same steps ending the episode instead bootstrap 0 and differ.
+    assert not torch.allclose(piece["advantage"], torch.tensor(_manual_gae(rewards[:3], values[:3], 0.0)))
+    assert len(seg.steps) == 1 and float(seg.steps[0]["value"]) == 4.0
+
+
+def test_vtrace_segments_have_fixed_length_and_cross_episode_ends():
+    seg = VtraceSegmenter(length=4)
+    out = [seg.add(_record(t, 0.0, 1.0, done=t == 1), TensorDict({"state": torch.tensor([t + 1.0])}, [])) for t in range(4)]
+    segment = out[-1]
+    assert out[:3] == [None, None, None]
+    assert segment.batch_size == torch.Size([1])
+    assert segment["steps"].batch_size == torch.Size([1, 4])
+    assert segment["steps", "done"].tolist() == [[False, True, False, False]]
+    assert float(segment["bootstrap_obs", "state"]) == 4.0
+
+
+def _items(start: int, n: int) -> TensorDict:
+    return TensorDict({"x": torch.arange(start, start + n).float()}, batch_size=[n])
+
+
+def test_replay_is_a_bounded_fifo_with_counters():
+    store = ReplayStorage(capacity=5, seed=0)
+    store.add_batch(_items(0, 3))
+    store.add_batch(_items(3, 4))  # evicts 0 and 1
+    assert store.size() == 5
+    assert store.counters == {"added": 7, "sampled": 0, "evicted": 2}
+    sample = store.sample(5)
+    assert sorted(sample["x"].tolist()) == [2.0, 3.0, 4.0, 5.0, 6.0]  # without replacement, only live items
+    with pytest.raises(ValueError, match="holding 5"):
+        store.sample(6)
+    assert store.counters["sampled"] == 5
+
+
+def test_replay_sampling_is_uniform():
+    store = ReplayStorage(capacity=10, seed=1)
+    store.add_batch(_items(0, 10))
+    counts = np.zeros(10)
+    for _ in range(2000):
+        for x in store.sample(3)["x"].tolist():
+            counts[int(x)] += 1
+    assert np.all(np.abs(counts / counts.sum() - 0.1) < 0.02)
+
+
+def test_failure_weighted_task_sampling():
+    sampler = FailureWeightedTaskSampler(3, window=4, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(sampler.probabilities(), [1 / 3] * 3)
+    for _ in range(3):
+        sampler.record(0, success=False)  # 3 recent failures -> weight 4
+    sampler.record(1, success=True)  # a success adds nothing -> weight 1
+    np.testing.assert_allclose(sampler.probabilities(), [4 / 6, 1 / 6, 1 / 6])
+    draws = np.bincount([sampler.sample() for _ in range(3000)], minlength=3) / 3000
+    np.testing.assert_allclose(draws, [4 / 6, 1 / 6, 1 / 6], atol=0.03)
+    for _ in range(4):
+        sampler.record(0, success=True)  # the window forgets old failures
+    np.testing.assert_allclose(sampler.probabilities(), [1 / 3] * 3)

@@ -1,0 +1,122 @@
+"""The inference actor's batching loop: by size, by timeout, errors, atomic weight swap."""
+import asyncio
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from async_rl.actors.inference import BatchingServer
+
+
+def _obs(i: float) -> TensorDict:
+    return TensorDict({"state": torch.tensor([i])}, batch_size=[])
+
+
+class Recorder:
+    """A forward that records batch sizes and returns x * weight."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.weight = torch.tensor(1.0)
+        self.batches: list[int] = []
+        self.delay_s = delay_s
+
+    def __call__(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
+        self.batches.append(obs.batch_size[0])
+        time.sleep(self.delay_s)
+        return TensorDict({"y": obs["state"][:, 0] * self.weight, "det": deterministic}, batch_size=obs.batch_size)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_full_batch_goes_out_without_waiting_for_the_timeout():
+    async def main():
+        fwd = Recorder()
+        server = BatchingServer(fwd, batch_size=4, timeout_s=10.0)
+        start = time.monotonic()
+        outs = await asyncio.gather(*(server.submit(_obs(i)) for i in range(4)))
+        return fwd.batches, [float(o["y"]) for o in outs], time.monotonic() - start
+
+    batches, ys, elapsed = run(main())
+    assert batches == [4]
+    assert ys == [0.0, 1.0, 2.0, 3.0]  # each caller gets its own row
+    assert elapsed < 5.0
+
+
+def test_partial_batch_goes_out_after_the_timeout():
+    async def main():
+        fwd = Recorder()
+        server = BatchingServer(fwd, batch_size=8, timeout_s=0.2)
+        start = time.monotonic()
+        outs = await asyncio.gather(*(server.submit(_obs(i), deterministic=i == 1) for i in range(3)))
+        return fwd.batches, outs, time.monotonic() - start
+
+    batches, outs, elapsed = run(main())
+    assert batches == [3]
+    assert 0.15 <= elapsed < 5.0
+    assert [bool(o["det"]) for o in outs] == [False, True, False]
+    assert all(int(o["policy_version"]) == 0 for o in outs)
+
+
+def test_more_requests_than_batch_size_are_split():
+    async def main():
+        fwd = Recorder()
+        server = BatchingServer(fwd, batch_size=3, timeout_s=0.05)
+        await asyncio.gather(*(server.submit(_obs(i)) for i in range(7)))
+        return fwd.batches
+
+    assert run(main()) == [3, 3, 1]
+
+
+def test_failed_forward_reaches_every_pending_caller_and_the_server_keeps_serving():
+    calls = {"n": 0}
+
+    def forward(obs, det):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom in forward")
+        return TensorDict({"y": obs["state"][:, 0]}, batch_size=obs.batch_size)
+
+    async def main():
+        server = BatchingServer(forward, batch_size=3, timeout_s=0.05)
+        results = await asyncio.gather(*(server.submit(_obs(i)) for i in range(3)), return_exceptions=True)
+        after = await server.submit(_obs(5))
+        return results, after
+
+    results, after = run(main())
+    assert len(results) == 3 and all(isinstance(r, RuntimeError) and "boom" in str(r) for r in results)
+    assert float(after["y"]) == 5.0
+
+
+def test_weight_swap_is_atomic_and_versioned():
+    async def main():
+        fwd = Recorder(delay_s=0.3)
+        server = BatchingServer(fwd, batch_size=1, timeout_s=0.01)
+        first = asyncio.ensure_future(server.submit(_obs(1)))
+        await asyncio.sleep(0.1)  # the first forward is running now
+
+        def apply():
+            fwd.weight = torch.tensor(10.0)
+
+        server.stage_weights(apply, version=7)
+        before_swap = float(fwd.weight)  # staging alone changes nothing
+        second = await server.submit(_obs(1))
+        return await first, second, before_swap
+
+    first, second, before_swap = run(main())
+    assert before_swap == 1.0
+    assert float(first["y"]) == 1.0 and int(first["policy_version"]) == 0
+    assert float(second["y"]) == 10.0 and int(second["policy_version"]) == 7
+
+
+def test_dead_loop_fails_callers_instead_of_hanging():
+    async def main():
+        server = BatchingServer(Recorder(), batch_size=1, timeout_s=0.01)
+        server._task.cancel()
+        await asyncio.sleep(0.05)
+        with pytest.raises(RuntimeError, match="inference loop"):
+            await server.submit(_obs(0))
+
+    run(main())
