@@ -39,6 +39,7 @@ class RunConfig(pydantic.BaseModel):
     num_inference_actors: Positive = 1
     num_rollout_workers: Positive = 2
     num_eval_workers: pydantic.NonNegativeInt = 1
+    envs_per_worker: Positive = 4
     rollout_local_buf: Positive = 64
     inference_batch: Positive = 2
     inference_timeout_ms: pydantic.PositiveFloat = 2.0
@@ -47,6 +48,9 @@ class RunConfig(pydantic.BaseModel):
     accumulation_steps: Positive = 2
     super_batch_size: Positive = 512
     updates_per_epoch: Positive = 4
+    # consume: sampled experience leaves the buffer (each step trains in one epoch);
+    # reuse: it stays and may be drawn again (seed 004), so trainers never wait for data.
+    replay_sampling: Literal["consume", "reuse"] = "consume"
     log_interval_seconds: pydantic.PositiveFloat = 10.0
 
     # Optimisation.

@@ -23,6 +23,36 @@ from async_rl.algo import gae
 STEP_KEYS = ("obs", "action", "logp", "value", "reward", "done", "policy_version", "task_id")
 
 
+Wire = dict  # nested dict of numpy arrays: what crosses Ray between workers and inference
+
+
+def to_wire(td: TensorDict) -> Wire:
+    """TensorDict -> nested dict of numpy arrays (pickles ~20x faster than a TensorDict)."""
+    return td.numpy()
+
+
+def from_wire(wire: Wire, batch_dims: int = 1) -> TensorDict:
+    """Nested dict of numpy arrays -> TensorDict with ``batch_dims`` leading batch dims."""
+    return TensorDict(wire, batch_size=_first_leaf(wire).shape[:batch_dims])
+
+
+def _first_leaf(wire: Wire):
+    value = next(iter(wire.values()))
+    return _first_leaf(value) if isinstance(value, dict) else value
+
+
+def split_wire(wire: Wire, sizes: list[int]) -> list[Wire]:
+    """A batched wire dict -> consecutive slices of ``sizes`` rows."""
+
+    def piece(d: Wire, a: int, b: int) -> Wire:
+        return {k: piece(v, a, b) if isinstance(v, dict) else v[a:b] for k, v in d.items()}
+
+    bounds = [0]
+    for n in sizes:
+        bounds.append(bounds[-1] + n)
+    return [piece(wire, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def step_record(
     obs: TensorDict, policy_out: TensorDict, reward: float, done: bool, task_id: int
 ) -> TensorDict:

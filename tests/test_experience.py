@@ -80,6 +80,20 @@ def test_replay_is_a_bounded_fifo_with_counters():
     assert store.counters["sampled"] == 5
 
 
+def test_consumed_items_leave_and_free_slots_are_refilled_before_evicting():
+    store = ReplayStorage(capacity=4, seed=0)
+    store.add_batch(_items(0, 4))
+    taken = store.sample(3, consume=True)["x"].tolist()
+    assert store.size() == 1
+    store.add_batch(_items(10, 3))  # fills the three free slots, evicts nothing
+    assert store.counters["evicted"] == 0 and store.size() == 4
+    left = sorted(set(range(4)) - set(int(x) for x in taken))
+    assert sorted(store.sample(4)["x"].tolist()) == [float(left[0]), 10.0, 11.0, 12.0]
+    store.add_batch(_items(20, 1))  # now the oldest (the survivor of the first batch) goes
+    assert sorted(store.sample(4)["x"].tolist()) == [10.0, 11.0, 12.0, 20.0]
+    assert store.counters == {"added": 8, "sampled": 11, "evicted": 1}
+
+
 def test_replay_sampling_is_uniform():
     store = ReplayStorage(capacity=10, seed=1)
     store.add_batch(_items(0, 10))

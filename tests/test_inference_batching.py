@@ -9,8 +9,8 @@ from tensordict import TensorDict
 from async_rl.actors.inference import BatchingServer
 
 
-def _obs(i: float) -> TensorDict:
-    return TensorDict({"state": torch.tensor([i])}, batch_size=[])
+def _obs(i: float, k: int = 1) -> TensorDict:
+    return TensorDict({"state": torch.full((k, 1), float(i))}, batch_size=[k])
 
 
 class Recorder:
@@ -22,7 +22,7 @@ class Recorder:
         self.delay_s = delay_s
 
     def __call__(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
-        self.batches.append(obs.batch_size[0])
+        self.batches.append(obs.batch_size[0])  # rows
         time.sleep(self.delay_s)
         return TensorDict({"y": obs["state"][:, 0] * self.weight, "det": deterministic}, batch_size=obs.batch_size)
 
@@ -37,7 +37,7 @@ def test_full_batch_goes_out_without_waiting_for_the_timeout():
         server = BatchingServer(fwd, batch_size=4, timeout_s=10.0)
         start = time.monotonic()
         outs = await asyncio.gather(*(server.submit(_obs(i)) for i in range(4)))
-        return fwd.batches, [float(o["y"]) for o in outs], time.monotonic() - start
+        return fwd.batches, [o["y"].item() for o in outs], time.monotonic() - start
 
     batches, ys, elapsed = run(main())
     assert batches == [4]
@@ -56,8 +56,8 @@ def test_partial_batch_goes_out_after_the_timeout():
     batches, outs, elapsed = run(main())
     assert batches == [3]
     assert 0.15 <= elapsed < 5.0
-    assert [bool(o["det"]) for o in outs] == [False, True, False]
-    assert all(int(o["policy_version"]) == 0 for o in outs)
+    assert [o["det"].item() for o in outs] == [False, True, False]
+    assert all(o["policy_version"].item() == 0 for o in outs)
 
 
 def test_more_requests_than_batch_size_are_split():
@@ -68,6 +68,18 @@ def test_more_requests_than_batch_size_are_split():
         return fwd.batches
 
     assert run(main()) == [3, 3, 1]
+
+
+def test_multi_row_requests_stay_together_and_get_their_own_rows():
+    async def main():
+        fwd = Recorder()
+        server = BatchingServer(fwd, batch_size=4, timeout_s=0.05)
+        a, b = await asyncio.gather(server.submit(_obs(1, k=3)), server.submit(_obs(2, k=2)))
+        return fwd.batches, a, b
+
+    batches, a, b = run(main())
+    assert batches == [5]  # 3 rows, then 2 more: a caller's rows are never split
+    assert a["y"].tolist() == [1.0, 1.0, 1.0] and b["y"].tolist() == [2.0, 2.0]
 
 
 def test_failed_forward_reaches_every_pending_caller_and_the_server_keeps_serving():
@@ -87,7 +99,7 @@ def test_failed_forward_reaches_every_pending_caller_and_the_server_keeps_servin
 
     results, after = run(main())
     assert len(results) == 3 and all(isinstance(r, RuntimeError) and "boom" in str(r) for r in results)
-    assert float(after["y"]) == 5.0
+    assert after["y"].item() == 5.0
 
 
 def test_weight_swap_is_atomic_and_versioned():
@@ -107,8 +119,8 @@ def test_weight_swap_is_atomic_and_versioned():
 
     first, second, before_swap = run(main())
     assert before_swap == 1.0
-    assert float(first["y"]) == 1.0 and int(first["policy_version"]) == 0
-    assert float(second["y"]) == 10.0 and int(second["policy_version"]) == 7
+    assert first["y"].item() == 1.0 and first["policy_version"].item() == 0
+    assert second["y"].item() == 10.0 and second["policy_version"].item() == 7
 
 
 def test_dead_loop_fails_callers_instead_of_hanging():

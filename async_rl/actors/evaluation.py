@@ -29,7 +29,7 @@ class EvaluationWorkerActor:
             for _ in range(episodes_per_task):
                 obs, done, success = self.preprocess(env.reset(), name), False, False
                 while not done:
-                    out = await self.policy.act(obs, deterministic)
+                    out = (await self.policy.act(obs.unsqueeze(0), deterministic))[0]
                     versions.add(int(out["policy_version"]))
                     raw, reward, terminated, truncated, info = env.step(out["env_action"].numpy())
                     obs, done = self.preprocess(raw, name), terminated or truncated

@@ -17,6 +17,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from async_rl.experience import Wire, from_wire, split_wire, to_wire
 from async_rl.runtime import configure_torch, resolve_device
 from async_rl.weight_sync import WeightSyncGroup, tensor_signature
 
@@ -47,8 +48,9 @@ class BatchingServer:
         self._task = asyncio.get_running_loop().create_task(self._loop())
         self._task.add_done_callback(self._on_loop_done)
 
-    async def submit(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Queue one observation (no batch dim); returns the policy output with ``policy_version``."""
+    async def submit(self, obs: TensorDict, deterministic: bool = False) -> Wire:
+        """Queue a batch of observations (``[k]``, from one caller); returns its rows of the
+        policy output, with ``policy_version``, as a wire dict of numpy arrays."""
         if self._fatal is not None:
             raise RuntimeError(f"inference loop is dead: {self._fatal!r}")
         future = asyncio.get_running_loop().create_future()
@@ -72,7 +74,7 @@ class BatchingServer:
         s = self._stats
         out = {
             "batches": s["batches"],
-            "batch_size": s["requests"] / max(s["batches"], 1),
+            "batch_size": s["requests"] / max(s["batches"], 1),  # rows per forward pass
             "forward_ms": 1000.0 * s["forward_seconds"] / max(s["batches"], 1),
             "pending": len(self._pending),
             "policy_version": self.version,
@@ -86,7 +88,7 @@ class BatchingServer:
             self._arrived.clear()
             await self._arrived.wait()
         deadline = self._pending[0].arrived + self.timeout_s
-        while len(self._pending) < self.batch_size:
+        while self._pending_rows() < self.batch_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -95,16 +97,24 @@ class BatchingServer:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except asyncio.TimeoutError:
                 break
-        batch, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size :]
+        rows, take = 0, 0
+        while take < len(self._pending) and rows < self.batch_size:  # a caller's rows stay together
+            rows += self._pending[take].obs.batch_size[0]
+            take += 1
+        batch, self._pending = self._pending[:take], self._pending[take:]
         return batch
+
+    def _pending_rows(self) -> int:
+        return sum(r.obs.batch_size[0] for r in self._pending)
 
     async def _loop(self) -> None:
         while True:
             batch = await self._next_batch()
             self.apply_staged()
             version = self.version
-            obs = torch.stack([r.obs for r in batch])
-            deterministic = torch.tensor([r.deterministic for r in batch])
+            sizes = [r.obs.batch_size[0] for r in batch]
+            obs = torch.cat([r.obs for r in batch])
+            deterministic = torch.tensor([r.deterministic for r, n in zip(batch, sizes) for _ in range(n)])
             start = time.perf_counter()
             try:
                 out = await asyncio.to_thread(self._forward, obs, deterministic)
@@ -115,12 +125,12 @@ class BatchingServer:
                         r.future.set_exception(exc)
                 continue
             self._stats["batches"] += 1
-            self._stats["requests"] += len(batch)
+            self._stats["requests"] += sum(sizes)
             self._stats["forward_seconds"] += time.perf_counter() - start
-            out["policy_version"] = torch.full((len(batch),), version, dtype=torch.int64)
-            for i, r in enumerate(batch):
+            out["policy_version"] = torch.full((sum(sizes),), version, dtype=torch.int64)
+            for r, rows in zip(batch, split_wire(to_wire(out), sizes)):
                 if not r.future.done():
-                    r.future.set_result(out[i])
+                    r.future.set_result(rows)
 
     def _on_loop_done(self, task: asyncio.Task) -> None:
         self._fatal = task.exception() if not task.cancelled() else asyncio.CancelledError()
@@ -153,8 +163,9 @@ class InferenceActor:
             self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s)
         return self._server
 
-    async def request(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
-        return await self._server_ready().submit(obs, deterministic)
+    async def request(self, obs: Wire, deterministic: bool = False) -> Wire:
+        """A batch ``[k]`` of observations in, their actions/log-probs/values/version out (wire dicts)."""
+        return await self._server_ready().submit(from_wire(obs), deterministic)
 
     async def ping(self) -> str:
         return self.name

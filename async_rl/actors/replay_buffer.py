@@ -9,45 +9,56 @@ from tensordict import TensorDict
 
 
 class ReplayStorage:
-    """Ring buffer over a preallocated TensorDict; the oldest items are evicted first."""
+    """``capacity`` slots over a preallocated TensorDict.
+
+    New items fill free slots first, then replace the oldest live items (FIFO eviction).
+    ``sample`` draws distinct live items uniformly; with ``consume`` they leave the buffer, so
+    each experience feeds one training epoch (otherwise it can be drawn again, as in seed 004).
+    """
 
     def __init__(self, capacity: int, seed: int = 0) -> None:
         self.capacity = capacity
         self._storage: Optional[TensorDict] = None
-        self._cursor = 0  # next write position
-        self._size = 0
+        self._live = torch.zeros(capacity, dtype=torch.bool)
+        self._stamp = torch.zeros(capacity, dtype=torch.int64)  # insertion order, for FIFO eviction
+        self._next_stamp = 0
         self._generator = torch.Generator().manual_seed(seed)
         self.counters = {"added": 0, "sampled": 0, "evicted": 0}
 
     def add_batch(self, batch: TensorDict) -> int:
         n = batch.batch_size[0]
         if n > self.capacity:  # only the newest `capacity` items can stay
-            self.counters["evicted"] += n - self.capacity
             self.counters["added"] += n - self.capacity
+            self.counters["evicted"] += n - self.capacity
             batch, n = batch[n - self.capacity :], self.capacity
         if self._storage is None:
             self._storage = batch[:1].expand(self.capacity).clone()
-        positions = (torch.arange(n) + self._cursor) % self.capacity
-        self._storage[positions] = batch
-        self._cursor = (self._cursor + n) % self.capacity
-        evicted = max(self._size + n - self.capacity, 0)
-        self._size = min(self._size + n, self.capacity)
+        free = (~self._live).nonzero().squeeze(-1)[:n]
+        if len(free) < n:  # evict the oldest live items
+            live = self._live.nonzero().squeeze(-1)
+            oldest = live[torch.argsort(self._stamp[live])[: n - len(free)]]
+            self.counters["evicted"] += len(oldest)
+            free = torch.cat([free, oldest])
+        self._storage[free] = batch
+        self._live[free] = True
+        self._stamp[free] = torch.arange(self._next_stamp, self._next_stamp + n)
+        self._next_stamp += n
         self.counters["added"] += n
-        self.counters["evicted"] += evicted
-        return self._size
+        return self.size()
 
-    def sample(self, n: int) -> TensorDict:
-        """``n`` distinct items chosen uniformly (raises if fewer are stored)."""
-        if n > self._size:
-            raise ValueError(f"cannot sample {n} items from a replay buffer holding {self._size}")
-        idx = torch.randperm(self._size, generator=self._generator)[:n]
-        # Stored items occupy positions [cursor - size, cursor) modulo capacity.
-        positions = (self._cursor - self._size + idx) % self.capacity
+    def sample(self, n: int, consume: bool = False) -> TensorDict:
+        """``n`` distinct live items chosen uniformly (raises if fewer are stored)."""
+        live = self._live.nonzero().squeeze(-1)
+        if n > len(live):
+            raise ValueError(f"cannot sample {n} items from a replay buffer holding {len(live)}")
+        slots = live[torch.randperm(len(live), generator=self._generator)[:n]]
+        if consume:
+            self._live[slots] = False
         self.counters["sampled"] += n
-        return self._storage[positions].clone()
+        return self._storage[slots].clone()
 
     def size(self) -> int:
-        return self._size
+        return int(self._live.sum())
 
 
 @ray.remote
@@ -60,9 +71,9 @@ class ReplayBufferActor:
     def add_batch(self, batch: TensorDict) -> int:
         return self._store.add_batch(batch)
 
-    def sample(self, n: int) -> Optional[TensorDict]:
+    def sample(self, n: int, consume: bool = False) -> Optional[TensorDict]:
         """``n`` items, or None while fewer than ``n`` are stored."""
-        return self._store.sample(n) if self._store.size() >= n else None
+        return self._store.sample(n, consume) if self._store.size() >= n else None
 
     def size(self) -> int:
         return self._store.size()

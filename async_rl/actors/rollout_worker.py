@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 import ray
+import torch
 from tensordict import TensorDict
 
-from async_rl.experience import GaeSegmenter, VtraceSegmenter, step_record
+from async_rl.experience import GaeSegmenter, VtraceSegmenter, from_wire, step_record, to_wire
 from async_rl.runtime import configure_torch, wait_for
 
 
@@ -62,25 +64,66 @@ class PolicyClient:
         self.inference, self.name, self.timeout_s = inference, name, timeout_s
 
     async def act(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
-        return await wait_for(self.inference.request.remote(obs, deterministic), self.timeout_s, self.name, "an inference request")
+        """Actions, log-probs, values and policy version for a batch ``[k]`` of observations."""
+        wire = await wait_for(self.inference.request.remote(to_wire(obs), deterministic), self.timeout_s, self.name,
+                              "an inference request")
+        return from_wire(wire)
+
+
+@dataclass
+class _EnvSlot:
+    """One of a worker's environments and the episode it is in."""
+
+    envs: EnvPool
+    segmenter: Any
+    task: int = 0
+    env: Any = None
+    obs: Optional[TensorDict] = None
+    episode_return: float = 0.0
+    episode_length: int = 0
+    success: bool = False
+    started: float = 0.0
 
 
 @ray.remote
 class RolloutWorkerActor:
+    """Steps ``envs_per_worker`` environments in lock-step; one inference request per step of all."""
+
     def __init__(self, index: int, task_set: Any, preprocessor_factory: Callable[[], Any], inference: Any,
                  inference_name: str, replay: Any, stats: Any, cfg: Any) -> None:
         configure_torch(cfg.seed + 1000 * (index + 1), 1)
         self.index, self.cfg = index, cfg
         self.preprocess = preprocessor_factory()
-        self.envs = EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1))
         self.task_names = list(task_set.task_names)
         self.sampler = FailureWeightedTaskSampler(len(self.task_names), cfg.task_failure_window,
                                                   np.random.default_rng(cfg.seed + index))
+        self.slots = [
+            _EnvSlot(EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1) + 7_777 * k), self._segmenter())
+            for k in range(cfg.envs_per_worker)
+        ]
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
         self.replay, self.stats = replay, stats
         self._stopped = False
         self._push_ref: Optional[ray.ObjectRef] = None
         self.env_steps = 0
+
+    def _segmenter(self) -> Any:
+        cfg = self.cfg
+        if cfg.advantage == "vtrace":
+            return VtraceSegmenter(cfg.rollout_local_buf)
+        return GaeSegmenter(cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+
+    def _start_episode(self, slot: _EnvSlot) -> None:
+        slot.task = self.sampler.sample()
+        slot.env = slot.envs.get(slot.task)
+        slot.obs = self.preprocess(slot.env.reset(), self.task_names[slot.task])
+        slot.episode_return, slot.episode_length, slot.success, slot.started = 0.0, 0, False, time.monotonic()
+
+    def _end_episode(self, slot: _EnvSlot) -> None:
+        self.sampler.record(slot.task, slot.success)
+        self.stats.record_episode.remote(self.task_names[slot.task], slot.episode_return, slot.episode_length,
+                                         slot.success, time.monotonic() - slot.started)
+        self._start_episode(slot)
 
     async def stop(self) -> None:
         self._stopped = True
@@ -90,42 +133,45 @@ class RolloutWorkerActor:
         if self._push_ref is not None:
             await wait_for(self._push_ref, self.cfg.actor_timeout_s, "replay buffer", "add_batch")
         self._push_ref = self.replay.add_batch.remote(batch)
-        self.stats.record_steps.remote(f"worker-{self.index}", batch.numel() if "steps" not in batch.keys() else batch["steps"].numel())
 
     async def run(self) -> int:
         """Collect until ``stop``; returns the number of env steps taken."""
         cfg = self.cfg
-        segmenter = (VtraceSegmenter(cfg.rollout_local_buf) if cfg.advantage == "vtrace"
-                     else GaeSegmenter(cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda))
-        obs: Optional[TensorDict] = None
+        for slot in self.slots:
+            self._start_episode(slot)
         while not self._stopped:
-            if obs is None:
-                task = self.sampler.sample()
-                env = self.envs.get(task)
-                obs = self.preprocess(env.reset(), self.task_names[task])
-                ep_return, ep_len, ep_success, ep_start = 0.0, 0, False, time.monotonic()
-            out = await self.policy.act(obs)
-            raw, reward, terminated, truncated, info = env.step(out["env_action"].numpy())
-            next_obs = self.preprocess(raw, self.task_names[task])
-            ep_return += reward
-            ep_len += 1
-            ep_success = ep_success or bool(info.get("success", False))
-            learn_reward = reward * cfg.reward_scale
-            if truncated and not terminated:
-                # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
-                learn_reward += cfg.gamma * float((await self.policy.act(next_obs))["value"])
-            done = terminated or truncated
-            piece = segmenter.add(step_record(obs, out, learn_reward, done, task), next_obs)
-            self.env_steps += 1
-            obs = next_obs
-            if done:
-                self.sampler.record(task, ep_success)
-                self.stats.record_episode.remote(self.task_names[task], ep_return, ep_len, ep_success,
-                                                 time.monotonic() - ep_start)
-                obs = None
-            if piece is not None:
-                await self._push(piece)
+            out = await self.policy.act(torch.stack([slot.obs for slot in self.slots]))
+            env_actions = out["env_action"].numpy()
+            results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
+            next_obs = [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
+            # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
+            cut = [k for k, r in enumerate(results) if r[3] and not r[2]]
+            bootstrap = {}
+            if cut:
+                values = (await self.policy.act(torch.stack([next_obs[k] for k in cut])))["value"]
+                bootstrap = dict(zip(cut, values.tolist()))
+            pieces = []
+            for k, (slot, (_, reward, terminated, truncated, info)) in enumerate(zip(self.slots, results)):
+                done = terminated or truncated
+                learn_reward = reward * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
+                piece = slot.segmenter.add(step_record(slot.obs, out[k], learn_reward, done, slot.task), next_obs[k])
+                if piece is not None:
+                    pieces.append(piece)
+                slot.episode_return += reward
+                slot.episode_length += 1
+                slot.success = slot.success or bool(info.get("success", False))
+                if done:
+                    self._end_episode(slot)
+                else:
+                    slot.obs = next_obs[k]
+            self.env_steps += len(self.slots)
+            if pieces:
+                batch = torch.cat(pieces)
+                await self._push(batch)
+                self.stats.record_steps.remote(f"worker-{self.index}", batch.numel() if "steps" not in batch.keys()
+                                               else batch["steps"].numel())
         if self._push_ref is not None:
             await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
-        self.envs.close()
+        for slot in self.slots:
+            slot.envs.close()
         return self.env_steps

@@ -108,7 +108,7 @@ class TrainerActor:
     # ---- data ---------------------------------------------------------------------------
     async def _prefetch_loop(self) -> None:
         while True:
-            batch = await wait_for(self.replay.sample.remote(self.cfg.super_batch_size), self.cfg.actor_timeout_s,
+            batch = await wait_for(self.replay.sample.remote(self.cfg.super_batch_size, self.cfg.replay_sampling == "consume"), self.cfg.actor_timeout_s,
                                    "replay buffer", f"sample for {self.name}")
             if batch is None:  # not enough experience yet
                 await asyncio.sleep(0.2)
