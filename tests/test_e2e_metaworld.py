@@ -1,5 +1,6 @@
 """A real run: local Ray, 2 DeepSpeed ZeRO-2 trainer ranks over gloo, 1 inference actor,
 2 rollout workers on MetaWorld, a few epochs; then the weights, versions, logs and leftovers."""
+import time
 from pathlib import Path
 
 import psutil
@@ -20,15 +21,30 @@ REQUIRED_TAGS = [
 ]
 
 
+def _replay_versions(runtime, newer_than: int = -1, timeout_s: float = 120.0) -> torch.Tensor:
+    """Policy versions of what the replay buffer holds, once it holds steps newer than ``newer_than``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        size = ray.get(runtime.replay.size.remote(), timeout=60)
+        if size:
+            sample = ray.get(runtime.replay.sample.remote(size), timeout=60)
+            versions = sample["steps", "policy_version"] if "steps" in sample.keys() else sample["policy_version"]
+            if int(versions.max()) > newer_than:
+                return versions
+        time.sleep(0.2)
+    raise AssertionError(f"no experience newer than policy version {newer_than} within {timeout_s} s")
+
+
 def _inspect(runtime):
     """Look at the live actors after training, before shut-down."""
     trainers = [ray.get(t.weights.remote(), timeout=60) for t in runtime.trainers.values()]
+    status = [ray.get(t.status.remote(), timeout=60) for t in runtime.trainers.values()]
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
-    global_steps = [m for m in ray.get([t.train_epoch.remote(runtime.policy_version) for t in runtime.trainers.values()], timeout=300)]
-    size = ray.get(runtime.replay.size.remote(), timeout=60)
-    sample = ray.get(runtime.replay.sample.remote(min(size, 64)), timeout=60)
-    return {"trainers": trainers, "inference": inference, "steps": [m["global_step"] for m in global_steps],
-            "versions": sample["policy_version"] if "steps" not in sample.keys() else sample["steps", "policy_version"]}
+    before = _replay_versions(runtime)
+    runtime.train_epoch()  # one more epoch and broadcast: workers must move to the new version
+    after = _replay_versions(runtime, newer_than=int(before.max()))
+    return {"trainers": trainers, "inference": inference, "status": status, "versions": (before, after),
+            "version": runtime.policy_version}
 
 
 @pytest.mark.parametrize("launch_config, clip_mode", [("metaworld_mt1_ppo.yaml", "soft_clip"), ("metaworld_mt1_vtrace.yaml", "sapo")])
@@ -49,15 +65,15 @@ def test_real_run(tmp_path, launch_config, clip_mode):
 
     # Both ranks stepped, and ZeRO-2 kept them identical.
     assert summary["epochs"] == 4
-    assert all(step >= 5 for step in seen["steps"]), seen["steps"]
+    assert [s["global_step"] for s in seen["status"]] == [4, 4], seen["status"]
     rank0, rank1 = seen["trainers"]
     assert rank0.keys() == rank1.keys()
     for name in rank0:
         torch.testing.assert_close(rank0[name], rank1[name], rtol=0, atol=0, msg=name)
     assert summary["sync/policy_version"] == 4
     # Experience carries the versions that produced it, and they advance.
-    versions = seen["versions"]
-    assert versions.max() >= 2 and versions.min() >= 0 and len(set(versions.flatten().tolist())) >= 2
+    before, after = seen["versions"]
+    assert 1 <= int(before.max()) <= 4 and int(after.max()) == seen["version"] == 5
 
     # TensorBoard holds every required tag.
     events = EventAccumulator(str(log_dir)).Reload()

@@ -218,6 +218,9 @@ class TrainerActor:
         await self._sync.broadcast_async(tensors)
         return time.perf_counter() - start
 
+    def status(self) -> dict[str, int]:
+        return {"rank": self.rank, "global_step": self.global_step, "skipped_updates": self.skipped_updates}
+
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.engine.module.inference_tensors()}
 
