@@ -30,6 +30,12 @@ class RunConfig(pydantic.BaseModel):
     env_kwargs: dict[str, Any] = pydantic.Field(default_factory=lambda: {"benchmark": "MT1", "task": "reach-v3"})
     policy: str = "mlp"
     policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    # LoRA (peft) on the trainers' copy; the inference actors receive merged weights.
+    lora_rank: pydantic.NonNegativeInt = 0  # 0 = train every parameter
+    lora_alpha: pydantic.PositiveFloat = 16.0
+    lora_dropout: Fraction = 0.0
+    lora_target_modules: Optional[list[str]] = None  # None = every nn.Linear
+    lora_trainable: list[str] = pydantic.Field(default_factory=list)  # name prefixes kept fully trainable
     advantage: Literal["gae", "vtrace"] = "gae"
     clip_mode: str = "clip"
     clip_params: dict[str, Any] = pydantic.Field(default_factory=dict)

@@ -71,7 +71,7 @@ class Runtime:
         self.inference = {
             f"inference-{i}": InferenceActor.options(num_cpus=cfg.inference_num_cpus).remote(
                 i, self.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms,
-                "cpu" if gpu is None else "cuda", cfg.seed, cfg.torch_threads,
+                gpu, cfg.seed, cfg.torch_threads, cfg.precision,
             )
             for i, gpu in enumerate(inference_gpus)
         }

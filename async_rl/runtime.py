@@ -31,6 +31,13 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """bf16 when asked, or on ``auto`` where the device supports it (CUDA with bf16; not CPU)."""
+    if precision == "auto":
+        return device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return precision == "bf16"
+
+
 def visible_gpu_ids() -> list[int]:
     """GPU ids this process may use (``CUDA_VISIBLE_DEVICES`` order)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")

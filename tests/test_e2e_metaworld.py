@@ -89,9 +89,10 @@ def test_real_run(tmp_path, launch_config, clip_mode):
     assert not ray.is_initialized()
 
 
-def test_inference_weights_equal_rank0_after_broadcast(tmp_path):
-    """Broadcast, then compare without training in between."""
-    cfg = load_config(["--log-dir", str(tmp_path / "run"), "--max-epochs", "1", "--swanlab-mode", "disabled",
+@pytest.mark.parametrize("lora", [[], ["--lora-rank", "4", "--lora-trainable", "[log_std]"]], ids=["full", "lora"])
+def test_inference_weights_equal_rank0_after_broadcast(tmp_path, lora):
+    """Broadcast, then compare without training in between (with LoRA: the merged weights)."""
+    cfg = load_config([*lora, "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled",
                        "--num-eval-workers", "0", "--train-batch-size", "32", "--super-batch-size", "64",
                        "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}"],
                       str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))

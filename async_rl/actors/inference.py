@@ -8,6 +8,7 @@ model, and every answer carries the policy version that produced it.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.experience import Wire, from_wire, split_wire, to_wire
-from async_rl.runtime import configure_torch, resolve_device
+from async_rl.runtime import configure_torch, resolve_device, use_bf16
 from async_rl.weight_sync import WeightSyncGroup, tensor_signature
 
 ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
@@ -145,11 +146,16 @@ class InferenceActor:
     """One copy of the policy on its device, behind a BatchingServer."""
 
     def __init__(self, index: int, policy_factory: Callable[[], torch.nn.Module], batch_size: int,
-                 timeout_ms: float, device: str = "cpu", seed: int = 0, torch_threads: int = 1) -> None:
+                 timeout_ms: float, gpu_id: Optional[int] = None, seed: int = 0, torch_threads: int = 1,
+                 precision: str = "auto") -> None:
+        if gpu_id is not None:  # before CUDA initialises in this process
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         configure_torch(seed + 10_000 * (index + 1), torch_threads)
         self.name = f"inference-{index}"
-        self.device = resolve_device(device)
-        self.model = policy_factory().to(self.device).eval()
+        self.device = resolve_device("cpu" if gpu_id is None else "cuda")
+        # Same dtype as the trainers' module, so the broadcast signatures match.
+        dtype = torch.bfloat16 if use_bf16(precision, self.device) else torch.float32
+        self.model = policy_factory().to(self.device, dtype).eval()
         self._batch_size, self._timeout_s = batch_size, timeout_ms / 1000.0
         self._server: Optional[BatchingServer] = None
         self._sync: Optional[WeightSyncGroup] = None

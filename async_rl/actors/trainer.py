@@ -26,7 +26,8 @@ from async_rl.algo import (
     vtrace,
 )
 from async_rl.experience import policy_versions
-from async_rl.runtime import configure_torch, wait_for
+from async_rl.policies.lora import apply_lora
+from async_rl.runtime import configure_torch, resolve_device, use_bf16, wait_for
 from async_rl.weight_sync import WeightSyncGroup, tensor_signature
 
 
@@ -86,12 +87,16 @@ class TrainerActor:
         """Initialise torch.distributed (training group) and the DeepSpeed engine."""
         import deepspeed  # heavy; only trainers need it
 
-        cuda = torch.cuda.is_available() and self.cfg.device != "cpu"
-        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
-        bf16 = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+        device = resolve_device(self.cfg.device)
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+        bf16 = use_bf16(self.cfg.precision, device)
         model = self.policy_factory()
+        if self.cfg.lora_rank > 0:
+            model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_dropout,
+                               self.cfg.lora_target_modules, self.cfg.lora_trainable)
         value_ids = {id(p) for p in model.value_parameters()}
         trainable = [p for p in model.parameters() if p.requires_grad]
+        # value_parameters() is asked after LoRA injection, so the value head's adapters are in it.
         groups = [
             {"params": [p for p in trainable if id(p) not in value_ids], "lr": self.cfg.lr_policy, "name": "policy"},
             {"params": [p for p in trainable if id(p) in value_ids], "lr": self.cfg.lr_value, "name": "value"},
@@ -176,8 +181,8 @@ class TrainerActor:
         self.engine.backward(loss)
         self.engine.step()
         self.global_step = self.engine.global_steps
-        metrics.update(policy_loss=float(policy_loss), value_loss=float(v_loss), entropy=float(entropy_mean),
-                       loss=float(loss), ratio_guard_skipped=float(guarded))
+        metrics.update(policy_loss=policy_loss.item(), value_loss=v_loss.item(), entropy=entropy_mean.item(),
+                       loss=loss.item(), ratio_guard_skipped=float(guarded))
         return metrics
 
     def _gae_step(self, mb: TensorDict, adv: torch.Tensor) -> dict[str, float]:

@@ -45,5 +45,8 @@ class ActorCritic(torch.nn.Module):
         raise NotImplementedError
 
     def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """Named tensors the inference copy needs, in a fixed order (what the weight sync sends)."""
-        return [*self.named_parameters(), *self.named_buffers()]
+        """Named tensors the inference copy needs, in a fixed order (what the weight sync sends);
+        with LoRA, the adapters are merged into the base weights under the plain names."""
+        from async_rl.policies.lora import merged_named_tensors
+
+        return merged_named_tensors(self)

@@ -1,0 +1,51 @@
+"""LoRA (peft) on any policy, and the merged weights the inference copy receives."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import LoraLayer
+
+ADAPTER = "default"
+
+
+def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float = 0.0,
+               target_modules: Optional[Sequence[str]] = None, trainable: Sequence[str] = ()) -> torch.nn.Module:
+    """Inject LoRA adapters in place (the model keeps its class and methods).
+
+    ``target_modules``: module names (peft suffix matching); None = every ``nn.Linear``.
+    Only adapter weights and parameters whose name starts with one of ``trainable`` stay
+    trainable (e.g. a value head that has no pretrained weights).
+    """
+    if target_modules is None:
+        target_modules = [name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules))
+    model = inject_adapter_in_model(config, model)
+    for name, param in model.named_parameters():
+        param.requires_grad = "lora_" in name or any(name.startswith(prefix) for prefix in trainable)
+    return model
+
+
+def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters and buffers under the plain model's names, LoRA deltas merged into the base.
+
+    Without LoRA layers this is ``named_parameters`` + ``named_buffers``. The result never
+    aliases a trainable tensor, so the trainer can keep training while it is sent.
+    """
+    lora_layers = {name: mod for name, mod in model.named_modules() if isinstance(mod, LoraLayer)}
+    if not lora_layers:
+        return [*model.named_parameters(), *model.named_buffers()]
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        owner, _, leaf = name.rpartition(".")
+        if ".lora_" in name or name.startswith("lora_"):
+            continue  # folded into the base weight below
+        if owner.endswith(".base_layer") and owner[: -len(".base_layer")] in lora_layers:
+            layer_name = owner[: -len(".base_layer")]
+            if leaf == "weight":
+                with torch.no_grad():
+                    tensor = tensor + lora_layers[layer_name].get_delta_weight(ADAPTER).to(tensor.dtype)
+            name = f"{layer_name}.{leaf}"
+        out.append((name, tensor))
+    return out

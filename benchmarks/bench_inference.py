@@ -1,0 +1,304 @@
+"""InferenceActor throughput and latency by batch size and timeout, under closed-loop clients.
+
+    python benchmarks/bench_inference.py [--quick] [--clients 16] [--seconds 8] [--out inference.json]
+
+Starts a local Ray (2 CPUs, bound to 127.0.0.1), then for every ``inference_batch`` x
+``inference_timeout_ms`` pair creates one ``InferenceActor`` (CPU, 1 torch thread) and drives it
+from one async client actor running ``--clients`` coroutines (``--client-actors`` spreads them over
+more processes), each sending single-observation requests in a closed loop
+(``await actor.request.remote(wire_obs)``, ``wire_obs`` a numpy dict of one row: the wire format
+of ``async_rl.experience.to_wire``). After a warm-up it counts the
+requests answered in a ``--seconds`` window (requests/s), their client-side latencies
+(p50/p95/p99) and the actor's own stats for the window (mean rows per forward pass, forward ms:
+the wall time of the forward pass in its worker thread). ``inflight`` (requests/s x mean latency)
+should be close to ``--clients``; much less means the window was disturbed.
+
+``batched_over_unbatched`` = best requests/s with batch > 1 / best requests/s with batch 1 (the
+batch-1 runs at every timeout are the same configuration measured again, so their spread shows
+the noise). Numbers are printed, written with ``--out`` (flat JSON, plus a PNG with the same
+stem); nothing is asserted. Other processes on the machine skew the numbers: the load average
+before and after is recorded.
+
+Policies (``--policy``): ``mlp`` (obs_spec ``{"state_dim": 39}``, 4 actions, the MetaWorld
+shape).
+TODO(vla): add ``--policy vla`` (a tiny VLA: image + proprio + instruction observations in its
+own wire format) when the VLA policy lands; ``--policy`` currently accepts only ``mlp``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:  # run as a script: make `async_rl` importable
+    sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+
+from async_rl.actors.inference import InferenceActor  # noqa: E402
+from async_rl.policies import build_policy  # noqa: E402
+
+# name -> (obs_spec, action_dim, one-row wire observation). TODO(vla): "vla" goes here.
+POLICIES: dict[str, tuple[dict[str, Any], int, Callable[[dict[str, Any]], dict[str, np.ndarray]]]] = {
+    "mlp": ({"state_dim": 39}, 4, lambda spec: {"state": np.zeros((1, spec["state_dim"]), np.float32)}),
+}
+
+
+@ray.remote(num_cpus=0)
+class _Clients:
+    """``n`` coroutines in one async actor, each a closed loop of single-row requests."""
+
+    async def ready(self) -> bool:
+        return True
+
+    async def run(self, target: Any, obs: dict, n: int, t_measure: float, t_end: float,
+                  read_stats: bool) -> dict[str, Any]:
+        """Requests until ``t_end``; counts and times those of [t_measure, t_end) (``time.monotonic``,
+        the same clock in every process of the host). ``read_stats``: also read the actor's stats
+        for that window (they reset on read, so only one client actor may do it)."""
+        clock = time.monotonic
+        spans: list[tuple[float, float]] = []
+        stats: dict[str, dict] = {}
+
+        async def client() -> None:
+            while True:
+                t0 = clock()
+                if t0 >= t_end:
+                    return
+                await target.request.remote(obs)
+                spans.append((t0, clock()))
+
+        async def server_stats() -> None:
+            await asyncio.sleep(max(t_measure - clock(), 0.0))
+            await target.stats.remote()
+            await asyncio.sleep(max(t_end - clock(), 0.0))
+            stats["window"] = await target.stats.remote()
+
+        await asyncio.gather(*([server_stats()] if read_stats else []), *(client() for _ in range(n)))
+        return {
+            "answered": sum(t_measure <= t1 < t_end for _, t1 in spans),
+            "latencies": [t1 - t0 for t0, t1 in spans if t0 >= t_measure and t1 < t_end],
+            "stats": stats.get("window"),
+        }
+
+
+def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
+    """A fresh local Ray bound to 127.0.0.1 whose workers can import ``async_rl`` (as the driver's
+    ``init_ray``). Ray gives its raylet a fixed 30 s to register, which a loaded machine can miss:
+    retry a few times. The caller calls ``ray.shutdown()`` in a ``finally``."""
+    env_vars = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception on a start-up timeout
+            ray.shutdown()
+            if attempt == attempts:
+                raise
+            print(f"ray.init failed ({e}); retrying ({attempt}/{attempts})", file=sys.stderr, flush=True)
+
+
+def _key(batch: int, timeout_ms: float) -> str:
+    return f"b{batch}_t{timeout_ms:g}".replace(".", "p")
+
+
+def measure(clients: list[Any], factory: Callable[[], Any], obs: dict, batch: int, timeout_ms: float,
+            n_clients: int, warmup_s: float, seconds: float, seed: int) -> dict[str, float]:
+    """One InferenceActor with this batch size and timeout, driven by ``n_clients`` closed loops
+    spread over the client actors."""
+    actor = InferenceActor.options(num_cpus=1).remote(0, factory, batch, timeout_ms, None, seed, 1, "auto")
+    try:
+        ray.get(actor.ping.remote(), timeout=180)
+        t_measure = time.monotonic() + 0.25 + warmup_s  # 0.25 s: the run calls reach the client actors
+        t_end = t_measure + seconds
+        shares = [n_clients // len(clients) + (i < n_clients % len(clients)) for i in range(len(clients))]
+        outs = ray.get([c.run.remote(actor, obs, k, t_measure, t_end, i == 0)
+                        for i, (c, k) in enumerate(zip(clients, shares))], timeout=warmup_s + seconds + 120)
+    finally:
+        ray.kill(actor)
+    lat_ms = 1000.0 * np.asarray([x for o in outs for x in o["latencies"]] or [float("nan")])
+    s = outs[0]["stats"]
+    return {
+        "batch": batch,
+        "timeout_ms": timeout_ms,
+        "requests_per_sec": sum(o["answered"] for o in outs) / seconds,
+        "p50_ms": float(np.percentile(lat_ms, 50)),
+        "p95_ms": float(np.percentile(lat_ms, 95)),
+        "p99_ms": float(np.percentile(lat_ms, 99)),
+        "rows_per_forward": float(s.get("batch_size", float("nan"))),
+        "forward_ms": float(s.get("forward_ms", float("nan"))),
+        "forwards_per_sec": s.get("batches", 0) / seconds,
+        # Little's law: requests/s x mean latency = requests in flight; ~n_clients unless some
+        # client loops started late or stalled (a sign the measurement was disturbed)
+        "in_flight": sum(o["answered"] for o in outs) / seconds * float(np.mean(lat_ms)) / 1000.0,
+    }
+
+
+def summarise(rows: list[dict[str, float]]) -> dict[str, Any]:
+    unbatched = [r for r in rows if r["batch"] == 1]
+    batched = [r for r in rows if r["batch"] > 1]
+    figures: dict[str, Any] = {}
+    if unbatched:
+        figures["unbatched_requests_per_sec"] = round(max(r["requests_per_sec"] for r in unbatched), 1)
+        figures["unbatched_p50_ms"] = round(min(r["p50_ms"] for r in unbatched), 3)
+    if batched:
+        best = max(batched, key=lambda r: r["requests_per_sec"])
+        figures["best_batched_requests_per_sec"] = round(best["requests_per_sec"], 1)
+        figures["best_batch_size"] = best["batch"]
+        figures["best_timeout_ms"] = best["timeout_ms"]
+        figures["best_batched_p50_ms"] = round(best["p50_ms"], 3)
+        figures["best_batched_p95_ms"] = round(best["p95_ms"], 3)
+        figures["best_batched_rows_per_forward"] = round(best["rows_per_forward"], 2)
+        figures["best_batched_forward_ms"] = round(best["forward_ms"], 3)
+    if unbatched and batched:
+        figures["batched_over_unbatched"] = round(
+            figures["best_batched_requests_per_sec"] / figures["unbatched_requests_per_sec"], 3)
+    return figures
+
+
+def plot(rows: list[dict[str, float]], figures: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timeouts = sorted({r["timeout_ms"] for r in rows})
+    fig, (ax_rps, ax_lat, ax_rows) = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [3, 3, 2]})
+    for i, t in enumerate(timeouts):
+        sel = sorted((r for r in rows if r["timeout_ms"] == t), key=lambda r: r["batch"])
+        b = [r["batch"] for r in sel]
+        color = f"C{i}"
+        ax_rps.plot(b, [r["requests_per_sec"] for r in sel], "o-", color=color, label=f"timeout {t:g} ms")
+        ax_lat.plot(b, [r["p50_ms"] for r in sel], "o-", color=color, label=f"p50, timeout {t:g} ms")
+        ax_lat.plot(b, [r["p95_ms"] for r in sel], "s--", color=color, alpha=0.6, label=f"p95, timeout {t:g} ms")
+        ax_rows.plot(b, [r["rows_per_forward"] for r in sel], "o-", color=color, label=f"timeout {t:g} ms")
+    if "unbatched_requests_per_sec" in figures:
+        ax_rps.axhline(figures["unbatched_requests_per_sec"], color="gray", ls=":", label="best batch 1")
+    batches = sorted({r["batch"] for r in rows})
+    for ax in (ax_rps, ax_lat, ax_rows):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("inference_batch (rows per forward, max)")
+        ax.grid(True, alpha=0.3)
+    ax_rps.set_ylabel("requests/s (1 row each)")
+    ax_rps.set_ylim(bottom=0)
+    ax_rps.set_title("throughput")
+    ax_rps.legend(fontsize=8)
+    ax_lat.set_ylabel("client-side latency (ms)")
+    ax_lat.set_ylim(bottom=0)
+    ax_lat.set_title("latency")
+    ax_lat.legend(fontsize=7, ncol=2)
+    ax_rows.plot(batches, batches, ":", color="gray", label="full batches")
+    ax_rows.set_yscale("log", base=2)
+    ax_rows.set_yticks(batches, [str(b) for b in batches])
+    ax_rows.set_ylabel("mean rows per forward pass (actor stats)")
+    ax_rows.set_title("batch actually formed")
+    ax_rows.legend(fontsize=8)
+    if "batched_over_unbatched" in figures:
+        title += (f"\nbest batched {figures['best_batched_requests_per_sec']:,.0f} req/s (batch "
+                  f"{figures['best_batch_size']}, {figures['best_timeout_ms']:g} ms) = "
+                  f"{figures['batched_over_unbatched']:.2f}x batch 1")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default="mlp", choices=sorted(POLICIES),
+                    help="policy to serve (TODO(vla): 'vla' when the VLA policy lands)")
+    ap.add_argument("--quick", action="store_true", help="fewer configurations and shorter windows (< 2 min)")
+    ap.add_argument("--batch-sizes", type=_floats, default=None, help="comma list (default 1,2,4,8,16; quick 1,4,16)")
+    ap.add_argument("--timeouts-ms", type=_floats, default=None, help="comma list (default 0.5,2,10; quick 0.5,10)")
+    ap.add_argument("--clients", type=int, default=16, help="concurrent closed-loop clients")
+    ap.add_argument("--client-actors", type=int, default=1, help="processes the clients are spread over")
+    ap.add_argument("--seconds", type=float, default=None, help="measured window per configuration (8; quick 3)")
+    ap.add_argument("--warmup-seconds", type=float, default=None, help="unmeasured lead-in (1.5; quick 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write flat JSON here, and a PNG plot with the same stem")
+    args = ap.parse_args(argv)
+    batches = [int(b) for b in (args.batch_sizes or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16]))]
+    timeouts = args.timeouts_ms or ([0.5, 10.0] if args.quick else [0.5, 2.0, 10.0])
+    seconds = args.seconds or (3.0 if args.quick else 8.0)
+    warmup = args.warmup_seconds if args.warmup_seconds is not None else (1.0 if args.quick else 1.5)
+    obs_spec, action_dim, make_obs = POLICIES[args.policy]
+    factory = functools.partial(build_policy, args.policy, obs_spec, action_dim)
+    obs = make_obs(obs_spec)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below on `kill`
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    rows: list[dict[str, float]] = []
+    try:
+        start_local_ray(num_cpus=2)
+        clients = [_Clients.remote() for _ in range(args.client_actors)]
+        ray.get([c.ready.remote() for c in clients], timeout=180)
+        print(f"{'batch':>5} {'timeout_ms':>10} {'req/s':>9} {'p50_ms':>8} {'p95_ms':>8} {'p99_ms':>8} "
+              f"{'rows/fwd':>8} {'fwd_ms':>7} {'fwd/s':>7} {'inflight':>8}", flush=True)
+        for batch in batches:
+            for timeout_ms in timeouts:
+                r = measure(clients, factory, obs, batch, timeout_ms, args.clients, warmup, seconds, args.seed)
+                rows.append(r)
+                print(f"{batch:>5} {timeout_ms:>10g} {r['requests_per_sec']:>9,.0f} {r['p50_ms']:>8.2f} "
+                      f"{r['p95_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['rows_per_forward']:>8.2f} "
+                      f"{r['forward_ms']:>7.3f} {r['forwards_per_sec']:>7,.0f} {r['in_flight']:>8.1f}", flush=True)
+        for c in clients:
+            ray.kill(c)
+    finally:
+        ray.shutdown()
+    load_after = os.getloadavg()
+    elapsed = time.perf_counter() - start
+
+    figures: dict[str, Any] = summarise(rows)
+    figures.update({
+        "policy": args.policy,
+        "clients": args.clients,
+        "client_actors": args.client_actors,
+        "seconds_per_config": seconds,
+        "quick": args.quick,
+        "cores": os.cpu_count(),
+        "load_avg_1min_before": round(load_before[0], 2),
+        "load_avg_1min_after": round(load_after[0], 2),
+        "bench_seconds": round(elapsed, 1),
+    })
+    for r in rows:
+        k = _key(int(r["batch"]), r["timeout_ms"])
+        figures[f"requests_per_sec_{k}"] = round(r["requests_per_sec"], 1)
+        for m in ("p50_ms", "p95_ms", "p99_ms", "forward_ms"):
+            figures[f"{m}_{k}"] = round(r[m], 3)
+        figures[f"rows_per_forward_{k}"] = round(r["rows_per_forward"], 3)
+    print()
+    for key in ("unbatched_requests_per_sec", "best_batched_requests_per_sec", "best_batch_size", "best_timeout_ms",
+                "batched_over_unbatched", "best_batched_rows_per_forward", "best_batched_forward_ms",
+                "load_avg_1min_before", "load_avg_1min_after", "bench_seconds"):
+        if key in figures:
+            print(f"{key:<32} {figures[key]}")
+    if args.out:
+        out = Path(args.out)
+        out.write_text(json.dumps(figures, indent=2) + "\n")
+        title = (f"InferenceActor ({args.policy}, CPU, 1 torch thread), {args.clients} closed-loop clients "
+                 f"in {args.client_actors} actor(s), "
+                 f"1-row requests, {seconds:g} s/config, load {load_before[0]:.1f}->{load_after[0]:.1f} "
+                 f"on {os.cpu_count()} cores")
+        plot(rows, figures, out.with_suffix(".png"), title)
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
