@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 "batched_over_unbatched", "best_batched_rows_per_forward", "best_batched_forward_ms",
                 "load_avg_1min_before", "load_avg_1min_after", "bench_seconds"):
         if key in figures:
-            print(f"{key:<32} {figures[key]}")
+            print(f"{key:<40} {figures[key]}")
     if args.out:
         out = Path(args.out)
         out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -11,7 +11,10 @@ from the sender starting to the receiver holding the values in its own prealloca
 * group: both ``broadcast_async`` calls submitted before any ``ray.get`` (receiver first);
 * object store: the sender ``ray.put``s the list of tensors and returns ``[ref]``; the
   receiver's call, submitted at the same time with the sender's result as its argument, gets
-  the list and copies it into its tensors.
+  the list and copies it into its tensors;
+* object store as numpy (extra, not a headline figure): the same with ``t.numpy()`` views, which
+  Ray stores out of band and maps on ``get`` without unpickling a copy (torch tensors are
+  pickled unless RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1 is set).
 
 Both timestamps are ``time.monotonic()`` taken inside the actors (one clock per host), so Ray's
 call dispatch before the sender starts is not counted; on the object-store path the hand-over
@@ -37,6 +40,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # run as a script: make `async_rl` / `benchmarks` importable
     sys.path.insert(0, str(_ROOT))
 
+import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 
@@ -84,10 +88,12 @@ class _Member:
         t1 = time.monotonic()
         return t0, t1, self.rank == 0 or self._check()
 
-    def put(self) -> tuple[float, list[ray.ObjectRef]]:
-        """Sender side of the object store: (start, [ref of the list of tensors])."""
+    def put(self, as_numpy: bool = False) -> tuple[float, list[ray.ObjectRef]]:
+        """Sender side of the object store: (start, [ref of the list of tensors]). ``as_numpy``:
+        put numpy views instead (Ray stores numpy out of band and ``get`` maps it without a copy;
+        torch tensors go through pickle unless RAY_ENABLE_ZERO_COPY_TORCH_TENSORS is set)."""
         t0 = time.monotonic()
-        return t0, [ray.put(self.tensors)]
+        return t0, [ray.put([t.numpy() for t in self.tensors] if as_numpy else self.tensors)]
 
     async def get(self, sent: tuple[float, list[ray.ObjectRef]]) -> tuple[float, float, bool]:
         """Receiver side: fetch the list, copy it into the preallocated tensors. (start, end, ok)."""
@@ -95,7 +101,10 @@ class _Member:
         received = await ref
         with torch.no_grad():
             for dst, src in zip(self.tensors, received):
-                dst.copy_(src)
+                if isinstance(src, np.ndarray):  # a read-only view of the object store's memory
+                    np.copyto(dst.numpy(), src)
+                else:
+                    dst.copy_(src)
         t1 = time.monotonic()
         del received, ref
         return t0, t1, self._check()
@@ -107,7 +116,7 @@ class _Member:
 
 def _time_case(sender: Any, receiver: Any, shapes: list[tuple[int, ...]], reps: int) -> dict[str, Any]:
     nbytes = ray.get([m.prepare.remote(shapes) for m in (sender, receiver)], timeout=120)[0]
-    group, group_sender, store = [], [], []
+    group, group_sender, store, store_np = [], [], [], []
     ok = True
     for rep in range(reps + 1):  # rep 0: warm-up (first-touch pages, gloo and plasma buffers)
         ray.get(receiver.zero.remote(), timeout=60)
@@ -116,12 +125,16 @@ def _time_case(sender: Any, receiver: Any, shapes: list[tuple[int, ...]], reps: 
         ray.get(receiver.zero.remote(), timeout=60)
         sent = sender.put.remote()
         g0, g1, g_ok = ray.get(receiver.get.remote(sent), timeout=300)
+        ray.get(receiver.zero.remote(), timeout=60)
+        sent = sender.put.remote(as_numpy=True)
+        n0, n1, n_ok = ray.get(receiver.get.remote(sent), timeout=300)
         del sent
-        ok = ok and r_ok and g_ok
+        ok = ok and r_ok and g_ok and n_ok
         if rep:
             group.append(r1 - s0)
             group_sender.append(s1 - s0)
             store.append(g1 - g0)
+            store_np.append(n1 - n0)
     return {
         "mib": nbytes / _MiB,
         "tensors": len(shapes),
@@ -132,6 +145,7 @@ def _time_case(sender: Any, receiver: Any, shapes: list[tuple[int, ...]], reps: 
         "store_s": statistics.median(store),
         "store_min_s": min(store),
         "store_max_s": max(store),
+        "store_np_s": statistics.median(store_np),
         "ok": ok,
     }
 
@@ -158,7 +172,9 @@ def plot(rows: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, t
     many = [r for k, r in rows.items() if k.endswith("mib_many")]
     series = [("group, 1 tensor", one, "group_s", "C0", "o-"), ("group, 1 MiB tensors", many, "group_s", "C0", "s--"),
               ("object store, 1 tensor", one, "store_s", "C3", "o-"),
-              ("object store, 1 MiB tensors", many, "store_s", "C3", "s--")]
+              ("object store, 1 MiB tensors", many, "store_s", "C3", "s--"),
+              ("object store as numpy, 1 tensor", one, "store_np_s", "C2", "o:"),
+              ("object store as numpy, 1 MiB tensors", many, "store_np_s", "C2", "s:")]
     for label, sel, key, color, style in series:
         if sel:
             ax_t.plot([r["mib"] for r in sel], [r[key] * 1e3 for r in sel], style, color=color, label=label)
@@ -166,7 +182,8 @@ def plot(rows: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, t
                        label=label)
     if "policy" in rows:
         p = rows["policy"]
-        for key, color, label in (("group_s", "C0", "group"), ("store_s", "C3", "object store")):
+        for key, color, label in (("group_s", "C0", "group"), ("store_s", "C3", "object store"),
+                                  ("store_np_s", "C2", "object store as numpy")):
             ax_t.plot([p["mib"]], [p[key] * 1e3], "*", ms=14, color=color,
                       label=f"MLP policy ({p['mib']:.2f} MiB, {p['tensors']} tensors), {label}")
     for ax in (ax_t, ax_bw):
@@ -174,7 +191,7 @@ def plot(rows: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, t
         ax.set_xlabel("MiB of float32")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
-    ax_t.set_ylabel("median seconds, sender start -> receiver holds the values (ms)")
+    ax_t.set_ylabel("ms, sender starts -> receiver holds the values (median)")
     ax_t.set_title("time per broadcast (ms, log)")
     ax_t.legend(fontsize=8)
     ax_bw.set_ylabel("GiB/s")
@@ -216,13 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"backend {backend}; median of {reps} (+1 warm-up) per case; seconds from the sender starting "
               "to the receiver holding the values", flush=True)
         print(f"{'case':<12} {'MiB':>8} {'tensors':>7} {'group_ms':>9} {'(sender)':>9} {'GiB/s':>6} "
-              f"{'store_ms':>9} {'GiB/s':>6} {'store/group':>11} {'ok':>3}", flush=True)
+              f"{'store_ms':>9} {'GiB/s':>6} {'store/group':>11} {'np_store_ms':>11} {'ok':>3}", flush=True)
         for name, shapes in _cases(sizes):
             r = rows[name] = _time_case(sender, receiver, shapes, reps)
             print(f"{name:<12} {r['mib']:>8.3f} {r['tensors']:>7} {r['group_s'] * 1e3:>9.2f} "
                   f"{r['group_sender_s'] * 1e3:>9.2f} {r['mib'] / 1024 / r['group_s']:>6.2f} "
                   f"{r['store_s'] * 1e3:>9.2f} {r['mib'] / 1024 / r['store_s']:>6.2f} "
-                  f"{r['store_s'] / r['group_s']:>11.2f} {'yes' if r['ok'] else 'NO':>3}", flush=True)
+                  f"{r['store_s'] / r['group_s']:>11.2f} {r['store_np_s'] * 1e3:>11.2f} "
+                  f"{'yes' if r['ok'] else 'NO':>3}", flush=True)
         ray.get([m.close.remote() for m in members], timeout=60)
     finally:
         for m in members:
@@ -236,17 +254,23 @@ def main(argv: list[str] | None = None) -> int:
         if f"{mib}mib" in rows:
             figures[f"broadcast_{mib}mib_seconds"] = round(rows[f"{mib}mib"]["group_s"], 6)
             figures[f"object_store_{mib}mib_seconds"] = round(rows[f"{mib}mib"]["store_s"], 6)
+            figures[f"object_store_numpy_{mib}mib_seconds"] = round(rows[f"{mib}mib"]["store_np_s"], 6)
         if f"{mib}mib_many" in rows:
             figures[f"broadcast_{mib}mib_{mib}_tensors_seconds"] = round(rows[f"{mib}mib_many"]["group_s"], 6)
             figures[f"object_store_{mib}mib_{mib}_tensors_seconds"] = round(rows[f"{mib}mib_many"]["store_s"], 6)
+            figures[f"object_store_numpy_{mib}mib_{mib}_tensors_seconds"] = round(
+                rows[f"{mib}mib_many"]["store_np_s"], 6)
     if "100mib" in rows:
         figures["group_over_object_store_speedup"] = round(rows["100mib"]["store_s"] / rows["100mib"]["group_s"], 3)
         figures["broadcast_100mib_gib_per_sec"] = round(100 / 1024 / rows["100mib"]["group_s"], 3)
+        figures["group_over_object_store_numpy_speedup"] = round(
+            rows["100mib"]["store_np_s"] / rows["100mib"]["group_s"], 3)
     if "policy" in rows:
         p = rows["policy"]
         figures.update({"policy": "mlp", "policy_mib": round(p["mib"], 4), "policy_tensors": p["tensors"],
                         "broadcast_policy_seconds": round(p["group_s"], 6),
-                        "object_store_policy_seconds": round(p["store_s"], 6)})
+                        "object_store_policy_seconds": round(p["store_s"], 6),
+                        "object_store_numpy_policy_seconds": round(p["store_np_s"], 6)})
     for name, r in rows.items():
         figures[f"group_sender_side_{name}_seconds"] = round(r["group_sender_s"], 6)
         figures[f"group_max_{name}_seconds"] = round(r["group_max_s"], 6)
@@ -262,11 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     })
     print()
     for key in ("broadcast_1mib_seconds", "broadcast_10mib_seconds", "broadcast_100mib_seconds",
-                "object_store_100mib_seconds", "group_over_object_store_speedup", "broadcast_policy_seconds",
+                "object_store_100mib_seconds", "group_over_object_store_speedup", "object_store_numpy_100mib_seconds",
+                "group_over_object_store_numpy_speedup", "broadcast_policy_seconds",
                 "policy_mib", "all_received_correctly", "load_avg_1min_before", "load_avg_1min_after",
                 "bench_seconds"):
         if key in figures:
-            print(f"{key:<32} {figures[key]}")
+            print(f"{key:<40} {figures[key]}")
     if args.out:
         out = Path(args.out)
         out.write_text(json.dumps(figures, indent=2) + "\n")
