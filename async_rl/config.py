@@ -103,6 +103,7 @@ class RunConfig(pydantic.BaseModel):
     swanlab_mode: Literal["offline", "disabled", "local", "cloud"] = "offline"
 
     # Run control.
+    sync: bool = False  # no overlap: collect -> train -> broadcast -> collect (baseline, debugging)
     seed: int = 0
     log_dir: str = "runs/default"
     max_epochs: Optional[Positive] = None

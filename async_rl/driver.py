@@ -146,6 +146,25 @@ class Runtime:
             ray.get(ref)  # raises the worker's error; a clean return before stop is a bug too
             raise RuntimeError("a rollout worker stopped before the run ended")
 
+    # ---- synchronous mode ---------------------------------------------------------------
+    def collect_synchronously(self, deadline: float) -> bool:
+        """Resume the workers until every trainer has a fresh super-batch, then pause them;
+        False if the deadline came first."""
+        cfg = self.cfg
+        needed = cfg.num_trainers * cfg.super_batch_size
+        # Leftovers of the last collection were made by an older policy: not "collect, then train".
+        ray.get(self.replay.drop_older_than.remote(self.policy_version), timeout=cfg.actor_timeout_s)
+        start = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)["added"]
+        get_named({n: w.resume.remote() for n, w in self.workers.items()}, cfg.actor_timeout_s, "resume")
+        collected = False
+        while not collected and time.monotonic() < deadline:
+            counters = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)
+            collected = counters["added"] - start >= needed and counters["size"] >= needed
+            self._check_workers()
+            time.sleep(0 if collected else 0.05)
+        get_named({n: w.pause.remote() for n, w in self.workers.items()}, cfg.actor_timeout_s, "pause")
+        return collected
+
     # ---- one epoch ----------------------------------------------------------------------
     def train_epoch(self) -> dict[str, float]:
         cfg = self.cfg
@@ -293,6 +312,8 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
         with progress:
             bar = progress.add_task("epochs", total=cfg.max_epochs, line="")
             while (cfg.max_epochs is None or runtime.epoch < cfg.max_epochs) and time.monotonic() < deadline:
+                if cfg.sync and not runtime.collect_synchronously(deadline):
+                    break
                 metrics = runtime.train_epoch()
                 runtime._check_workers()
                 scalars = training_scalars(metrics, runtime)

@@ -100,10 +100,16 @@ class GaeSegmenter:
             piece, self.steps = with_gae(self.steps, 0.0, self.gamma, self.lam), []
             return piece
         if len(self.steps) == self.local_buf + 1:
-            piece = with_gae(self.steps[:-1], float(self.steps[-1]["value"]), self.gamma, self.lam)
-            self.steps = self.steps[-1:]
-            return piece
+            return self.flush()
         return None
+
+    def flush(self) -> Optional[TensorDict]:
+        """Cut now: all steps but the last go out, bootstrapped from the last one's value."""
+        if len(self.steps) < 2:
+            return None
+        piece = with_gae(self.steps[:-1], float(self.steps[-1]["value"]), self.gamma, self.lam)
+        self.steps = self.steps[-1:]
+        return piece
 
 
 class VtraceSegmenter:
@@ -119,6 +125,9 @@ class VtraceSegmenter:
             return None
         segment, self.steps = vtrace_segment(self.steps, next_obs), []
         return segment
+
+    def flush(self) -> Optional[TensorDict]:
+        return None  # segments have a fixed length; a partial one waits
 
 
 def policy_versions(batch: TensorDict) -> torch.Tensor:

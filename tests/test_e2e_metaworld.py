@@ -56,9 +56,9 @@ def test_real_run(tmp_path, launch_config, clip_mode):
         "--eval-episodes", "1", "--log-interval-seconds", "0.01", "--updates-per-epoch", "1",
     ]
     if "vtrace" in launch_config:
-        overrides += ["--rollout-local-buf", "16", "--train-batch-size", "4", "--super-batch-size", "8"]
+        overrides += ["--rollout-local-buf", "16", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8"]
     else:
-        overrides += ["--train-batch-size", "32", "--super-batch-size", "64"]
+        overrides += ["--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64"]
     cfg = load_config(overrides, str(ROOT / "configs" / launch_config))
     summary = run(cfg, inspect=_inspect)
     seen = summary["inspect"]
@@ -93,7 +93,7 @@ def test_real_run(tmp_path, launch_config, clip_mode):
 def test_inference_weights_equal_rank0_after_broadcast(tmp_path, lora):
     """Broadcast, then compare without training in between (with LoRA: the merged weights)."""
     cfg = load_config([*lora, "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled",
-                       "--num-eval-workers", "0", "--train-batch-size", "32", "--super-batch-size", "64",
+                       "--num-eval-workers", "0", "--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64",
                        "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}"],
                       str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
 
@@ -107,3 +107,17 @@ def test_inference_weights_equal_rank0_after_broadcast(tmp_path, lora):
     assert inference.keys() == rank0.keys()
     for name in rank0:
         torch.testing.assert_close(inference[name], rank0[name], rtol=0, atol=0, msg=name)
+
+
+def test_sync_mode_trains_on_fresh_experience_only(tmp_path):
+    """--sync: collect, then train, then broadcast; no experience more than one version old."""
+    log_dir = tmp_path / "run"
+    cfg = load_config(["--sync", "--log-dir", str(log_dir), "--max-epochs", "3", "--swanlab-mode", "disabled",
+                       "--num-eval-workers", "0", "--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64",
+                       "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}"],
+                      str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
+    summary = run(cfg)
+    assert summary["epochs"] == 3
+    lag_max = [e.value for e in EventAccumulator(str(log_dir)).Reload().Scalars("rollout/policy_lag_max")]
+    # Pieces a worker had half-built when paused carry the previous version; nothing older.
+    assert len(lag_max) == 3 and max(lag_max) <= 1.0, lag_max

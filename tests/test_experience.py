@@ -52,6 +52,17 @@ def test_buffer_cut_bootstraps_from_the_next_value_and_keeps_that_step():
     assert len(seg.steps) == 1 and float(seg.steps[0]["value"]) == 4.0
 
 
+def test_flush_cuts_early_like_a_full_buffer():
+    seg = GaeSegmenter(local_buf=10, gamma=GAMMA, lam=LAM)
+    assert seg.flush() is None
+    values, rewards = [0.5, 1.0, 2.0], [1.0, 0.0, 3.0]
+    for t in range(3):
+        seg.add(_record(t, values[t], rewards[t]), None)
+    piece = seg.flush()
+    torch.testing.assert_close(piece["advantage"], torch.tensor(_manual_gae(rewards[:2], values[:2], 2.0)))
+    assert len(seg.steps) == 1
+
+
 def test_vtrace_segments_have_fixed_length_and_cross_episode_ends():
     seg = VtraceSegmenter(length=4)
     out = [seg.add(_record(t, 0.0, 1.0, done=t == 1), TensorDict({"state": torch.tensor([t + 1.0])}, [])) for t in range(4)]
@@ -72,7 +83,7 @@ def test_replay_is_a_bounded_fifo_with_counters():
     store.add_batch(_items(0, 3))
     store.add_batch(_items(3, 4))  # evicts 0 and 1
     assert store.size() == 5
-    assert store.counters == {"added": 7, "sampled": 0, "evicted": 2}
+    assert store.counters == {"added": 7, "sampled": 0, "evicted": 2, "dropped_stale": 0}
     sample = store.sample(5)
     assert sorted(sample["x"].tolist()) == [2.0, 3.0, 4.0, 5.0, 6.0]  # without replacement, only live items
     with pytest.raises(ValueError, match="holding 5"):
@@ -91,7 +102,19 @@ def test_consumed_items_leave_and_free_slots_are_refilled_before_evicting():
     assert sorted(store.sample(4)["x"].tolist()) == [float(left[0]), 10.0, 11.0, 12.0]
     store.add_batch(_items(20, 1))  # now the oldest (the survivor of the first batch) goes
     assert sorted(store.sample(4)["x"].tolist()) == [10.0, 11.0, 12.0, 20.0]
-    assert store.counters == {"added": 8, "sampled": 11, "evicted": 1}
+    assert store.counters == {"added": 8, "sampled": 11, "evicted": 1, "dropped_stale": 0}
+
+
+def test_drop_older_than_removes_stale_steps_and_segments():
+    store = ReplayStorage(capacity=6, seed=0)
+    store.add_batch(TensorDict({"x": torch.arange(4.0), "policy_version": torch.tensor([0, 1, 2, 3])}, [4]))
+    assert store.drop_older_than(2) == 2
+    assert sorted(store.sample(2)["x"].tolist()) == [2.0, 3.0]
+    assert store.counters["dropped_stale"] == 2
+    segments = ReplayStorage(capacity=2, seed=0)
+    steps = TensorDict({"policy_version": torch.tensor([[1, 2], [2, 2]])}, [2, 2])
+    segments.add_batch(TensorDict({"steps": steps}, [2]))
+    assert segments.drop_older_than(2) == 1  # the segment that holds a version-1 step
 
 
 def test_replay_sampling_is_uniform():

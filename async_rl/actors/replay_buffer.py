@@ -7,6 +7,8 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from async_rl.experience import policy_versions
+
 
 class ReplayStorage:
     """``capacity`` slots over a preallocated TensorDict.
@@ -23,7 +25,7 @@ class ReplayStorage:
         self._stamp = torch.zeros(capacity, dtype=torch.int64)  # insertion order, for FIFO eviction
         self._next_stamp = 0
         self._generator = torch.Generator().manual_seed(seed)
-        self.counters = {"added": 0, "sampled": 0, "evicted": 0}
+        self.counters = {"added": 0, "sampled": 0, "evicted": 0, "dropped_stale": 0}
 
     def add_batch(self, batch: TensorDict) -> int:
         n = batch.batch_size[0]
@@ -57,6 +59,18 @@ class ReplayStorage:
         self.counters["sampled"] += n
         return self._storage[slots].clone()
 
+    def drop_older_than(self, min_version: int) -> int:
+        """Remove items produced by a policy older than ``min_version``; returns how many."""
+        if self._storage is None:
+            return 0
+        versions = policy_versions(self._storage)
+        oldest = versions.reshape(self.capacity, -1).min(dim=1).values  # a segment is as old as its oldest step
+        stale = self._live & (oldest < min_version)
+        self._live &= ~stale
+        dropped = int(stale.sum())
+        self.counters["dropped_stale"] += dropped
+        return dropped
+
     def size(self) -> int:
         return int(self._live.sum())
 
@@ -74,6 +88,9 @@ class ReplayBufferActor:
     def sample(self, n: int, consume: bool = False) -> Optional[TensorDict]:
         """``n`` items, or None while fewer than ``n`` are stored."""
         return self._store.sample(n, consume) if self._store.size() >= n else None
+
+    def drop_older_than(self, min_version: int) -> int:
+        return self._store.drop_older_than(min_version)
 
     def size(self) -> int:
         return self._store.size()

@@ -7,6 +7,7 @@ with V-trace it pushes fixed-length segments for the trainer to correct off-poli
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -106,6 +107,18 @@ class RolloutWorkerActor:
         self._stopped = False
         self._push_ref: Optional[ray.ObjectRef] = None
         self.env_steps = 0
+        self._resume = asyncio.Event()  # cleared by pause() (synchronous mode)
+        self._resume.set()
+        self._paused = asyncio.Event()  # set while the loop waits at a step boundary
+
+    async def pause(self) -> int:
+        """Stop before the next step (pushes in flight finish); returns env steps so far."""
+        self._resume.clear()
+        await self._paused.wait()
+        return self.env_steps
+
+    async def resume(self) -> None:
+        self._resume.set()
 
     def _segmenter(self) -> Any:
         cfg = self.cfg
@@ -127,6 +140,7 @@ class RolloutWorkerActor:
 
     async def stop(self) -> None:
         self._stopped = True
+        self._resume.set()
 
     async def _push(self, batch: TensorDict) -> None:
         # At most one push in flight: bounds memory and surfaces replay errors here.
@@ -140,6 +154,17 @@ class RolloutWorkerActor:
         for slot in self.slots:
             self._start_episode(slot)
         while not self._stopped:
+            if not self._resume.is_set():
+                # Hand over what this policy version collected before pausing (synchronous mode).
+                pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
+                if pieces:
+                    await self._push(torch.cat(pieces))
+                if self._push_ref is not None:
+                    await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
+                self._paused.set()
+                await self._resume.wait()
+                self._paused.clear()
+                continue
             out = await self.policy.act(torch.stack([slot.obs for slot in self.slots]))
             env_actions = out["env_action"].numpy()
             results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]

@@ -111,16 +111,22 @@ class TrainerActor:
         return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
 
     # ---- data ---------------------------------------------------------------------------
+    async def _sample(self) -> TensorDict:
+        """A super-batch from the replay buffer, polling while it holds too little."""
+        while True:
+            batch = await wait_for(self.replay.sample.remote(self.cfg.super_batch_size, self.cfg.replay_sampling == "consume"),
+                                   self.cfg.actor_timeout_s, "replay buffer", f"sample for {self.name}")
+            if batch is not None:
+                return batch
+            await asyncio.sleep(0.2)
+
     async def _prefetch_loop(self) -> None:
         while True:
-            batch = await wait_for(self.replay.sample.remote(self.cfg.super_batch_size, self.cfg.replay_sampling == "consume"), self.cfg.actor_timeout_s,
-                                   "replay buffer", f"sample for {self.name}")
-            if batch is None:  # not enough experience yet
-                await asyncio.sleep(0.2)
-                continue
-            await self._ready.put(batch)  # blocks while the previous super-batch is unconsumed
+            await self._ready.put(await self._sample())  # put blocks while the previous one is unconsumed
 
     async def _next_super_batch(self) -> TensorDict:
+        if self.cfg.sync:  # no prefetch: train on what was collected after the last broadcast
+            return await asyncio.wait_for(self._sample(), self.cfg.actor_timeout_s)
         if self._ready is None:
             self._ready = asyncio.Queue(maxsize=1)
             self._prefetch = asyncio.get_running_loop().create_task(self._prefetch_loop())

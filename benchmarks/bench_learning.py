@@ -1,0 +1,408 @@
+"""Learning speed on MetaWorld MT1: success rate against env steps and wall-clock, this system vs SB3 PPO.
+
+    python benchmarks/bench_learning.py [--minutes-per-run 1.0] [--tasks reach-v3,push-v3]
+        [--methods clip,soft_clip,sapo,vtrace,sb3] [--seed 0] [--out learning.json] [--png learning.png] [--quick]
+
+Methods (one run each per task, one after the other, same seed, same machine):
+
+- ``clip``, ``soft_clip``, ``sapo``: this system, ``configs/metaworld_mt1_ppo.yaml`` (GAE on the workers)
+  with ``--clip-mode <method>`` and the loss's default parameters.
+- ``vtrace``: this system, ``configs/metaworld_mt1_vtrace.yaml`` (V-trace on the trainers), clip mode ``clip``.
+- ``sb3``: Stable-Baselines3 PPO on the same environment (``envs.make_task_set(...).make_env(i, seed + i)``
+  behind a small gymnasium adapter), 2 envs.
+
+Each run of this system is ``async_rl.driver.run(cfg)`` with ``--max-minutes <minutes-per-run>`` (its clock
+starts at ``run()`` and so includes Ray and DeepSpeed start-up), ``--log-interval-seconds 5``,
+``--swanlab-mode disabled`` and ``--log-dir runs/bench_learning/<task>_<method>`` (emptied first); the curve
+is read back from TensorBoard: ``rollout/success_rate`` (the fraction of episodes finished since the previous
+log point that succeeded at any step), paired with the ``rollout/total_env_steps`` logged with it, at the
+events' wall time minus the time ``run()`` was called. SB3 gets the same wall-clock budget, counted from
+before its envs are built, and the same kind of curve: a callback marks an episode successful if
+``info["success"]`` was true at any step and logs, every 5 s, the success rate of the episodes finished since
+the previous point and the env steps so far (``model.num_timesteps``).
+
+SB3 hyperparameters (``--sb3-preset``):
+
+- ``zoo-halfcheetah`` (default): rl-baselines3-zoo's tuned MuJoCo PPO settings, ``hyperparams/ppo.yml``,
+  entry ``HalfCheetah-v3`` (identical in the zoo's later ``HalfCheetah-v4`` entry): ``normalize: true``
+  (VecNormalize of observations and rewards, reward discount = gamma, as the zoo does), n_steps 512,
+  batch_size 64, gamma 0.98, learning_rate 2.0633e-05, ent_coef 0.000401762, clip_range 0.1, n_epochs 20,
+  gae_lambda 0.92, max_grad_norm 0.8, vf_coef 0.58096, policy_kwargs ``dict(log_std_init=-2, ortho_init=False,
+  activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[256, 256]))``. The zoo uses n_envs 1; we use 2 envs
+  (n_steps stays per env, so one rollout is 1024 steps).
+- ``zoo-mujoco-defaults``: the zoo's untuned MuJoCo entry (``Ant-v3: &mujoco-defaults``): ``normalize: true``
+  and SB3's PPO defaults (n_steps 2048, batch_size 64, gamma 0.99, gae_lambda 0.95, n_epochs 10,
+  learning_rate 3e-4, clip_range 0.2, ent_coef 0, vf_coef 0.5, max_grad_norm 0.5, 64x64 tanh MLPs).
+
+SB3's vector env: ``--sb3-vec-env`` (``dummy`` or ``subproc``; default ``dummy``). On this project's 2-core
+machine DummyVecEnv (both envs stepped in the main process, torch at 1 thread) gave SB3 more env steps/s
+than SubprocVecEnv: a MetaWorld step costs about as much as the pipe round-trip that SubprocVecEnv adds per
+step, and PPO's update phase, which takes as long as collection with these settings, is single-process
+either way. ``--sb3-torch-threads`` sets the main process's torch threads (default 1).
+
+Figures (flat JSON with ``--out``, a table on stdout, a PNG with ``--png``: success rate against env steps (top
+row) and against wall-clock (bottom row), one column per task, one line per method; lines are the trailing
+mean of the last 3 log points), per task and method: ``<task>_<method>_seconds_to_0.9`` (wall-clock seconds
+until the trailing mean of the last 3 logged success rates first reaches 0.9; null if never),
+``<task>_<method>_final_success`` (that trailing mean at the last point), ``<task>_<method>_env_steps`` (env
+steps of the whole run), ``..._wall_seconds`` (whole run, start-up and shut-down included),
+``..._first_log_seconds`` (until the first log point: start-up, warm-up, first episodes),
+``..._first_update_seconds`` (until the first policy update was done: this system's first epoch and
+broadcast, SB3's first rollout and train()), and
+``..._error`` when a run failed (the benchmark goes on with the next one); and ``speedup_vs_sb3`` = SB3's
+seconds to 0.9 / the best of this system's on reach-v3 (null if either never reached 0.9).
+
+The default (2 tasks x 5 methods x 1 minute) takes about 10 minutes plus each run's shut-down; ``--quick``
+is reach-v3 only, ``clip`` and ``sb3`` only, 0.5 minutes each (under 2 minutes). Nothing is asserted. Other
+load on the machine slows every method; the 1-minute load average is recorded before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:  # run as a script: make `envs` / `async_rl` importable
+    sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+
+TASKS = ("reach-v3", "push-v3")
+SYSTEM_METHODS = {  # method -> (launch config, clip mode)
+    "clip": ("metaworld_mt1_ppo.yaml", "clip"),
+    "soft_clip": ("metaworld_mt1_ppo.yaml", "soft_clip"),
+    "sapo": ("metaworld_mt1_ppo.yaml", "sapo"),
+    "vtrace": ("metaworld_mt1_vtrace.yaml", "clip"),
+}
+METHODS = (*SYSTEM_METHODS, "sb3")
+TARGET = 0.9
+SMOOTH = 3  # log points in the trailing mean
+LOG_INTERVAL_S = 5.0
+MAX_EPISODE_STEPS = 500
+
+
+def sb3_preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(PPO kwargs, VecNormalize kwargs) of an rl-baselines3-zoo entry (see the module docstring)."""
+    import torch.nn as nn  # noqa: PLC0415
+
+    if name == "zoo-halfcheetah":
+        ppo = dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+                   clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
+                   policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
+                                      net_arch=dict(pi=[256, 256], vf=[256, 256])))
+    elif name == "zoo-mujoco-defaults":
+        ppo = {}  # SB3's PPO defaults
+    else:
+        raise ValueError(f"unknown --sb3-preset {name!r}")
+    return ppo, dict(norm_obs=True, norm_reward=True, gamma=ppo.get("gamma", 0.99))
+
+
+# ---- curves -----------------------------------------------------------------------------
+
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    """Trailing mean over the last ``window`` points (fewer at the start)."""
+    return [float(np.mean(values[max(0, i + 1 - window): i + 1])) for i in range(len(values))]
+
+
+def seconds_to(curve: dict[str, list[float]], target: float = TARGET) -> Optional[float]:
+    """Wall-clock seconds at the first point whose trailing mean over a full window reaches ``target``."""
+    smooth = smoothed(curve["success"])
+    for i, value in enumerate(smooth):
+        if i + 1 >= min(SMOOTH, len(smooth)) and value >= target:
+            return float(curve["seconds"][i])
+    return None
+
+
+def summarize(curve: dict[str, Any]) -> dict[str, Any]:
+    smooth = smoothed(curve["success"])
+    return {
+        "seconds_to_0.9": _round(seconds_to(curve)),
+        "final_success": _round(smooth[-1]) if smooth else None,
+        "env_steps": int(curve["total_steps"]),
+        "wall_seconds": _round(curve["wall_seconds"]),
+        "first_log_seconds": _round(curve["seconds"][0]) if curve["seconds"] else None,
+        "first_update_seconds": _round(curve.get("first_update_seconds")),
+    }
+
+
+def _round(x: Optional[float], nd: int = 3) -> Optional[float]:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), nd)
+
+
+# ---- this system ------------------------------------------------------------------------
+
+def run_system(task: str, method: str, minutes: float, seed: int, log_root: Path) -> dict[str, Any]:
+    from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
+    from async_rl.driver import prepare, run  # noqa: PLC0415
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+
+    config, clip_mode = SYSTEM_METHODS[method]
+    log_dir = log_root / f"{task}_{method}"
+    shutil.rmtree(log_dir, ignore_errors=True)  # old event files would mix into this run's curve
+    cfg = load_config(
+        ["--clip-mode", clip_mode, "--max-minutes", str(minutes), "--log-dir", str(log_dir),
+         "--swanlab-mode", "disabled", "--log-interval-seconds", str(LOG_INTERVAL_S), "--seed", str(seed),
+         "--env-kwargs", f"{{benchmark: MT1, task: {task}, max_episode_steps: {MAX_EPISODE_STEPS}}}"],
+        str(_ROOT / "configs" / config),
+    )
+    task_set = prepare(cfg)
+    t0 = time.time()
+    summary = run(cfg, task_set)
+    wall = time.time() - t0
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0}).Reload()
+    tags = events.Tags()["scalars"]
+    success = events.Scalars("rollout/success_rate") if "rollout/success_rate" in tags else []
+    totals = events.Scalars("rollout/total_env_steps") if "rollout/total_env_steps" in tags else []
+    # success_rate and total_env_steps of one snapshot are written by one logger.log call: pair by wall time
+    # (the final snapshot reuses the last epoch's step number, so steps are not unique).
+    total_times = np.array([e.wall_time for e in totals])
+    curve: dict[str, Any] = {"steps": [], "seconds": [], "success": [], "wall_seconds": summary.get("wall_seconds", wall),
+                             "total_steps": totals[-1].value if totals else 0}
+    if "sync/policy_version" in tags:  # logged right after the first epoch's weight broadcast
+        curve["first_update_seconds"] = events.Scalars("sync/policy_version")[0].wall_time - t0
+    for e in success:
+        j = int(np.argmin(np.abs(total_times - e.wall_time))) if len(totals) else None
+        curve["steps"].append(float(totals[j].value) if j is not None else float("nan"))
+        curve["seconds"].append(e.wall_time - t0)
+        curve["success"].append(float(e.value))
+    return curve
+
+
+# ---- Stable-Baselines3 ------------------------------------------------------------------
+
+def _gym_env_class():
+    import gymnasium as gym  # noqa: PLC0415
+
+    class MetaWorldGymEnv(gym.Env):
+        """gymnasium adapter of one ``TaskEnv`` (seeded when built; ``reset(seed=...)`` is ignored)."""
+
+        metadata = {"render_modes": []}
+
+        def __init__(self, task_set: Any, seed: int) -> None:
+            self.env = task_set.make_env(0, seed)
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (task_set.obs_dim,), np.float32)
+            self.action_space = gym.spaces.Box(-1.0, 1.0, (task_set.action_dim,), np.float32)
+
+        def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+            return self.env.reset(), {}
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            return obs, reward, terminated, truncated, {"success": bool(info["success"])}
+
+        def close(self) -> None:
+            self.env.close()
+
+    return MetaWorldGymEnv
+
+
+def _make_gym_env(task_set: Any, seed: int):
+    return _gym_env_class()(task_set, seed)
+
+
+def run_sb3(task: str, minutes: float, seed: int, preset: str, vec_env: str, threads: int,
+            n_envs: int = 2) -> dict[str, Any]:
+    import functools  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from stable_baselines3 import PPO  # noqa: PLC0415
+    from stable_baselines3.common.callbacks import BaseCallback  # noqa: PLC0415
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize  # noqa: PLC0415
+
+    from envs import make_task_set  # noqa: PLC0415
+
+    class SuccessCallback(BaseCallback):
+        """Per-episode success (any step), logged every LOG_INTERVAL_S; stops learn() at the deadline."""
+
+        def __init__(self, t0: float, deadline: float) -> None:
+            super().__init__()
+            self.t0, self.deadline, self.last_log = t0, deadline, time.time()
+            self.curve: dict[str, Any] = {"steps": [], "seconds": [], "success": []}
+            self.pending: list[bool] = []
+
+        def _on_training_start(self) -> None:
+            self.flags = np.zeros(self.training_env.num_envs, dtype=bool)
+            self.rollouts = 0
+
+        def _on_rollout_start(self) -> None:
+            self.rollouts += 1
+            if self.rollouts == 2:  # the first train() has finished
+                self.curve["first_update_seconds"] = time.time() - self.t0
+
+        def _on_step(self) -> bool:
+            for i, (info, done) in enumerate(zip(self.locals["infos"], self.locals["dones"])):
+                self.flags[i] |= bool(info.get("success", False))
+                if done:
+                    self.pending.append(bool(self.flags[i]))
+                    self.flags[i] = False
+            now = time.time()
+            if now - self.last_log >= LOG_INTERVAL_S:
+                self.flush(now)
+            return now < self.deadline
+
+        def flush(self, now: float) -> None:
+            self.last_log = now
+            if self.pending:  # like the system's StatsActor: no episodes since the last point, no point
+                self.curve["steps"].append(float(self.num_timesteps))
+                self.curve["seconds"].append(now - self.t0)
+                self.curve["success"].append(float(np.mean(self.pending)))
+                self.pending = []
+
+    ppo_kwargs, norm_kwargs = sb3_preset(preset)
+    task_set = make_task_set("metaworld", benchmark="MT1", task=task, max_episode_steps=MAX_EPISODE_STEPS)
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    fns = [functools.partial(_make_gym_env, task_set, seed + i) for i in range(n_envs)]
+    venv = SubprocVecEnv(fns) if vec_env == "subproc" else DummyVecEnv(fns)
+    try:
+        venv = VecNormalize(venv, **norm_kwargs)
+        model = PPO("MlpPolicy", venv, seed=seed, device="cpu", verbose=0, **ppo_kwargs)
+        callback = SuccessCallback(t0, t0 + 60.0 * minutes)
+        model.learn(total_timesteps=10**9, callback=callback)
+        callback.flush(time.time())
+    finally:
+        venv.close()
+    curve = callback.curve
+    curve["wall_seconds"] = time.time() - t0
+    curve["total_steps"] = model.num_timesteps
+    return curve
+
+
+# ---- output -----------------------------------------------------------------------------
+
+def plot(curves: dict[tuple[str, str], dict[str, Any]], tasks: list[str], methods: list[str], path: Path,
+         title: str) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(2, len(tasks), figsize=(6 * len(tasks), 8), squeeze=False)
+    for col, task in enumerate(tasks):
+        for method in methods:
+            curve = curves.get((task, method))
+            if not curve or not curve["success"]:
+                why = "failed" if curve is None else "no log point"
+                for ax in axes[:, col]:
+                    ax.plot([], [], "-" if method != "sb3" else "--", label=f"{method} ({why})")
+                continue
+            smooth = smoothed(curve["success"])
+            style = "--" if method == "sb3" else "-"
+            axes[0, col].plot(curve["steps"], smooth, style, marker=".", label=method)
+            axes[1, col].plot(curve["seconds"], smooth, style, marker=".", label=method)
+        for row, xlabel in enumerate(("env steps", "wall-clock seconds (from launch)")):
+            ax = axes[row, col]
+            ax.axhline(TARGET, color="grey", lw=0.8, ls=":")
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(f"success rate (trailing mean of {SMOOTH} log points)")
+            ax.set_title(task)
+            ax.grid(alpha=0.3)
+            ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def print_table(figures: dict[str, Any], tasks: list[str], methods: list[str]) -> None:
+    cols = ("final_success", "seconds_to_0.9", "env_steps", "wall_seconds", "first_update_seconds", "first_log_seconds")
+    header = f"{'task':<10} {'method':<10} " + " ".join(f"{c:>20}" for c in cols) + "  steps/s  error"
+    print(header)
+    print("-" * len(header))
+    for task in tasks:
+        for method in methods:
+            key = f"{task}_{method}"
+            vals = [figures.get(f"{key}_{c}") for c in cols]
+            steps, wall = figures.get(f"{key}_env_steps"), figures.get(f"{key}_wall_seconds")
+            rate = f"{steps / wall:7.0f}" if steps and wall else "      -"
+            cells = " ".join(f"{'-' if v is None else v:>20}" for v in vals)
+            print(f"{task:<10} {method:<10} {cells}  {rate}  {str(figures.get(f'{key}_error', ''))[:100]}")
+    print(f"speedup_vs_sb3 (reach-v3, SB3 seconds to {TARGET} / best of ours): {figures.get('speedup_vs_sb3')}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes-per-run", type=float, default=1.0)
+    ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated MetaWorld MT1 tasks")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="reach-v3, clip and sb3, 0.5 min each")
+    ap.add_argument("--sb3-preset", default="zoo-halfcheetah", choices=("zoo-halfcheetah", "zoo-mujoco-defaults"))
+    ap.add_argument("--sb3-vec-env", default="dummy", choices=("dummy", "subproc"))
+    ap.add_argument("--sb3-torch-threads", type=int, default=1)
+    ap.add_argument("--log-root", default="runs/bench_learning")
+    ap.add_argument("--out", default=None, help="write the flat JSON figures here")
+    ap.add_argument("--png", default=None, help="figure path (default <log-root>/bench_learning.png)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tasks, args.methods, args.minutes_per_run = "reach-v3", "clip,sb3", 0.5
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not tasks or not methods or args.minutes_per_run <= 0:
+        ap.error(f"unknown method(s) {unknown}; choose from {','.join(METHODS)}" if unknown
+                 else "need at least one task, one method and --minutes-per-run > 0")
+    log_root = Path(args.log_root)
+    png = Path(args.png) if args.png else log_root / "bench_learning.png"
+
+    started = time.time()
+    figures: dict[str, Any] = {
+        "cores": os.cpu_count(), "seed": args.seed, "minutes_per_run": args.minutes_per_run,
+        "tasks": ",".join(tasks), "methods": ",".join(methods), "sb3_preset": args.sb3_preset,
+        "sb3_vec_env": args.sb3_vec_env, "sb3_n_envs": 2, "sb3_torch_threads": args.sb3_torch_threads,
+        "loadavg_1min_start": round(os.getloadavg()[0], 2),
+    }
+    curves: dict[tuple[str, str], dict[str, Any]] = {}
+    for task in tasks:
+        for method in methods:
+            key = f"{task}_{method}"
+            print(f"=== {key}: {args.minutes_per_run:g} min ===", flush=True)
+            try:
+                if method == "sb3":
+                    curve = run_sb3(task, args.minutes_per_run, args.seed, args.sb3_preset, args.sb3_vec_env,
+                                    args.sb3_torch_threads)
+                else:
+                    curve = run_system(task, method, args.minutes_per_run, args.seed, log_root)
+                curves[(task, method)] = curve
+                figures.update({f"{key}_{k}": v for k, v in summarize(curve).items()})
+                print(f"{key}: {len(curve['success'])} log points, {figures[f'{key}_env_steps']} env steps, "
+                      f"final success {figures[f'{key}_final_success']}", flush=True)
+            except Exception as exc:  # noqa: BLE001  (record and go on with the next run)
+                traceback.print_exc()
+                figures.update({f"{key}_seconds_to_0.9": None, f"{key}_final_success": None, f"{key}_env_steps": None,
+                                f"{key}_error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]})
+
+    ours = [figures.get(f"reach-v3_{m}_seconds_to_0.9") for m in methods if m != "sb3"]
+    ours = [s for s in ours if s is not None]
+    sb3 = figures.get("reach-v3_sb3_seconds_to_0.9")
+    figures["speedup_vs_sb3"] = round(sb3 / min(ours), 3) if sb3 is not None and ours and min(ours) > 0 else None
+    figures["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
+    figures["total_seconds"] = round(time.time() - started, 1)
+
+    try:
+        plot(curves, tasks, methods, png, f"MetaWorld MT1, seed {args.seed}, {args.minutes_per_run:g} min per run, "
+             f"{os.cpu_count()} cores (1-min load {figures['loadavg_1min_start']} -> {figures['loadavg_1min_end']})\n"
+             f"SB3 PPO: {args.sb3_preset}, {args.sb3_vec_env} x2")
+        figures["png"] = str(png)
+    except Exception as exc:  # noqa: BLE001
+        figures["png_error"] = f"{type(exc).__name__}: {exc}"
+    print_table(figures, tasks, methods)
+    print(f"total {figures['total_seconds']} s; figure: {figures.get('png', figures.get('png_error'))}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
