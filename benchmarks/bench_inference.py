@@ -272,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"(pass {rnd + 1} skipped: it would not end within --budget-minutes)", flush=True)
                 break
             for batch, timeout_ms in (grid if rnd % 2 == 0 else grid[::-1]):
+                if rnd and time.perf_counter() - start > budget_s:
+                    print(f"(rest of pass {rnd + 1} skipped: --budget-minutes reached)", flush=True)
+                    break
                 r = measure(clients, factory, obs, batch, timeout_ms, args.clients, warmup, seconds, args.seed)
                 kept = best.get((batch, timeout_ms))
                 if kept is None or r["requests_per_sec"] > kept["requests_per_sec"]:

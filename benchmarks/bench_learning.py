@@ -24,7 +24,7 @@ the previous point and the env steps so far (``model.num_timesteps``).
 SB3 hyperparameters (``--sb3-preset``):
 
 - ``zoo-halfcheetah`` (default): rl-baselines3-zoo's tuned MuJoCo PPO settings, ``hyperparams/ppo.yml``,
-  entry ``HalfCheetah-v3`` (identical in the zoo's later ``HalfCheetah-v4`` entry): ``normalize: true``
+  entry ``HalfCheetah-v3`` (read at DLR-RM/rl-baselines3-zoo commit 00128b5d): ``normalize: true``
   (VecNormalize of observations and rewards, reward discount = gamma, as the zoo does), n_steps 512,
   batch_size 64, gamma 0.98, learning_rate 2.0633e-05, ent_coef 0.000401762, clip_range 0.1, n_epochs 20,
   gae_lambda 0.92, max_grad_norm 0.8, vf_coef 0.58096, policy_kwargs ``dict(log_std_init=-2, ortho_init=False,
@@ -34,11 +34,13 @@ SB3 hyperparameters (``--sb3-preset``):
   and SB3's PPO defaults (n_steps 2048, batch_size 64, gamma 0.99, gae_lambda 0.95, n_epochs 10,
   learning_rate 3e-4, clip_range 0.2, ent_coef 0, vf_coef 0.5, max_grad_norm 0.5, 64x64 tanh MLPs).
 
-SB3's vector env: ``--sb3-vec-env`` (``dummy`` or ``subproc``; default ``dummy``). On this project's 2-core
-machine DummyVecEnv (both envs stepped in the main process, torch at 1 thread) gave SB3 more env steps/s
-than SubprocVecEnv: a MetaWorld step costs about as much as the pipe round-trip that SubprocVecEnv adds per
-step, and PPO's update phase, which takes as long as collection with these settings, is single-process
-either way. ``--sb3-torch-threads`` sets the main process's torch threads (default 1).
+SB3's vector env: ``--sb3-vec-env`` (``dummy`` or ``subproc``; default ``dummy``) and ``--sb3-torch-threads``
+(the main process's torch threads; default 1). On the project's 2-core machine (24 s runs of the
+zoo-halfcheetah preset on reach-v3, other jobs loading the machine to a 1-minute load of 5-7) SB3 made
+333 env steps/s with DummyVecEnv and 1 torch thread, 113 with DummyVecEnv and 2 threads, 124 with
+SubprocVecEnv and 1 thread, 17 with SubprocVecEnv and 2 threads: PPO's update phase (20 epochs of 64-row
+minibatches per 1024 steps) runs in the main process either way, and two env processes plus torch threads
+only compete with it for the 2 cores.
 
 Figures (flat JSON with ``--out``, a table on stdout, a PNG with ``--png``: success rate against env steps (top
 row) and against wall-clock (bottom row), one column per task, one line per method; lines are the trailing
@@ -52,9 +54,12 @@ broadcast, SB3's first rollout and train()), and
 ``..._error`` when a run failed (the benchmark goes on with the next one); and ``speedup_vs_sb3`` = SB3's
 seconds to 0.9 / the best of this system's on reach-v3 (null if either never reached 0.9).
 
-The default (2 tasks x 5 methods x 1 minute) takes about 10 minutes plus each run's shut-down; ``--quick``
-is reach-v3 only, ``clip`` and ``sb3`` only, 0.5 minutes each (under 2 minutes). Nothing is asserted. Other
-load on the machine slows every method; the 1-minute load average is recorded before and after.
+The default (2 tasks x 5 methods x 1 minute) is sized for 10 minutes; ``--quick`` is reach-v3 only, ``clip``
+and ``sb3`` only, 0.5 minutes each (sized for 2). Both overrun somewhat: ``--max-minutes`` does not cut this
+system's start-up short (Ray, DeepSpeed set-up, weight-sync group), a run ends after its current epoch and a
+last evaluation, and Ray's shut-down comes on top (measured on a loaded 2-core machine: 0.5-minute runs
+took 47-63 s, 2-minute runs 130 s, plus 10-15 s each outside ``run()``). Nothing is asserted. Other load on
+the machine slows every method; the 1-minute load average is recorded before and after.
 """
 from __future__ import annotations
 
@@ -113,7 +118,8 @@ def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
 
 
 def seconds_to(curve: dict[str, list[float]], target: float = TARGET) -> Optional[float]:
-    """Wall-clock seconds at the first point whose trailing mean over a full window reaches ``target``."""
+    """Wall-clock seconds at the first point whose trailing mean over a full window (or over all points,
+    if there are fewer) reaches ``target``."""
     smooth = smoothed(curve["success"])
     for i, value in enumerate(smooth):
         if i + 1 >= min(SMOOTH, len(smooth)) and value >= target:
@@ -303,6 +309,7 @@ def plot(curves: dict[tuple[str, str], dict[str, Any]], tasks: list[str], method
             ax = axes[row, col]
             ax.axhline(TARGET, color="grey", lw=0.8, ls=":")
             ax.set_ylim(-0.03, 1.03)
+            ax.set_xlim(left=0)  # wall-clock from launch: start-up shows as the gap before the first point
             ax.set_xlabel(xlabel)
             ax.set_ylabel(f"success rate (trailing mean of {SMOOTH} log points)")
             ax.set_title(task)

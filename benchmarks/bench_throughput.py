@@ -1,6 +1,6 @@
 """The whole system against the raw environment on this machine, and the broadcast cost.
 
-    python benchmarks/bench_metaworld_system.py [--minutes 2] [--out system.json] [-- launch flags...]
+    python benchmarks/bench_throughput.py [--minutes 2] [--out system.json] [-- launch flags...]
 
 Runs the MetaWorld PPO launch config for ``--minutes`` (the system's env steps/s over its
 steady state), then the same number of worker processes stepping MetaWorld with random actions
