@@ -1,6 +1,7 @@
 """InferenceActor throughput and latency by batch size and timeout, under closed-loop clients.
 
-    python benchmarks/bench_inference.py [--quick] [--clients 16] [--seconds 5] [--rounds 2] [--out inference.json]
+    python benchmarks/bench_inference.py [--quick] [--policy mlp|vla] [--clients 16] [--seconds 5] [--rounds 2]
+        [--out inference.json] [--plot inference.png]
 
 Starts a local Ray (2 CPUs, bound to 127.0.0.1), then for every ``inference_batch`` x
 ``inference_timeout_ms`` pair creates one ``InferenceActor`` (CPU, 1 torch thread) and drives it
@@ -20,17 +21,15 @@ batch 1 (the batch-1 runs at every timeout are the same configuration measured a
 spread shows the noise). Numbers are printed and written with ``--out`` (flat JSON, plus a PNG
 with the same stem); nothing is asserted. The load average before and after is recorded.
 
-Policies (``--policy``): ``mlp`` (obs_spec ``{"state_dim": 39}``, 4 actions, the MetaWorld
-shape).
-TODO(vla): add ``--policy vla`` (a tiny VLA: image + proprio + instruction observations in its
-own wire format) when the VLA policy lands; ``--policy`` currently accepts only ``mlp``.
+Policies (``--policy``): ``mlp`` (``configs/metaworld_mt1_ppo.yaml``: the MetaWorld MLP) and ``vla``
+(the tiny VLA of ``--vla-config``, by default the LIBERO launch config; only where ``envs.libero`` and
+``async_rl.policies.vla`` import, otherwise skipped with the reason printed). The policy is built by
+the driver's own factory for that config, and the request is one real observation of its
+environment (reset, preprocessed by the policy's worker-side preprocessor, in wire format).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import functools
-import json
 import os
 import signal
 import sys
@@ -38,20 +37,34 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:  # run as a script: make `async_rl` importable
-    sys.path.insert(0, str(_ROOT))
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
 from async_rl.actors.inference import InferenceActor  # noqa: E402
-from async_rl.policies import build_policy  # noqa: E402
+from benchmarks import common  # noqa: E402
 
-# name -> (obs_spec, action_dim, one-row wire observation). TODO(vla): "vla" goes here.
-POLICIES: dict[str, tuple[dict[str, Any], int, Callable[[dict[str, Any]], dict[str, np.ndarray]]]] = {
-    "mlp": ({"state_dim": 39}, 4, lambda spec: {"state": np.zeros((1, spec["state_dim"]), np.float32)}),
-}
+CONFIGS = {"mlp": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "vla": common.LIBERO_CONFIG}
+
+
+def policy_and_observation(config: Path, seed: int) -> tuple[Callable[[], Any], dict, str]:
+    """(the driver's policy factory for ``config``, one preprocessed real observation as a one-row
+    wire dict, the policy's name)."""
+    from async_rl.config import load_config  # noqa: PLC0415
+    from async_rl.driver import Runtime, prepare  # noqa: PLC0415
+    from async_rl.experience import to_wire  # noqa: PLC0415
+
+    cfg = load_config(["--seed", str(seed)], str(config))
+    task_set = prepare(cfg)
+    runtime = Runtime(cfg, task_set)  # builds the factories only; starts nothing
+    env = task_set.make_env(0, seed)
+    try:
+        row = runtime.preprocessor_factory()(env.reset(), task_set.task_names[0])
+    finally:
+        env.close()
+    return runtime.policy_factory, to_wire(row.unsqueeze(0)), cfg.policy
 
 
 @ray.remote(num_cpus=0)
@@ -96,23 +109,6 @@ class _Clients:
             "latencies": [t1 - t0 for t0, t1 in spans if t0 >= t_measure and t1 < t_end],
             "stats": stats.get("window"),
         }
-
-
-def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
-    """A fresh local Ray bound to 127.0.0.1 whose workers can import ``async_rl`` (as the driver's
-    ``init_ray``). Ray gives its raylet a fixed 30 s to register, which a loaded machine can miss:
-    retry a few times. The caller calls ``ray.shutdown()`` in a ``finally``."""
-    env_vars = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
-            return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception on a start-up timeout
-            ray.shutdown()
-            if attempt == attempts:
-                raise
-            print(f"ray.init failed ({e}); retrying ({attempt}/{attempts})", file=sys.stderr, flush=True)
 
 
 def _key(batch: int, timeout_ms: float) -> str:
@@ -175,11 +171,7 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def plot(rows: list[dict[str, float]], figures: dict[str, Any], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     timeouts = sorted({r["timeout_ms"] for r in rows})
     fig, (ax_rps, ax_lat, ax_rows) = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [3, 3, 2]})
     for i, t in enumerate(timeouts):
@@ -216,10 +208,7 @@ def plot(rows: list[dict[str, float]], figures: dict[str, Any], path: Path, titl
         title += (f"\nbest batched {figures['best_batched_requests_per_sec']:,.0f} req/s (batch "
                   f"{figures['best_batch_size']}, {figures['best_timeout_ms']:g} ms) = "
                   f"{figures['batched_over_unbatched']:.2f}x batch 1")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save(fig, path, title)
 
 
 def _floats(text: str) -> list[float]:
@@ -227,10 +216,9 @@ def _floats(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policy", default="mlp", choices=sorted(POLICIES),
-                    help="policy to serve (TODO(vla): 'vla' when the VLA policy lands)")
-    ap.add_argument("--quick", action="store_true", help="fewer configurations and shorter windows (< 2 min)")
+    ap = common.parser(__doc__, "fewer configurations and shorter windows (< 2 min)")
+    ap.add_argument("--policy", default="mlp", choices=sorted(CONFIGS), help="policy to serve")
+    ap.add_argument("--vla-config", default=str(common.LIBERO_CONFIG), help="launch config of --policy vla")
     ap.add_argument("--batch-sizes", type=_floats, default=None, help="comma list (default 1,2,4,8,16; quick 1,4,16)")
     ap.add_argument("--timeouts-ms", type=_floats, default=None, help="comma list (default 0.5,2,10; quick 0.5,10)")
     ap.add_argument("--clients", type=int, default=16, help="concurrent closed-loop clients")
@@ -243,17 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="start no pass after the first once this much time has gone (default 8.5; quick 1.75)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="write flat JSON here, and a PNG plot with the same stem")
     args = ap.parse_args(argv)
+    config = Path(args.vla_config) if args.policy == "vla" else CONFIGS["mlp"]
+    skip = common.libero_unavailable(config) if args.policy == "vla" else None
+    if skip:
+        print(f"{args.policy}: skipped: {skip}")
+        common.report({"policy": args.policy, "skipped": skip}, args)
+        return 0
     batches = [int(b) for b in (args.batch_sizes or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16]))]
     timeouts = args.timeouts_ms or ([0.5, 10.0] if args.quick else [0.5, 2.0, 10.0])
     seconds = args.seconds or (3.0 if args.quick else 5.0)
     warmup = args.warmup_seconds if args.warmup_seconds is not None else 1.0
     rounds = args.rounds or (1 if args.quick else 2)
     budget_s = 60.0 * (args.budget_minutes or (1.75 if args.quick else 8.5))
-    obs_spec, action_dim, make_obs = POLICIES[args.policy]
-    factory = functools.partial(build_policy, args.policy, obs_spec, action_dim)
-    obs = make_obs(obs_spec)
+    factory, obs, policy_name = policy_and_observation(config, args.seed)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below on `kill`
     load_before = os.getloadavg()
@@ -262,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     best: dict[tuple[int, float], dict[str, float]] = {}  # per configuration, its best pass
     passes_done = 0
     try:
-        start_local_ray(num_cpus=2)
+        common.start_local_ray(num_cpus=2)
         clients = [_Clients.remote() for _ in range(args.client_actors)]
         ray.get([c.ready.remote() for c in clients], timeout=180)
         print(f"{'pass':>4} {'batch':>5} {'timeout_ms':>10} {'req/s':>9} {'p50_ms':>8} {'p95_ms':>8} {'p99_ms':>8} "
@@ -299,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
     figures: dict[str, Any] = summarise(rows)
     figures.update({
-        "policy": args.policy,
+        "policy": policy_name,
         "clients": args.clients,
         "client_actors": args.client_actors,
         "seconds_per_config": seconds,
@@ -316,21 +307,13 @@ def main(argv: list[str] | None = None) -> int:
         for m in ("p50_ms", "p95_ms", "p99_ms", "forward_ms"):
             figures[f"{m}_{k}"] = round(r[m], 3)
         figures[f"rows_per_forward_{k}"] = round(r["rows_per_forward"], 3)
-    print()
-    for key in ("unbatched_requests_per_sec", "best_batched_requests_per_sec", "best_batch_size", "best_timeout_ms",
-                "batched_over_unbatched", "best_batched_rows_per_forward", "best_batched_forward_ms",
-                "load_avg_1min_before", "load_avg_1min_after", "bench_seconds"):
-        if key in figures:
-            print(f"{key:<40} {figures[key]}")
-    if args.out:
-        out = Path(args.out)
-        out.write_text(json.dumps(figures, indent=2) + "\n")
-        title = (f"InferenceActor ({args.policy}, CPU, 1 torch thread), {args.clients} closed-loop clients "
-                 f"in {args.client_actors} actor(s), "
-                 f"1-row requests, best of {passes_done} x {seconds:g} s/config, "
-                 f"load {load_before[0]:.1f}->{load_after[0]:.1f} on {os.cpu_count()} cores")
-        plot(rows, figures, out.with_suffix(".png"), title)
-        print(f"wrote {out} and {out.with_suffix('.png')}")
+    title = (f"InferenceActor ({policy_name}, CPU, 1 torch thread), {args.clients} closed-loop clients "
+             f"in {args.client_actors} actor(s), 1-row requests, best of {passes_done} x {seconds:g} s/config, "
+             f"load {load_before[0]:.1f}->{load_after[0]:.1f} on {os.cpu_count()} cores")
+    common.report(figures, args, lambda path: plot(rows, figures, path, title),
+                  headline=("unbatched_requests_per_sec", "best_batched_requests_per_sec", "best_batch_size",
+                            "best_timeout_ms", "batched_over_unbatched", "best_batched_rows_per_forward",
+                            "best_batched_forward_ms", "load_avg_1min_before", "load_avg_1min_after", "bench_seconds"))
     return 0
 
 

@@ -1,11 +1,11 @@
 """Weight broadcast time: the dedicated weight-sync group vs the Ray object store.
 
-    python benchmarks/bench_weight_sync.py [--quick] [--reps 10] [--out weight_sync.json]
+    python benchmarks/bench_weight_sync.py [--quick] [--reps 10] [--out weight_sync.json] [--plot weight_sync.png]
 
 Starts a local Ray (2 CPUs, bound to 127.0.0.1) and two async actors, a sender (rank 0) and a
 receiver (rank 1) of one ``async_rl.weight_sync.WeightSyncGroup`` (gloo on CPU). For 1, 10 and
 100 MiB of float32, held as one tensor and as many tensors of 1 MiB (per-tensor overhead), and
-for the MLP policy's ``inference_tensors`` (obs 39, 4 actions), it times each path end to end,
+for the MetaWorld launch's MLP policy's ``inference_tensors`` (obs 39, 4 actions), it times each path end to end,
 from the sender starting to the receiver holding the values in its own preallocated tensors:
 
 * group: both ``broadcast_async`` calls submitted before any ``ray.get`` (receiver first);
@@ -26,8 +26,6 @@ same stem); nothing is asserted. ``group_over_object_store_speedup`` = object st
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import statistics
@@ -36,9 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:  # run as a script: make `async_rl` / `benchmarks` importable
-    sys.path.insert(0, str(_ROOT))
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
@@ -46,7 +43,7 @@ import torch  # noqa: E402
 
 from async_rl.policies import build_policy  # noqa: E402
 from async_rl.weight_sync import WeightSyncGroup, find_free_port  # noqa: E402
-from benchmarks.bench_inference import start_local_ray  # noqa: E402
+from benchmarks import common  # noqa: E402
 
 _MiB = 1 << 20
 NAMES = ["sender (rank 0)", "receiver (rank 1)"]
@@ -156,17 +153,16 @@ def _cases(sizes_mib: list[int]) -> list[tuple[str, list[tuple[int, ...]]]]:
         cases.append((f"{mib}mib", [(mib * _MiB // 4,)]))
         if mib > 1:  # 1 MiB as 1 MiB pieces is the one-tensor case again
             cases.append((f"{mib}mib_many", [(_MiB // 4,)] * mib))
-    policy = build_policy("mlp", {"state_dim": 39}, 4)
+    from async_rl.config import load_config  # noqa: PLC0415
+
+    cfg = load_config([], str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))  # the MLP that MetaWorld trains
+    policy = build_policy(cfg.policy, {"state_dim": 39}, 4, **cfg.policy_kwargs)
     cases.append(("policy", [tuple(t.shape) for _, t in policy.inference_tensors()]))
     return cases
 
 
 def plot(rows: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(13, 5))
     one = [r for k, r in rows.items() if k.endswith("mib")]
     many = [r for k, r in rows.items() if k.endswith("mib_many")]
@@ -202,19 +198,14 @@ def plot(rows: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, t
         title += f"\n100 MiB: group {figures['broadcast_100mib_seconds'] * 1e3:.0f} ms, object store " \
                  f"{figures['object_store_100mib_seconds'] * 1e3:.0f} ms " \
                  f"({figures['group_over_object_store_speedup']:.2f}x)"
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save(fig, path, title)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="5 repetitions per case (< 2 min)")
+    ap = common.parser(__doc__, "5 repetitions per case (< 2 min)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 10; quick 5)")
     ap.add_argument("--sizes-mib", default="1,10,100", help="comma list of MiB")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="the group's timeout")
-    ap.add_argument("--out", default=None, help="write flat JSON here, and a PNG plot with the same stem")
     args = ap.parse_args(argv)
     reps = args.reps or (5 if args.quick else 10)
     sizes = [int(x) for x in args.sizes_mib.split(",") if x.strip()]
@@ -225,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     members: list[Any] = []
     try:
-        start_local_ray(num_cpus=2)
+        common.start_local_ray(num_cpus=2)
         members = [_Member.remote(r) for r in range(2)]
         port = find_free_port()
         backend = ray.get([m.join.remote(port, args.timeout_s) for m in members], timeout=args.timeout_s + 120)[0]
@@ -284,21 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_1min_after": round(load_after[0], 2),
         "bench_seconds": round(elapsed, 1),
     })
-    print()
-    for key in ("broadcast_1mib_seconds", "broadcast_10mib_seconds", "broadcast_100mib_seconds",
-                "object_store_100mib_seconds", "group_over_object_store_speedup", "object_store_numpy_100mib_seconds",
-                "group_over_object_store_numpy_speedup", "broadcast_policy_seconds",
-                "policy_mib", "all_received_correctly", "load_avg_1min_before", "load_avg_1min_after",
-                "bench_seconds"):
-        if key in figures:
-            print(f"{key:<40} {figures[key]}")
-    if args.out:
-        out = Path(args.out)
-        out.write_text(json.dumps(figures, indent=2) + "\n")
-        title = (f"weight sync, sender -> 1 receiver (2 Ray actors, gloo over loopback) vs Ray object store; "
-                 f"median of {reps}, load {load_before[0]:.1f}->{load_after[0]:.1f} on {os.cpu_count()} cores")
-        plot(rows, figures, out.with_suffix(".png"), title)
-        print(f"wrote {out} and {out.with_suffix('.png')}")
+    title = (f"weight sync, sender -> 1 receiver (2 Ray actors, gloo over loopback) vs Ray object store; "
+             f"median of {reps}, load {load_before[0]:.1f}->{load_after[0]:.1f} on {os.cpu_count()} cores")
+    common.report(figures, args, lambda path: plot(rows, figures, path, title),
+                  headline=("broadcast_1mib_seconds", "broadcast_10mib_seconds", "broadcast_100mib_seconds",
+                            "object_store_100mib_seconds", "group_over_object_store_speedup",
+                            "object_store_numpy_100mib_seconds", "group_over_object_store_numpy_speedup",
+                            "broadcast_policy_seconds", "policy_mib", "all_received_correctly",
+                            "load_avg_1min_before", "load_avg_1min_after", "bench_seconds"))
     return 0
 
 
