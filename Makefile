@@ -15,5 +15,6 @@ run: setup
 test: setup-dev
 	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900
 
-bench: setup
-	$(PY) benchmarks/bench_env_raw.py --seconds 5
+bench: setup-dev
+	for b in env_raw weight_sync inference throughput async_vs_sync learning; do \
+		$(PY) benchmarks/bench_$$b.py --quick --out runs/bench/$$b.json || exit 1; done

@@ -39,6 +39,7 @@ EXTRAS_REQUIRE = {
         "pytest-timeout>=2.3",
         "matplotlib>=3.8",
         "stable-baselines3>=2.7,<3",
+        "py-spy>=0.3",  # benchmarks/profile_actors.py
     ],
 }
 

@@ -1,6 +1,6 @@
 """Asynchronous against synchronous mode: the same actors on MetaWorld MT10, the same time budget.
 
-    python benchmarks/bench_async_vs_sync.py [--quick] [--minutes 4] [--out async_vs_sync.json] [-- launch flags...]
+    python benchmarks/bench_async_vs_sync.py [--quick] [--minutes 4] [--epochs N] [--out async_vs_sync.json] [-- launch flags...]
 
 Runs ``async_rl.driver.run`` twice with ``configs/metaworld_mt1_ppo.yaml`` switched to MT10 (the same
 actors, seed and ``--minutes``), once as is and once with ``--sync`` (collect a super-batch per
@@ -13,7 +13,9 @@ and DeepSpeed start-up are left out of both):
   together) per second.
 
 ``async_speedup`` = async env steps/s / sync env steps/s (``async_update_speedup`` the same for
-updates). Extra launch flags after ``--`` go to both runs. Nothing is asserted.
+updates). ``--epochs`` also stops each run after that many epochs (``--quick``: 20 epochs, at most
+1.25 minutes each: on a loaded machine start-up alone can take a minute). Extra launch flags after
+``--`` go to both runs. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ ENV_KWARGS = "{benchmark: MT10, task: null, max_episode_steps: 500}"
 LOG_INTERVAL_S = 5.0
 
 
-def run_mode(mode: str, minutes: float, seed: int, log_root: Path, task_set: Any, extra: list[str]) -> dict[str, Any]:
+def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root: Path, task_set: Any,
+             extra: list[str]) -> dict[str, Any]:
     """One run in ``mode`` ("async" or "sync"); its rates and curves."""
     from async_rl.config import load_config  # noqa: PLC0415
     from async_rl.driver import run  # noqa: PLC0415
@@ -43,7 +46,7 @@ def run_mode(mode: str, minutes: float, seed: int, log_root: Path, task_set: Any
     cfg = load_config(
         ["--env-kwargs", ENV_KWARGS, "--max-minutes", str(minutes), "--log-dir", str(log_dir), "--seed", str(seed),
          "--swanlab-mode", "disabled", "--log-interval-seconds", str(LOG_INTERVAL_S),
-         *(["--sync"] if mode == "sync" else []), *extra],
+         *(["--sync"] if mode == "sync" else []), *(["--max-epochs", str(epochs)] if epochs else []), *extra],
         str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"),
     )
     t0 = time.time()
@@ -101,13 +104,16 @@ def plot(runs: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, t
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.parser(__doc__, "0.75 minute per mode (about 2 minutes in all)")
-    ap.add_argument("--minutes", type=float, default=None, help="per mode, start-up included (default 4; quick 0.75)")
+    ap = common.parser(__doc__, "20 epochs per mode, at most 1.25 minutes each (about 2 minutes in all)")
+    ap.add_argument("--minutes", type=float, default=None, help="per mode, start-up included (default 4; quick 1.25)")
+    ap.add_argument("--epochs", type=int, default=None, help="stop each mode after this many epochs "
+                                                             "(default: none; quick 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-root", default="runs/bench_async_vs_sync")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
-    minutes = args.minutes or (0.75 if args.quick else 4.0)
+    minutes = args.minutes or (1.25 if args.quick else 4.0)
+    epochs = args.epochs or (20 if args.quick else None)
 
     import envs  # noqa: PLC0415
     from async_rl.config import load_config  # noqa: PLC0415
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine()
     cfg = load_config(["--env-kwargs", ENV_KWARGS, *extra], str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)  # MT10 is built once (~8 s) for both runs
-    runs = {mode: run_mode(mode, minutes, args.seed, Path(args.log_root), task_set, extra) for mode in ("async", "sync")}
+    runs = {mode: run_mode(mode, minutes, epochs, args.seed, Path(args.log_root), task_set, extra) for mode in ("async", "sync")}
 
     a, s = runs["async"], runs["sync"]
     figures: dict[str, Any] = {
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                     "epoch_seconds_mean", "broadcast_seconds_mean", "success_rate_last"):
             value = r[key]
             figures[f"{mode}_{key}"] = round(value, 4) if isinstance(value, float) else value
-    figures.update({"minutes_per_mode": minutes, "num_rollout_workers": cfg.num_rollout_workers,
+    figures.update({"minutes_per_mode": minutes, "max_epochs_per_mode": epochs, "num_rollout_workers": cfg.num_rollout_workers,
                     "envs_per_worker": cfg.envs_per_worker, "num_trainers": cfg.num_trainers,
                     "super_batch_size": cfg.super_batch_size, "updates_per_epoch": cfg.updates_per_epoch,
                     "quick": args.quick, **info, "load_avg_1min_end": round(os.getloadavg()[0], 2),

@@ -1,6 +1,6 @@
 """The whole system's env steps/s against the raw environment on this machine, and the broadcast cost.
 
-    python benchmarks/bench_throughput.py [--quick] [--minutes 2] [--envs metaworld,libero] [--out system.json]
+    python benchmarks/bench_throughput.py [--quick] [--minutes 3] [--envs metaworld,libero] [--out system.json]
         [-- launch flags...]
 
 For each environment, runs its launch config (MetaWorld: ``configs/metaworld_mt1_ppo.yaml``; LIBERO
@@ -86,16 +86,16 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.parser(__doc__, "0.75 minute of MetaWorld only, 5 s of raw stepping (under 2 minutes)")
+    ap = common.parser(__doc__, "1.25 minutes of MetaWorld only, 5 s of raw stepping (about 2 minutes)")
     ap.add_argument("--minutes", type=float, default=None, help="system run per env, start-up included "
-                                                                 "(default 2; quick 0.75)")
+                                                                 "(default 3; quick 1.25)")
     ap.add_argument("--raw-seconds", type=float, default=None, help="raw stepping window (default 20; quick 5)")
     ap.add_argument("--envs", default=None, help="comma list from metaworld,libero (default both; quick metaworld)")
     ap.add_argument("--libero-config", default=str(common.LIBERO_CONFIG), help="LIBERO launch config")
     ap.add_argument("--log-root", default="runs/bench_throughput")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
-    minutes = args.minutes or (0.75 if args.quick else 2.0)
+    minutes = args.minutes or (1.25 if args.quick else 3.0)
     raw_seconds = args.raw_seconds or (5.0 if args.quick else 20.0)
     wanted = [e.strip() for e in (args.envs or ("metaworld" if args.quick else "metaworld,libero")).split(",")]
     configs = {**CONFIGS, "libero": Path(args.libero_config)}

@@ -80,6 +80,8 @@ def report(figures: Mapping[str, Any], args: argparse.Namespace, plot: Optional[
     bad = {k: type(v).__name__ for k, v in figures.items() if not isinstance(v, Scalar)}
     if bad:
         raise TypeError(f"figures must be flat (numbers, strings, booleans, null); not: {bad}")
+    # nan (e.g. a rate with fewer than two log points) is not JSON: it is written as null
+    figures = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in figures.items()}
     keys = [k for k in headline if k in figures] or list(figures)
     width = max(map(len, keys))
     print()
