@@ -5,8 +5,10 @@
 Runs ``async_rl.driver.run`` twice with ``configs/metaworld_mt1_ppo.yaml`` switched to MT10 (the same
 actors, seed and ``--minutes``), once as is and once with ``--sync`` (collect a super-batch per
 trainer, train, broadcast, collect again). Rates are read back from each run's TensorBoard events
-over its training phase, from the first log point after the first epoch to the last one (so Ray
-and DeepSpeed start-up are left out of both):
+over its training phase, from the first log point (written after the first epoch) to the last one
+before the last epoch ended (so Ray and DeepSpeed start-up and the wind-down are left out of both).
+Evaluation is off in both runs (``--num-eval-workers 0``): it competes for the same cores and its
+last episodes would run past the time budget:
 
 * env steps/s: growth of ``rollout/total_env_steps`` per second;
 * trainer updates/s: growth of ``train/global_step`` (optimizer steps of one rank; the ranks step
@@ -45,14 +47,13 @@ def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root:
     shutil.rmtree(log_dir, ignore_errors=True)  # old event files would mix into this run's rates
     cfg = load_config(
         ["--env-kwargs", ENV_KWARGS, "--max-minutes", str(minutes), "--log-dir", str(log_dir), "--seed", str(seed),
-         "--swanlab-mode", "disabled", "--log-interval-seconds", str(LOG_INTERVAL_S),
+         "--swanlab-mode", "disabled", "--log-interval-seconds", str(LOG_INTERVAL_S), "--num-eval-workers", "0",
          *(["--sync"] if mode == "sync" else []), *(["--max-epochs", str(epochs)] if epochs else []), *extra],
         str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"),
     )
     t0 = time.time()
     summary = run(cfg, task_set)
-    steps = common.scalars(log_dir, "rollout/total_env_steps")
-    updates = common.scalars(log_dir, "train/global_step")
+    steps, updates = common.training_steps(log_dir)
     lag = [v for _, v in common.scalars(log_dir, "rollout/policy_lag")]
     epoch_s = [v for _, v in common.scalars(log_dir, "train/epoch_seconds")]
     # The training window: from the first log point (written after the first epoch) to the last.

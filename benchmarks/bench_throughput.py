@@ -8,7 +8,7 @@ with the tiny VLA: ``--libero-config``, only where ``envs.libero`` and ``async_r
 import, otherwise skipped with the reason printed) for ``--minutes``, then the same number of worker
 processes stepping that environment with random actions and no model. The system's rate is the
 growth of ``rollout/total_env_steps`` per second over the training phase (first log point, after
-the first epoch, to the last; start-up is left out). ``system_over_raw`` = system / raw; the
+the first epoch, to the last epoch; start-up and wind-down are left out). ``system_over_raw`` = system / raw; the
 weight-broadcast time is the mean over the run for the policy's size. Extra launch flags after
 ``--`` go to every run. Nothing is asserted.
 """
@@ -47,7 +47,7 @@ def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root
     del policy
     t0 = time.time()
     summary = run(cfg, task_set)
-    steps = common.scalars(log_dir, "rollout/total_env_steps")
+    steps, _ = common.training_steps(log_dir)
     system = common.rate(steps)
     raw = raw_env_steps_per_sec(task_set, cfg.num_rollout_workers, raw_seconds, cfg.seed)
     return {

@@ -156,6 +156,17 @@ def rate(points: Sequence[tuple[float, float]]) -> float:
     return (v1 - v0) / (t1 - t0)
 
 
+def training_steps(log_dir: str | Path) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(``rollout/total_env_steps`` points, ``train/global_step`` points) of a run's training phase.
+
+    The first log point is written after the first epoch (start-up is before it); points after the
+    last epoch are dropped: the run's final snapshot comes after the loop, while it winds down.
+    """
+    updates = scalars(log_dir, "train/global_step")
+    end = updates[-1][0] if updates else float("inf")
+    return [p for p in scalars(log_dir, "rollout/total_env_steps") if p[0] <= end + 1e-3], updates
+
+
 def optional_import(module: str) -> Optional[str]:
     """None if ``module`` imports, else the one-line reason it does not (for guarded benchmark parts)."""
     import importlib  # noqa: PLC0415

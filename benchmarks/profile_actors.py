@@ -1,6 +1,6 @@
 """Where a run's CPU time goes: CPU share per actor role and py-spy's hottest functions per role.
 
-    python benchmarks/profile_actors.py [--quick] [--minutes 2] [--window 30] [--out profile.json] [-- launch flags...]
+    python benchmarks/profile_actors.py [--quick] [--minutes 4] [--window 30] [--out profile.json] [-- launch flags...]
 
 Starts the MetaWorld launch (``configs/metaworld_mt1_ppo.yaml`` plus any launch flags after ``--``)
 as a child process, waits until its first training log point, then over ``--window`` seconds
@@ -85,14 +85,14 @@ def top_functions(raw: Path, n: int = 8) -> tuple[list[tuple[str, int]], list[tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.parser(__doc__, "a 1.25-minute run, 15 s window")
-    ap.add_argument("--minutes", type=float, default=None, help="run length, start-up included (default 2; quick 1.25)")
+    ap = common.parser(__doc__, "a 1.75-minute run, 15 s window")
+    ap.add_argument("--minutes", type=float, default=None, help="run length, start-up included (default 4; quick 1.75)")
     ap.add_argument("--window", type=float, default=None, help="measured seconds (default 30; quick 15)")
     ap.add_argument("--rate", type=int, default=50, help="py-spy samples per second")
     ap.add_argument("--log-dir", default="runs/profile_actors")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
-    minutes = args.minutes or (1.25 if args.quick else 2.0)
+    minutes = args.minutes or (1.75 if args.quick else 4.0)
     window = args.window or (15.0 if args.quick else 30.0)
     import psutil  # noqa: PLC0415
 
