@@ -121,3 +121,5 @@ def test_sync_mode_trains_on_fresh_experience_only(tmp_path):
     lag_max = [e.value for e in EventAccumulator(str(log_dir)).Reload().Scalars("rollout/policy_lag_max")]
     # Pieces a worker had half-built when paused carry the previous version; nothing older.
     assert len(lag_max) == 3 and max(lag_max) <= 1.0, lag_max
+    # Steps flushed at a pause are counted too (workers are paused now: every push has been counted).
+    assert summary["rollout/total_env_steps"] == summary["replay/added"], summary

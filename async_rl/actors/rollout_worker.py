@@ -148,6 +148,12 @@ class RolloutWorkerActor:
             await wait_for(self._push_ref, self.cfg.actor_timeout_s, "replay buffer", "add_batch")
         self._push_ref = self.replay.add_batch.remote(batch)
 
+    async def _push_and_count(self, batch: TensorDict) -> None:
+        """Push to the replay buffer and count its env steps (GAE rows, or V-trace segment steps)."""
+        await self._push(batch)
+        self.stats.record_steps.remote(f"worker-{self.index}", batch.numel() if "steps" not in batch.keys()
+                                       else batch["steps"].numel())
+
     async def run(self) -> int:
         """Collect until ``stop``; returns the number of env steps taken."""
         cfg = self.cfg
@@ -158,7 +164,7 @@ class RolloutWorkerActor:
                 # Hand over what this policy version collected before pausing (synchronous mode).
                 pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
                 if pieces:
-                    await self._push(torch.cat(pieces))
+                    await self._push_and_count(torch.cat(pieces))
                 if self._push_ref is not None:
                     await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
                 self._paused.set()
@@ -191,10 +197,7 @@ class RolloutWorkerActor:
                     slot.obs = next_obs[k]
             self.env_steps += len(self.slots)
             if pieces:
-                batch = torch.cat(pieces)
-                await self._push(batch)
-                self.stats.record_steps.remote(f"worker-{self.index}", batch.numel() if "steps" not in batch.keys()
-                                               else batch["steps"].numel())
+                await self._push_and_count(torch.cat(pieces))
         if self._push_ref is not None:
             await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
         for slot in self.slots:
