@@ -25,7 +25,7 @@ from async_rl.actors.trainer import TrainerActor
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorTimeoutError, ConfigError
 from async_rl.logger import MetricsLogger
-from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies import build_policy, build_preprocessor, prepare_policy
 from async_rl.runtime import check_resources, plan_gpus
 from async_rl.weight_sync import check_signature, find_free_port
 
@@ -55,7 +55,7 @@ class Runtime:
         self.task_set = task_set
         obs_spec = obs_spec_of(task_set)
         self.policy_factory = functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs)
-        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec)
+        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec, **cfg.policy_kwargs)
         self.policy_version = 0
         self.epoch = 0
         self._eval_ref: Optional[ray.ObjectRef] = None
@@ -267,10 +267,13 @@ def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def prepare(cfg: RunConfig) -> Any:
-    """Every check that needs no Ray: builds the task set and checks local resources."""
+    """Every check that needs no Ray: builds the task set, checks local resources and the
+    policy's kwargs / model path (which may resolve ``cfg.policy_kwargs``, e.g. a default model)."""
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
     if not cfg.ray_address:
         check_resources(cfg, float(os.cpu_count() or 1))
+    cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,
+                                       cfg.policy_kwargs)
     return task_set
 
 
