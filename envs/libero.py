@@ -37,8 +37,10 @@ so this module writes its own config (see ``_ensure_libero_config``) before impo
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
+import io
 import os
 import sys
 import tempfile
@@ -254,7 +256,8 @@ def libero_task_set(
         raise ConfigError(unknown_key_message(str(render_backend), RENDER_BACKENDS, "libero render_backend"))
 
     benchmark = _import_benchmark()
-    bench = benchmark.get_benchmark_dict()[suite]()
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
+        bench = benchmark.get_benchmark_dict()[suite]()
     all_names = bench.get_task_names()
     indices = _resolve_tasks(suite, all_names, tasks)
     root = _libero_package_dir()
