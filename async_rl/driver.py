@@ -306,6 +306,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
     summary: dict[str, Any] = {}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
                         TimeElapsedColumn(), console=console, transient=False)
+    console.print(_where_logs(cfg))
     try:
         runtime.start()
         console.print(f"collecting a first super-batch of {cfg.super_batch_size} ...")
@@ -339,6 +340,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
         summary["broadcast_seconds_mean"] = sum(runtime.broadcast_seconds) / max(len(runtime.broadcast_seconds), 1)
         summary["wall_seconds"] = time.monotonic() - started
         console.print(f"done: {_status_line(summary)}; {summary['wall_seconds']:.0f} s")
+        console.print(_where_logs(cfg))
         if inspect is not None:
             summary["inspect"] = inspect(runtime)
         return summary
@@ -353,6 +355,11 @@ def _session_dir() -> str:
         return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 (for the no-leftover check)
     except AttributeError:
         return ""
+
+
+def _where_logs(cfg: RunConfig) -> str:
+    swanlab = "" if cfg.swanlab_mode == "disabled" else f"; SwanLab ({cfg.swanlab_mode}) under {Path(cfg.log_dir, 'swanlab')}"
+    return f"logs: {cfg.log_dir} (TensorBoard: tensorboard --logdir {cfg.log_dir}){swanlab}"
 
 
 def _status_line(s: Mapping[str, Any]) -> str:

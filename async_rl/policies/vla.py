@@ -280,6 +280,8 @@ def load_norm_stats(model_path: str | Path, unnorm_key: Optional[str] = None) ->
             raise ConfigError(f"--model-path {model_path} has statistics for {sorted(stats)}; "
                               "choose one with policy_kwargs unnorm_key")
         unnorm_key = next(iter(stats))
+    if unnorm_key not in stats and f"{unnorm_key}_no_noops" in stats:  # as OpenVLA's LIBERO eval falls back
+        unnorm_key = f"{unnorm_key}_no_noops"
     if unnorm_key not in stats:
         raise ConfigError(f"unnorm_key '{unnorm_key}' not in {sorted(stats)} ({model_path})")
     action = stats[unnorm_key]["action"]
@@ -294,7 +296,9 @@ def load_backbone(model_path: str | Path, dtype: str = "auto", trust_remote_code
     ``trust_remote_code``); any other VLM goes through ``AutoModelForImageTextToText``.
     """
     from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per actor clutters the run's output
     torch_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     auto_map = getattr(config, "auto_map", None) or {}
@@ -528,6 +532,12 @@ def prepare_vla(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], p
     if available is not None and any(c not in available for c in cameras):
         raise ConfigError(f"policy_kwargs cameras {list(cameras)}: the environment renders {list(available)}")
     kwargs["model_path"] = str(path)
+    preprocess = VLAPreprocessor(obs_spec, **kwargs)
+    for instruction in obs_spec.get("instructions", []):  # the env's prompts must fit max_prompt_tokens
+        try:
+            preprocess._prompt_tokens(instruction)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return kwargs
 
 
