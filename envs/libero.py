@@ -347,6 +347,24 @@ def load_init_states(path: Union[str, Path]) -> np.ndarray:
     return states
 
 
+class InitStateSchedule:
+    """Which of a task's ``n`` fixed initial states each reset uses, reproducible from ``seed``:
+    "cycle" walks through all of them from a seed-chosen offset, "sample" draws with replacement."""
+
+    def __init__(self, n: int, order: str, seed: int) -> None:
+        if order not in INIT_STATE_ORDERS:
+            raise ValueError(f"init-state order must be one of {INIT_STATE_ORDERS}, got {order!r}")
+        self.n, self.order = n, order
+        self._rng = np.random.default_rng(seed)
+        self._next = int(self._rng.integers(n))
+
+    def next(self) -> int:
+        if self.order == "sample":
+            return int(self._rng.integers(self.n))
+        index, self._next = self._next, (self._next + 1) % self.n
+        return index
+
+
 class LiberoTaskEnv:
     """One LIBERO task's env; ``reset`` restores a fixed initial state without rebuilding the scene."""
 
@@ -367,9 +385,8 @@ class LiberoTaskEnv:
         self.settle_steps = int(ts.settle_steps)
         self.reward_scale = float(ts.reward_scale)
         self._init_states = load_init_states(root / "init_files" / ts.init_state_files[task_index])
-        self._rng = np.random.default_rng(seed)
-        self._sample = ts.init_state_order == "sample"
-        self._next_init = int(self._rng.integers(len(self._init_states)))  # cycle offset
+        self._schedule = InitStateSchedule(len(self._init_states), ts.init_state_order, seed)
+        self._seed = int(seed) % 2**32
         self.init_state_index = -1
         render = bool(self.cameras)
         self._env = ControlEnv(
@@ -383,7 +400,6 @@ class LiberoTaskEnv:
             hard_reset=False,  # reset = restore a state; rebuilding the scene costs ~20x more
             ignore_done=True,  # our own step limit; robosuite's horizon would raise past it
         )
-        self._env.seed(int(seed) % 2**32)  # LIBERO seeds numpy's global RNG (its placement samplers)
         self._image_keys = {c: f"{CAMERAS[c]}_image" for c in self.cameras}
         self.gl_renderer = ""
         self.fast_render = False
@@ -400,6 +416,12 @@ class LiberoTaskEnv:
     # -- rendering settings --
     def _render_context(self) -> Any:
         return self._env.sim._render_context_offscreen
+
+    def _make_gl_current(self) -> None:
+        """robosuite renders into whichever GL context is current; with several envs in one
+        process (a worker's EnvPool) that must be this env's, or frames come from another's."""
+        if self.cameras:
+            self._render_context().gl_ctx.make_current()
 
     def _apply_fast_render(self) -> None:
         """MSAA off (a new MjrContext reads ``offsamples``), no shadows, no reflections."""
@@ -446,21 +468,39 @@ class LiberoTaskEnv:
         for key in self._image_keys.values():
             self._env.env.modify_observable(key, "enabled", enabled)
 
-    def reset(self) -> dict[str, Any]:
-        """Restore the next fixed initial state, settle, and return the first observation."""
-        if self._sample:
-            self.init_state_index = int(self._rng.integers(len(self._init_states)))
+    @property
+    def num_init_states(self) -> int:
+        return len(self._init_states)
+
+    def reset(self, init_state: Optional[int] = None) -> dict[str, Any]:
+        """Restore a fixed initial state (the schedule's next one, or index ``init_state``), let the
+        scene settle, and return the first observation."""
+        if init_state is None:
+            self.init_state_index = self._schedule.next()
+        elif 0 <= init_state < len(self._init_states):
+            self.init_state_index = int(init_state)
         else:
-            self.init_state_index = self._next_init
-            self._next_init = (self._next_init + 1) % len(self._init_states)
+            raise IndexError(f"init_state {init_state} out of range: '{self.task_name}' has {len(self._init_states)}")
+        # LIBERO re-places fixtures (cabinets, stoves, ...) at every reset by drawing from numpy's
+        # global RNG, and the init-state files do not hold their poses. Seed that draw from (env
+        # seed, init state) so an episode's start is a function of both, and leave the process's
+        # global RNG as it was.
+        outer_rng = np.random.get_state()
+        np.random.seed(np.random.SeedSequence([self._seed, self.init_state_index]).generate_state(1)[0])
         self._set_cameras_enabled(False)  # nothing is rendered until the scene has settled
         try:
             self._env.reset()
+            for robot in self._env.robots:
+                # A soft reset keeps the gripper model, whose smoothed command would carry over
+                # from the last episode; a rebuilt model starts from zero.
+                robot.gripper.current_action = np.zeros_like(robot.gripper.current_action)
             self._env.set_init_state(self._init_states[self.init_state_index])
             for _ in range(self.settle_steps):
                 self._env.step(SETTLE_ACTION)
         finally:
             self._set_cameras_enabled(True)
+            np.random.set_state(outer_rng)
+        self._make_gl_current()
         raw = self._env.env._get_observations(force_update=True)
         self._t = 0
         self._needs_reset = False
@@ -472,6 +512,7 @@ class LiberoTaskEnv:
         a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
         if a.shape != (ACTION_DIM,):
             raise ValueError(f"LIBERO action must have {ACTION_DIM} values, got shape {np.shape(action)}")
+        self._make_gl_current()
         raw, reward, success, _ = self._env.step(a)
         self._t += 1
         terminated = bool(success)
