@@ -1,11 +1,13 @@
 """The VLA actor-critic on the tiny VLA: shapes, log-probs, action (un)normalisation, LoRA
 merging, the save_pretrained -> model_path path and model_path errors."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from async_rl.config import load_config
 from async_rl.errors import ConfigError
 from async_rl.experience import from_wire, to_wire
 from async_rl.policies import build_policy, build_preprocessor, prepare_policy
@@ -22,6 +24,7 @@ from async_rl.policies.vla import (
 )
 from async_rl.weight_sync import first_signature_difference, tensor_signature
 
+ROOT = Path(__file__).resolve().parents[1]
 SPEC = {"image_size": 64, "cameras": ["agentview", "wrist"], "proprio_dim": 8}
 LM_LORA = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 INSTRUCTIONS = ["put the black bowl on the plate", "open the top drawer of the cabinet and put the bowl inside"]
@@ -218,12 +221,30 @@ def test_bad_model_path_and_kwargs_are_config_errors(tmp_path, model_path):
     (tmp_path / "broken" / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read its config"):
         prepare_policy("vla_discrete", SPEC, 7, str(tmp_path / "broken"), {})
+    (tmp_path / "unknown").mkdir()
+    (tmp_path / "unknown" / "config.json").write_text('{"foo": 1}')
+    with pytest.raises(ConfigError, match="cannot read its config"):
+        check_model_dir(tmp_path / "unknown")
+    (tmp_path / "text_only").mkdir()
+    (tmp_path / "text_only" / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(ConfigError, match="not a vision-language model"):
+        check_model_dir(tmp_path / "text_only")
     with pytest.raises(ConfigError, match="unknown policy_kwargs key 'hidden_sizes'"):
         prepare_policy("vla", SPEC, 7, model_path, {"hidden_sizes": [64]})
     with pytest.raises(ConfigError, match="cameras"):
         prepare_policy("vla", SPEC, 7, model_path, {"cameras": ["frontview"]})
     with pytest.raises(ConfigError, match="loads no model"):
         prepare_policy("mlp", {"state_dim": 39}, 4, model_path, {})
+
+
+@pytest.mark.parametrize("name", ["libero_ppo", "libero_ppo_discrete", "libero_ppo_gpu_preset", "libero_ppo_discrete_gpu_preset"])
+def test_libero_configs_load(name):
+    cfg = load_config(["--lora-target-modules", LM_LORA], str(ROOT / "configs" / f"{name}.yaml"))
+    assert cfg.policy == ("vla_discrete" if "discrete" in name else "vla")
+    assert cfg.lora_rank > 0 and cfg.lora_target_modules == LM_LORA and "value_head" in cfg.lora_trainable
+    if "gpu" in name:  # the seed's scale (seed 004 section 2.1)
+        assert (cfg.num_trainers, cfg.num_inference_actors, cfg.num_rollout_workers) == (4, 1, 40)
+        assert (cfg.train_batch_size, cfg.accumulation_steps, cfg.super_batch_size) == (20, 13, 260)
 
 
 def test_bad_model_path_exits_2_before_ray(tmp_path, capsys):
