@@ -350,7 +350,7 @@ class VLAPreprocessor:
         """Tokenised prompt of one instruction, cached (it changes only with the task)."""
         if instruction not in self._tokens:
             image_token = getattr(self.processor, "image_token", None)
-            text = (image_token or "") * len(self.cameras) + self.prompt.format(instruction=instruction.lower().rstrip("."))
+            text = (image_token or "") * len(self.cameras) + self.prompt.format(instruction=instruction.lower())
             dummy = [np.zeros((*self.size, 3), dtype=np.uint8)] * len(self.cameras)
             enc = self.processor(text=text, images=dummy, return_tensors="np")
             ids, mask = enc["input_ids"][0], enc["attention_mask"][0]
@@ -378,7 +378,11 @@ class VLAPreprocessor:
 
 # ---- model side ------------------------------------------------------------------------------
 class VLAActorCritic(ActorCritic):
-    """A VLM backbone plus an action head (``continuous`` or ``discrete``) and a value head."""
+    """A VLM backbone plus an action head (``continuous`` or ``discrete``) and a value head.
+
+    It takes the same kwargs as ``VLAPreprocessor`` (one ``policy_kwargs`` for both), so
+    ``prompt`` and ``max_prompt_tokens`` are accepted here although only the worker uses them.
+    """
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, head: Head = "continuous",
                  cameras: Sequence[str] = ("agentview",), prompt: str = OPENVLA_PROMPT, max_prompt_tokens: int = 64,
@@ -530,8 +534,7 @@ def prepare_vla(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], p
         model_path = str(tiny_vla_path(image_size=size, action_dim=action_dim))
     trust = bool(kwargs.get("trust_remote_code", False))
     path = check_model_dir(model_path, trust)
-    if head == "continuous":
-        load_norm_stats(path, kwargs.get("unnorm_key"))
+    load_norm_stats(path, kwargs.get("unnorm_key"))  # both heads un-normalise env actions with them
     cameras = kwargs.get("cameras", ["agentview"])
     available = obs_spec.get("cameras")
     if available is not None and any(c not in available for c in cameras):
