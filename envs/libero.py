@@ -523,6 +523,9 @@ class LiberoTaskEnv:
         return self._observation(raw), float(reward) * self.reward_scale, terminated, truncated, info
 
     def close(self) -> None:
+        """Free the simulator and renderer (with this env's GL context current: GL object names
+        are per context, so freeing them under another env's context would delete that env's)."""
         if self._env is not None:
-            self._env.close()
+            self._make_gl_current()
+            self._env.close()  # robosuite frees the render context here (its gc.collect)
             self._env = None
