@@ -265,9 +265,10 @@ def test_physics_only_env_has_no_images():
 
 
 # ---- in fresh processes: no prompt, the osmesa override, missing assets ------------------
-def test_no_prompt_with_an_empty_home_and_osmesa_override(tmp_path):
-    """A fresh process with an empty HOME and no stdin builds and renders an env (with the osmesa
-    backend forced, which a process that already rendered with EGL cannot switch to)."""
+def test_no_prompt_with_an_empty_home(tmp_path):
+    """A fresh process with an empty HOME and no stdin builds and renders an env. It also has
+    CUDA_VISIBLE_DEVICES="" (what a GPU-less Ray actor gets), which robosuite's EGL device
+    selection alone cannot parse."""
     home = tmp_path / "home"
     home.mkdir()
     # Control: LIBERO on its own, with no config file, asks on stdin and fails without one.
@@ -276,20 +277,34 @@ def test_no_prompt_with_an_empty_home_and_osmesa_override(tmp_path):
     assert bare.returncode != 0 and "EOFError" in bare.stderr
     code = f"""
         import envs
+        ts = envs.make_task_set("libero", suite="{SUITE}", tasks=[{TASK}], image_size=32, settle_steps=1)
+        env = ts.make_env(0, seed=0)
+        obs = env.reset()
+        env.step([0.0] * 7)
+        print("OK", obs["agentview"].shape, env.render_settings()["backend"], int(obs["agentview"].std() > 5))
+        env.close()
+    """
+    res = _run_python(code, _subprocess_env(HOME=str(home), CUDA_VISIBLE_DEVICES=""), tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "OK (32, 32, 3) egl 1" in res.stdout
+    assert "Do you want" not in res.stdout + res.stderr
+    assert not (home / ".libero").exists()
+
+
+def test_osmesa_backend_override(tmp_path):
+    code = f"""
+        import envs
         ts = envs.make_task_set("libero", suite="{SUITE}", tasks=[{TASK}], image_size=32, settle_steps=1,
                                 render_backend="osmesa")
         env = ts.make_env(0, seed=0)
         obs = env.reset()
-        env.step([0.0] * 7)
         s = env.render_settings()
         print("OK", obs["wrist"].shape, s["backend"], int(obs["agentview"].std() > 5), s["gl_renderer"])
         env.close()
     """
-    res = _run_python(code, _subprocess_env(HOME=str(home)), tmp_path)
+    res = _run_python(code, _subprocess_env(), tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "OK (32, 32, 3) osmesa 1" in res.stdout
-    assert "Do you want" not in res.stdout + res.stderr
-    assert not (home / ".libero").exists()
 
 
 def test_missing_assets_is_a_config_error(tmp_path):
