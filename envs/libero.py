@@ -20,8 +20,12 @@ and is truncated after ``max_episode_steps`` policy steps.
 Each ``reset`` restores one of the task's fixed initial states (the suite's ``.pruned_init``
 file, 50 per task), cycled from a seed-chosen offset or sampled with the env's seeded RNG, then
 lets the scene settle for ``settle_steps`` no-op steps that are not rendered and not part of the
-episode (OpenVLA waits 10 steps). Resets never rebuild the scene (robosuite ``hard_reset=False``;
-the initial state overwrites the whole simulator state anyway), ~20x faster than a rebuild.
+episode (OpenVLA waits 10 steps). Resets never rebuild the scene (robosuite ``hard_reset=False``,
+~20x faster than a rebuild): the initial state overwrites the simulator state, the gripper's
+smoothed command is zeroed as a rebuild would, and the poses LIBERO re-samples for fixtures
+(cabinets, stoves; not in the init-state files) are drawn from a seed of (env seed, init state),
+so an episode's start depends only on those two. Several envs may live in one process (a worker's
+EnvPool): each makes its own GL context current before it renders or frees its renderer.
 
 Rendering is headless. ``render_backend`` "auto" keeps a ``MUJOCO_GL`` already set in the
 environment, else uses EGL (a GPU's EGL where there is one, Mesa's llvmpipe on a CPU); "egl" or
