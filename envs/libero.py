@@ -239,7 +239,7 @@ def libero_task_set(
         raise ConfigError(unknown_key_message(str(suite), SUITES, "LIBERO suite"))
     if isinstance(image_size, bool) or not isinstance(image_size, int) or not 8 <= image_size <= 1024:
         raise ConfigError(f"libero image_size must be an integer in 8..1024, got {image_size!r}")
-    if isinstance(cameras, str) or not all(isinstance(c, str) for c in cameras):
+    if not isinstance(cameras, (list, tuple)) or not all(isinstance(c, str) for c in cameras):
         raise ConfigError(f"libero cameras must be a list drawn from {list(CAMERAS)}, got {cameras!r}")
     for cam in cameras:
         if cam not in CAMERAS:
@@ -258,6 +258,8 @@ def libero_task_set(
         raise ConfigError(f"libero fast_render must be true, false or null (auto), got {fast_render!r}")
     if render_backend not in RENDER_BACKENDS:
         raise ConfigError(unknown_key_message(str(render_backend), RENDER_BACKENDS, "libero render_backend"))
+    if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)):
+        raise ConfigError(f"libero reward_scale must be a number, got {reward_scale!r}")
 
     benchmark = _import_benchmark()
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."

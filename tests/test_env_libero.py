@@ -91,6 +91,8 @@ def test_task_selection_all_names_and_limits():
     ({"image_size": 0}, ["image_size"]),
     ({"max_episode_steps": 0}, ["max_episode_steps"]),
     ({"fast_render": "yes"}, ["fast_render"]),
+    ({"cameras": None}, ["cameras must be a list"]),
+    ({"reward_scale": "1"}, ["reward_scale must be a number"]),
     ({"suit": "libero_10"}, ["unknown 'libero' env option 'suit'", "did you mean 'suite'"]),
 ])
 def test_bad_options_are_config_errors(kwargs, words):
