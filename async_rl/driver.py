@@ -226,7 +226,8 @@ def init_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
+    # address="local": a new cluster even when another one (`ray start`) runs on this machine.
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
              runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
 
 
