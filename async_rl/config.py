@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import pydantic
 import yaml
@@ -30,11 +30,12 @@ class RunConfig(pydantic.BaseModel):
     env_kwargs: dict[str, Any] = pydantic.Field(default_factory=lambda: {"benchmark": "MT1", "task": "reach-v3"})
     policy: str = "mlp"
     policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    model_path: Optional[str] = None  # local model directory for policies that load one (vla); None = their default
     # LoRA (peft) on the trainers' copy; the inference actors receive merged weights.
     lora_rank: pydantic.NonNegativeInt = 0  # 0 = train every parameter
     lora_alpha: pydantic.PositiveFloat = 16.0
     lora_dropout: Fraction = 0.0
-    lora_target_modules: Optional[list[str]] = None  # None = every nn.Linear
+    lora_target_modules: Optional[Union[str, list[str]]] = None  # None = every nn.Linear; a string is a peft regex
     lora_trainable: list[str] = pydantic.Field(default_factory=list)  # name prefixes kept fully trainable
     advantage: Literal["gae", "vtrace"] = "gae"
     clip_mode: str = "clip"

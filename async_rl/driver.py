@@ -25,7 +25,7 @@ from async_rl.actors.trainer import TrainerActor
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorTimeoutError, ConfigError
 from async_rl.logger import MetricsLogger
-from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies import build_policy, build_preprocessor, prepare_policy
 from async_rl.runtime import check_resources, plan_gpus
 from async_rl.weight_sync import check_signature, find_free_port
 
@@ -55,7 +55,7 @@ class Runtime:
         self.task_set = task_set
         obs_spec = obs_spec_of(task_set)
         self.policy_factory = functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs)
-        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec)
+        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec, **cfg.policy_kwargs)
         self.policy_version = 0
         self.epoch = 0
         self._eval_ref: Optional[ray.ObjectRef] = None
@@ -226,7 +226,8 @@ def init_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
+    # address="local": a new cluster even when another one (`ray start`) runs on this machine.
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
              runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
 
 
@@ -267,10 +268,13 @@ def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def prepare(cfg: RunConfig) -> Any:
-    """Every check that needs no Ray: builds the task set and checks local resources."""
+    """Every check that needs no Ray: builds the task set, checks local resources and the
+    policy's kwargs / model path (which may resolve ``cfg.policy_kwargs``, e.g. a default model)."""
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
     if not cfg.ray_address:
         check_resources(cfg, float(os.cpu_count() or 1))
+    cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,
+                                       cfg.policy_kwargs)
     return task_set
 
 
@@ -303,6 +307,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
     summary: dict[str, Any] = {}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
                         TimeElapsedColumn(), console=console, transient=False)
+    console.print(_where_logs(cfg))
     try:
         runtime.start()
         console.print(f"collecting a first super-batch of {cfg.super_batch_size} ...")
@@ -336,6 +341,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
         summary["broadcast_seconds_mean"] = sum(runtime.broadcast_seconds) / max(len(runtime.broadcast_seconds), 1)
         summary["wall_seconds"] = time.monotonic() - started
         console.print(f"done: {_status_line(summary)}; {summary['wall_seconds']:.0f} s")
+        console.print(_where_logs(cfg))
         if inspect is not None:
             summary["inspect"] = inspect(runtime)
         return summary
@@ -350,6 +356,11 @@ def _session_dir() -> str:
         return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 (for the no-leftover check)
     except AttributeError:
         return ""
+
+
+def _where_logs(cfg: RunConfig) -> str:
+    swanlab = "" if cfg.swanlab_mode == "disabled" else f"; SwanLab ({cfg.swanlab_mode}) under {Path(cfg.log_dir, 'swanlab')}"
+    return f"logs: {cfg.log_dir} (TensorBoard: tensorboard --logdir {cfg.log_dir}){swanlab}"
 
 
 def _status_line(s: Mapping[str, Any]) -> str:

@@ -192,14 +192,14 @@ class TrainerActor:
         return metrics
 
     def _gae_step(self, mb: TensorDict, adv: torch.Tensor) -> dict[str, float]:
-        logp, entropy, value = self.engine(mb["obs"], mb["action"])
+        logp, entropy, value = self.engine(mb["obs"], mb[self.engine.module.action_key])
         return self._loss_and_step(logp, mb["logp"], entropy, value, mb["value"], mb["value_target"], adv)
 
     def _vtrace_step(self, mb: TensorDict) -> dict[str, float]:
         cfg, steps = self.cfg, mb["steps"]
         b, t = steps.batch_size
         flat = steps.reshape(b * t)
-        logp, entropy, value = self.engine(flat["obs"], flat["action"])
+        logp, entropy, value = self.engine(flat["obs"], flat[self.engine.module.action_key])
         with torch.no_grad():
             bootstrap = self.engine.module.value(mb["bootstrap_obs"])
         time_major = lambda x: x.reshape(b, t).transpose(0, 1)  # noqa: E731
