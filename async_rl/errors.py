@@ -13,6 +13,16 @@ class ActorTimeoutError(TimeoutError):
     """A wait on another actor or a collective ran past its timeout; the message names who."""
 
 
+class ActorFailedError(RuntimeError):
+    """An actor died or raised while the run waited on it; the message names it."""
+
+    def __init__(self, actor_name: str, what: str, cause: BaseException) -> None:
+        self.actor_name = actor_name
+        first = str(cause).strip().splitlines()
+        detail = type(cause).__name__ + (f": {first[-1]}" if first else "")
+        super().__init__(f"{actor_name} failed during {what} ({detail})")
+
+
 def unknown_key_message(key: str, valid: Iterable[str], what: str) -> str:
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=1)
