@@ -112,9 +112,11 @@ class Runtime:
             )
             for i in range(cfg.num_eval_workers)
         }
+        # Held here for the run: a restarted worker is built from the same stored arguments.
+        self._task_set_ref = ray.put(self.task_set)
         self.workers = {
             f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, **restartable).remote(
-                i, self.task_set, self.preprocessor_factory, *self._inference_for(i), self.replay, self.stats, cfg
+                i, self._task_set_ref, self.preprocessor_factory, *self._inference_for(i), self.replay, self.stats, cfg
             )
             for i in range(cfg.num_rollout_workers)
         }
@@ -450,7 +452,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
             console.print("time limit reached during warm-up")
         last_log = 0.0
         with progress:
-            bar = progress.add_task("epochs", total=cfg.max_epochs, line="")
+            bar = progress.add_task("epochs", total=cfg.max_epochs, completed=runtime.epoch, line="")
             while (cfg.max_epochs is None or runtime.epoch < cfg.max_epochs) and time.monotonic() < deadline:
                 if cfg.sync and not runtime.collect_synchronously(deadline):
                     break

@@ -115,6 +115,10 @@ class ReplayBufferActor:
             self._store.drop_older_than(min_version)
         return self._store.sample(n, consume) if self._store.size() >= n else None
 
+    def count_dropped_stale(self, n: int) -> None:
+        """Items a trainer dropped from an already-fetched batch for being too old."""
+        self._store.counters["dropped_stale"] += n
+
     def save(self, path: str) -> int:
         self._store.save(Path(path))
         return self._store.size()

@@ -129,10 +129,10 @@ class TrainerActor:
         lag = self.cfg.max_policy_lag
         return None if lag is None else self.next_version - lag
 
-    async def _sample(self) -> TensorDict:
-        """A super-batch from the replay buffer, polling while it holds too little."""
+    async def _sample(self, n: Optional[int] = None) -> TensorDict:
+        """A super-batch (or ``n`` items) from the replay buffer, polling while it holds too little."""
         while True:
-            batch = await wait_for(self.replay.sample.remote(self.cfg.super_batch_size, self.cfg.replay_sampling == "consume",
+            batch = await wait_for(self.replay.sample.remote(n or self.cfg.super_batch_size, self.cfg.replay_sampling == "consume",
                                                              self._min_version()),
                                    self.cfg.actor_timeout_s, "replay buffer", f"sample for {self.name}")
             if batch is not None:
@@ -168,11 +168,26 @@ class TrainerActor:
             raise TimeoutError(f"{self.name}: no super-batch from the replay buffer within {self.cfg.actor_timeout_s:g} s")
         return get.result()
 
+    async def _drop_stale(self, batch: TensorDict) -> TensorDict:
+        """A prefetched batch may have aged past ``max_policy_lag`` while it waited: replace
+        its too-old items by fresh ones (the dropped ones count in replay/dropped_stale)."""
+        min_version = self._min_version()
+        if min_version is None:
+            return batch
+        versions = policy_versions(batch)
+        oldest = versions.reshape(batch.batch_size[0], -1).min(dim=1).values
+        keep = oldest >= min_version
+        stale = int((~keep).sum())
+        if stale == 0:
+            return batch
+        self.replay.count_dropped_stale.remote(stale)
+        return torch.cat([batch[keep], await self._sample(stale)])
+
     # ---- training -----------------------------------------------------------------------
     async def train_epoch(self, policy_version: int) -> dict[str, float]:
         """One epoch on a fresh super-batch; returns mean metrics of this rank."""
         self.next_version = policy_version
-        batch = await self._next_super_batch()
+        batch = await self._drop_stale(await self._next_super_batch())
         self.next_version = policy_version + 1  # what a prefetch from now on is for
         return await asyncio.to_thread(self._train_on, batch, policy_version)
 
