@@ -78,22 +78,31 @@ class ReplayStorage:
         return int(self._live.sum())
 
     def save(self, path: Path) -> None:
-        """Live items in insertion order plus counters and sampler state, as safetensors."""
+        """Live items in insertion order, their slots, counters and sampler state (safetensors + JSON)."""
         live = self._live.nonzero().squeeze(-1)
         order = live[torch.argsort(self._stamp[live])]
-        state = {"counters": self.counters, "next_stamp": self._next_stamp, "capacity": self.capacity}
         items = self._storage[order] if self._storage is not None else TensorDict({}, batch_size=[0])
         save_tensordict(items, path)
-        Path(str(path) + ".json").write_text(json.dumps({**state, "generator": self._generator.get_state().tolist()}))
+        state = {"counters": self.counters, "next_stamp": self._next_stamp, "capacity": self.capacity,
+                 "slots": order.tolist(), "stamps": self._stamp[order].tolist(),
+                 "generator": self._generator.get_state().tolist()}
+        Path(str(path) + ".json").write_text(json.dumps(state))
 
     def load(self, path: Path) -> None:
-        """Restore what ``save`` wrote: same items (same order), counters and sampler state."""
+        """Restore what ``save`` wrote: the same items in the same slots (so sampling continues
+        exactly) when the capacity is unchanged, else the newest items in insertion order."""
         state = json.loads(Path(str(path) + ".json").read_text())
         items = load_tensordict(path)
-        counters = dict(state["counters"])
-        if items.batch_size[0]:
+        if items.batch_size[0] and state["capacity"] == self.capacity:
+            slots = torch.tensor(state["slots"], dtype=torch.int64)
+            if self._storage is None:
+                self._storage = items[:1].expand(self.capacity).clone()
+            self._storage[slots] = items
+            self._live[slots] = True
+            self._stamp[slots] = torch.tensor(state["stamps"], dtype=torch.int64)
+        elif items.batch_size[0]:
             self.add_batch(items)
-        self.counters = counters
+        self.counters = dict(state["counters"])
         self._next_stamp = max(self._next_stamp, int(state["next_stamp"]))
         self._generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 
