@@ -360,6 +360,12 @@ def init_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return
+    # Ray resolves 127.0.0.1 to the machine's address unless told this node is not part of a
+    # cluster; then every Ray server (GCS, raylet, workers, agents) listens on loopback only.
+    from ray._private import ray_constants  # noqa: PLC0415
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by the processes Ray starts
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported it already
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
              runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
 

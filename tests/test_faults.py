@@ -173,3 +173,25 @@ def test_two_node_cluster_run(tmp_path):
         assert summary["epochs"] == 1 and len(summary["inspect"]) == 2
     finally:
         cluster.shutdown()
+
+
+def test_local_ray_listens_on_loopback_only(tmp_path):
+    """A local run's Ray servers (GCS, raylet, workers, agents; no dashboard) bind 127.0.0.1."""
+    import ipaddress
+
+    import psutil
+
+    from async_rl.driver import _session_dir, init_ray
+
+    init_ray(load_config(_base_args(tmp_path / "run"), DEFAULT))
+    try:
+        ray.get(ray.remote(lambda: 1).remote(), timeout=120)  # a worker process too
+        session = _session_dir()
+        pids = {p.pid for p in psutil.process_iter(["cmdline"]) if session in " ".join(p.info["cmdline"] or [])}
+        pids |= {c.pid for pid in list(pids) for c in psutil.Process(pid).children(recursive=True)} | {os.getpid()}
+        listening = [c.laddr for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+        assert listening
+        exposed = [a for a in listening if not ipaddress.ip_address(a.ip.removeprefix("::ffff:")).is_loopback]
+        assert not exposed, exposed
+    finally:
+        ray.shutdown()
