@@ -156,7 +156,8 @@ def save_model(module: torch.nn.Module, directory: Path) -> None:
         adapter = directory / "adapter"
         adapter.mkdir()
         module.peft_config["default"].save_pretrained(str(adapter))
-        state = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(module).items()}
+        # Key names as PeftModel.save_pretrained writes them (the policy sits at base_model.model).
+        state = {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(module).items()}
         save_file(state, str(adapter / "adapter_model.safetensors"))
 
 

@@ -71,6 +71,14 @@ def test_resume_refuses_what_is_not_a_checkpoint(tmp_path):
         load_config(["--resume", str(tmp_path)], DEFAULT)
 
 
+def test_resume_refuses_a_checkpoint_of_another_shape(tmp_path):
+    staging = ckpt.staging_dir(tmp_path / "checkpoints", 1)
+    saved = load_config(["--num-trainers", "1"], DEFAULT).model_dump(mode="json")
+    path = ckpt.commit(staging, {"format": ckpt.FORMAT, "epoch": 1, "config": saved}, keep=1)
+    with pytest.raises(ConfigError, match="written with num_trainers=1 but this run has num_trainers=2; pass --num-trainers"):
+        load_config(["--resume", str(path)], DEFAULT)
+
+
 def _cfg(log_dir, *extra):
     return load_config([
         "--log-dir", str(log_dir), "--swanlab-mode", "disabled", "--num-eval-workers", "0", "--envs-per-worker", "2",
@@ -102,9 +110,10 @@ def test_stop_and_resume_continues_counters_weights_and_buffer(tmp_path):
     base = build_policy("mlp", {"state_dim": 39}, 4, hidden_sizes=[256, 256], init_log_std=-0.5)
     peft_model = PeftModel.from_pretrained(base, str(saved / "adapter"))
     adapter = load_file(str(saved / "adapter" / "adapter_model.safetensors"))
-    lora_b = next(k for k in adapter if "lora_B" in k)
-    assert adapter[lora_b].abs().sum() > 0  # trained (peft starts B at zero)
-    assert any("lora_B" in n for n, _ in peft_model.named_parameters())
+    loaded = dict(peft_model.named_parameters())
+    for key, value in adapter.items():
+        torch.testing.assert_close(loaded[key.replace(".weight", ".default.weight")], value, rtol=0, atol=0)
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in adapter.items())  # trained (peft starts B at zero)
     saved_replay = ckpt.load_tensordict(saved / "replay.safetensors")
     pending = sorted(saved.glob("pending-trainer-*.safetensors"))
     assert pending, "trainers had prefetched super-batches that were not trained on"
