@@ -187,11 +187,19 @@ class Runtime:
         self._join_weight_sync()
 
     def wait_for_warmup(self, deadline: float) -> bool:
-        """Block until the replay buffer holds a super-batch; False if the deadline passed first."""
+        """Block until the replay buffer holds a super-batch; False if the deadline passed first.
+        Raises if ``startup_timeout_s`` passes first (the workers deliver nothing usable)."""
+        give_up = time.monotonic() + self.cfg.startup_timeout_s
         while time.monotonic() < deadline:
             size = ray.get(self.replay.size.remote(), timeout=self.cfg.actor_timeout_s)
             if size >= self.cfg.super_batch_size:
                 return True
+            if time.monotonic() > give_up:
+                stats = ray.get(self.stats.snapshot.remote(), timeout=self.cfg.actor_timeout_s)
+                raise ActorTimeoutError(
+                    f"the rollout workers did not fill a super-batch ({size}/{self.cfg.super_batch_size} items) within "
+                    f"startup_timeout_s={self.cfg.startup_timeout_s:g} s ({stats['total_env_steps']} env steps, "
+                    f"{stats['health'].get('dropped_episodes', 0)} episodes dropped for non-finite numbers)")
             self._check_workers()
             time.sleep(0.5)
         return False

@@ -84,7 +84,7 @@ def test_run_survives_injected_failures_and_stops_on_a_dead_trainer(tmp_path):
     log_dir, raise_file = tmp_path / "run", tmp_path / "raise-now"
     cfg = load_config([*_base_args(log_dir), "--max-epochs", "2", "--max-policy-lag", "1", "--checkpoint-interval-epochs", "1",
                        "--actor-timeout-s", "60", "--collective-timeout-s", "15"], DEFAULT)
-    task_set = FaultyTaskSet(envs.make_task_set(cfg.env, **cfg.env_kwargs), nan_every=30, raise_file=str(raise_file))
+    task_set = FaultyTaskSet(envs.make_task_set(cfg.env, **cfg.env_kwargs), nan_every=97, raise_file=str(raise_file))
     seen = {}
 
     def inject(runtime):
