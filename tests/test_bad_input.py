@@ -1,4 +1,5 @@
 """Every class of bad input to a launch script: one line on stderr, exit code 2, nothing started or written."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,8 +46,9 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, argv, mess
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     if "--log-dir" not in argv:
         argv += ["--log-dir", str(log_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", BLOCKING_RUNNER.format(launch=str(LAUNCH)), *argv],
-                          capture_output=True, text=True, timeout=300, cwd=work)
+                          capture_output=True, text=True, timeout=300, cwd=work, env=env)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
