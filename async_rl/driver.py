@@ -154,7 +154,7 @@ class Runtime:
         try:
             seconds = get_named(refs, self.cfg.collective_timeout_s + 10, what)["trainer-0"]
         except (ActorFailedError, ActorTimeoutError) as exc:
-            console.print(f"[red]{what} failed: {exc}; rebuilding the weight-sync group[/]")
+            console.print(f"{what} failed: {exc}; rebuilding the weight-sync group", style="red", markup=False)
             self._rebuild_weight_sync(refs)
             seconds = get_named(self._broadcast_refs(), self.cfg.collective_timeout_s + 10, what)["trainer-0"]
         self.broadcast_seconds.append(seconds)
@@ -226,7 +226,8 @@ class Runtime:
         if count > cfg.actor_max_restarts:
             raise ActorFailedError(name, "the run", RuntimeError(f"{reason}; restarted {cfg.actor_max_restarts} times "
                                                                  "already (actor_max_restarts)"))
-        console.print(f"[yellow]{name} failed: {reason}; restarting it ({count}/{cfg.actor_max_restarts})[/]")
+        console.print(f"{name} failed: {reason}; restarting it ({count}/{cfg.actor_max_restarts})", style="yellow",
+                      markup=False)
         old_pid = self.pids.get(name)
         try:
             pid = ray.get(actor.pid.remote(), timeout=cfg.actor_timeout_s)
@@ -326,7 +327,8 @@ class Runtime:
                 "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self.last_checkpoint = ckpt.commit(staging, meta, cfg.keep_checkpoints)
         self.checkpoint_epoch = self.epoch
-        console.print(f"checkpoint (epoch {self.epoch}, policy v{self.policy_version}): {self.last_checkpoint}")
+        console.print(f"checkpoint (epoch {self.epoch}, policy v{self.policy_version}): {self.last_checkpoint}",
+                      markup=False, soft_wrap=True)
         return self.last_checkpoint
 
     def restore(self, path: Path) -> None:
@@ -503,7 +505,8 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
         return summary
     except (ActorFailedError, ActorTimeoutError) as exc:
         last = ckpt.latest_checkpoint(cfg.log_dir)
-        console.print(f"[red]run stopped: {exc}[/]; last complete checkpoint: {last or 'none'}")
+        console.print(f"run stopped: {exc}; last complete checkpoint: {last or 'none'}", style="red", markup=False,
+                      soft_wrap=True)
         raise
     finally:
         ckpt.discard_staging(ckpt.checkpoint_root(cfg.log_dir))

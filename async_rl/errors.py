@@ -18,8 +18,9 @@ class ActorFailedError(RuntimeError):
 
     def __init__(self, actor_name: str, what: str, cause: BaseException) -> None:
         self.actor_name = actor_name
-        first = str(cause).strip().splitlines()
-        detail = type(cause).__name__ + (f": {first[-1]}" if first else "")
+        inner = getattr(cause, "cause", None) or cause  # a RayTaskError wraps the actor's own exception
+        lines = str(inner).strip().splitlines()
+        detail = type(inner).__name__ + (f": {lines[0][:300]}" if lines else "")
         super().__init__(f"{actor_name} failed during {what} ({detail})")
 
 
