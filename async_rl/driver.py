@@ -154,7 +154,8 @@ class Runtime:
         try:
             seconds = get_named(refs, self.cfg.collective_timeout_s + 10, what)["trainer-0"]
         except (ActorFailedError, ActorTimeoutError) as exc:
-            console.print(f"{what} failed: {exc}; rebuilding the weight-sync group", style="red", markup=False)
+            console.print(f"{what} failed: {exc}; rebuilding the weight-sync group", style="red", markup=False,
+                          soft_wrap=True)
             self._rebuild_weight_sync(refs)
             seconds = get_named(self._broadcast_refs(), self.cfg.collective_timeout_s + 10, what)["trainer-0"]
         self.broadcast_seconds.append(seconds)
