@@ -75,6 +75,7 @@ class Runtime:
         self.pids: dict[str, int] = {}
         self.last_checkpoint: Optional[Path] = None
         self.checkpoint_epoch = -1
+        self.lag_values: list[int] = []  # behaviour-policy lag of every item of the last epoch
 
     # ---- start-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -457,7 +458,6 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
     logger = MetricsLogger(cfg.log_dir, cfg.swanlab_mode, cfg.model_dump())
     Path(cfg.log_dir, "ray_session.txt").write_text(ray.get_runtime_context().get_node_id() + "\n" + _session_dir() + "\n")
     runtime = Runtime(cfg, task_set)
-    runtime.lag_values = []
     deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
     summary: dict[str, Any] = {}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
