@@ -196,3 +196,15 @@ def test_local_ray_listens_on_loopback_only(tmp_path):
         assert not exposed, exposed
     finally:
         ray.shutdown()
+
+
+def test_weight_sync_store_listens_on_loopback_only():
+    import psutil
+
+    from async_rl.weight_sync import WeightSyncGroup, find_free_port
+
+    port = find_free_port()
+    with WeightSyncGroup(0, 1, "127.0.0.1", port, timeout_s=10):
+        listening = [c.laddr for c in psutil.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN and c.pid == os.getpid() and c.laddr.port == port]
+        assert [a.ip for a in listening] == ["127.0.0.1"]
