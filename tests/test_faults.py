@@ -112,7 +112,10 @@ def test_run_survives_injected_failures_and_stops_on_a_dead_trainer(tmp_path):
         lag_max.append(runtime.train_epoch()["policy_lag_max"])
         seen["lag_max"] = lag_max
         # 4. A non-finite loss: both ranks skip the update, the weights stay as they were.
-        batch = ray.get(runtime.replay.sample.remote(cfg.super_batch_size, False), timeout=60)
+        drawn = []  # the trainers' prefetch competes for the buffer: draw once it holds enough
+        _wait(runtime, lambda: drawn.append(ray.get(runtime.replay.sample.remote(cfg.super_batch_size, False), timeout=60))
+              or drawn[-1] is not None, 120, "a super-batch in the replay buffer")
+        batch = drawn[-1]
         batch["advantage"][0] = float("nan")
         before = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
         refs = [t._train_on.remote(batch, runtime.policy_version) for t in runtime.trainers.values()]
