@@ -58,6 +58,9 @@ class RunConfig(pydantic.BaseModel):
     # consume: sampled experience leaves the buffer (each step trains in one epoch);
     # reuse: it stays and may be drawn again (seed 004), so trainers never wait for data.
     replay_sampling: Literal["consume", "reuse"] = "consume"
+    # Experience made by a policy more than this many versions older than the one training on it
+    # is dropped when a trainer samples (counted in replay/dropped_stale); None = keep all.
+    max_policy_lag: Optional[pydantic.NonNegativeInt] = None
     log_interval_seconds: pydantic.PositiveFloat = 10.0
 
     # Optimisation.
@@ -110,6 +113,12 @@ class RunConfig(pydantic.BaseModel):
     max_epochs: Optional[Positive] = None
     max_minutes: Optional[pydantic.PositiveFloat] = None
     ray_address: Optional[str] = None
+    # Checkpoints under <log_dir>/checkpoints every N epochs (None = only at the end) and at the end.
+    checkpoint_interval_epochs: Optional[Positive] = 10
+    keep_checkpoints: Positive = 3
+    resume: Optional[str] = None  # a checkpoint dir (or a dir of them: the newest) to continue from
+    # Ray restarts a killed rollout worker or inference actor up to this many times.
+    actor_max_restarts: pydantic.NonNegativeInt = 3
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
@@ -194,6 +203,10 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
 
 
 def _check_paths(cfg: RunConfig) -> None:
+    if cfg.resume is not None:
+        from async_rl.checkpoint import check_resumable, resolve_resume
+
+        check_resumable(resolve_resume(cfg.resume), cfg)
     log_dir = Path(cfg.log_dir)
     if log_dir.exists() and not log_dir.is_dir():
         raise ConfigError(f"--log-dir {cfg.log_dir} is a file; pass a directory")
