@@ -10,7 +10,7 @@ setup-dev:
 	bash scripts/setup.sh --dev
 
 run: setup
-	$(PY) launch/ds_metaworld_ppo_mlp.py --max-minutes 3
+	$(PY) launch/ds_libero_ppo.py --clip-mode soft_clip
 
 test: setup-dev
 	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900

@@ -28,9 +28,22 @@ EXTRAS_REQUIRE = {
     # gymnasium's mujoco module needs `packaging`; mujoco 3.3.0 is also the version that
     # works with LIBERO's robosuite 1.4.0.
     "metaworld": ["metaworld==3.1.1", "mujoco==3.3.0", "packaging"],
-    # LIBERO is installed by scripts/setup.sh with --no-deps (its declared deps pull CUDA
-    # torch, mujoco 4, wandb, ...), so nothing is listed here.
-    "libero": [],
+    # LIBERO itself (libero, robosuite 1.4.0, bddl and the asset packages) is installed by
+    # scripts/setup.sh with --no-deps: its declared deps pull CUDA torch, mujoco 4, wandb, ...
+    # These are the modules they import at run time (found by importing and running an env).
+    "libero": [
+        "mujoco==3.3.0",  # robosuite 1.4.0 breaks with mujoco 3.17 and 4.x
+        "opencv-python-headless>=4.9,<6",  # robosuite wants cv2; headless needs no libGL/X11
+        "numba>=0.60",
+        "scipy>=1.11",
+        "termcolor>=2",
+        "easydict>=1.10",
+        "future>=1.0",
+        "matplotlib>=3.8",
+        "gymnasium>=1.0",
+        "pillow>=10",
+        "packaging",
+    ],
     # CompilerGym runs in its own Python 3.10 venv (.venv-compilergym): its pinned deps
     # have no cp311 builds, so nothing is installed into the main venv.
     "compilergym": [],

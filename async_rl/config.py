@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import pydantic
 import yaml
@@ -30,11 +30,12 @@ class RunConfig(pydantic.BaseModel):
     env_kwargs: dict[str, Any] = pydantic.Field(default_factory=lambda: {"benchmark": "MT1", "task": "reach-v3"})
     policy: str = "mlp"
     policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    model_path: Optional[str] = None  # local model directory for policies that load one (vla); None = their default
     # LoRA (peft) on the trainers' copy; the inference actors receive merged weights.
     lora_rank: pydantic.NonNegativeInt = 0  # 0 = train every parameter
     lora_alpha: pydantic.PositiveFloat = 16.0
     lora_dropout: Fraction = 0.0
-    lora_target_modules: Optional[list[str]] = None  # None = every nn.Linear
+    lora_target_modules: Optional[Union[str, list[str]]] = None  # None = every nn.Linear; a string is a peft regex
     lora_trainable: list[str] = pydantic.Field(default_factory=list)  # name prefixes kept fully trainable
     advantage: Literal["gae", "vtrace"] = "gae"
     clip_mode: str = "clip"
@@ -57,6 +58,9 @@ class RunConfig(pydantic.BaseModel):
     # consume: sampled experience leaves the buffer (each step trains in one epoch);
     # reuse: it stays and may be drawn again (seed 004), so trainers never wait for data.
     replay_sampling: Literal["consume", "reuse"] = "consume"
+    # Experience made by a policy more than this many versions older than the one training on it
+    # is dropped when a trainer samples (counted in replay/dropped_stale); None = keep all.
+    max_policy_lag: Optional[pydantic.NonNegativeInt] = None
     log_interval_seconds: pydantic.PositiveFloat = 10.0
 
     # Optimisation.
@@ -109,6 +113,12 @@ class RunConfig(pydantic.BaseModel):
     max_epochs: Optional[Positive] = None
     max_minutes: Optional[pydantic.PositiveFloat] = None
     ray_address: Optional[str] = None
+    # Checkpoints under <log_dir>/checkpoints every N epochs (None = only at the end) and at the end.
+    checkpoint_interval_epochs: Optional[Positive] = 10
+    keep_checkpoints: Positive = 3
+    resume: Optional[str] = None  # a checkpoint dir (or a dir of them: the newest) to continue from
+    # Ray restarts a killed rollout worker or inference actor up to this many times.
+    actor_max_restarts: pydantic.NonNegativeInt = 3
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
@@ -193,6 +203,10 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
 
 
 def _check_paths(cfg: RunConfig) -> None:
+    if cfg.resume is not None:
+        from async_rl.checkpoint import check_resumable, resolve_resume
+
+        check_resumable(resolve_resume(cfg.resume), cfg)
     log_dir = Path(cfg.log_dir)
     if log_dir.exists() and not log_dir.is_dir():
         raise ConfigError(f"--log-dir {cfg.log_dir} is a file; pass a directory")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import envs
+from async_rl import checkpoint as ckpt
 from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.actors.inference import InferenceActor
 from async_rl.actors.replay_buffer import ReplayBufferActor
@@ -23,9 +25,9 @@ from async_rl.actors.rollout_worker import RolloutWorkerActor
 from async_rl.actors.stats import StatsActor
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config import RunConfig, load_config
-from async_rl.errors import ActorTimeoutError, ConfigError
+from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.logger import MetricsLogger
-from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies import build_policy, build_preprocessor, prepare_policy
 from async_rl.runtime import check_resources, plan_gpus
 from async_rl.weight_sync import check_signature, find_free_port
 
@@ -34,12 +36,20 @@ console = Console(stderr=True)
 
 
 def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
-    """ray.get of several refs; on timeout the error names every actor that did not answer."""
+    """ray.get of several refs. The first one that fails raises ActorFailedError naming its actor
+    at once (not after the others' timeout); on timeout the error names every actor that did not answer."""
     by_ref = {ref: name for name, ref in refs.items()}
-    ready, pending = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=timeout_s)
-    if pending:
-        names = ", ".join(by_ref[r] for r in pending)
-        raise ActorTimeoutError(f"{names} did not answer {what} within {timeout_s:g} s")
+    pending, deadline = list(by_ref), time.monotonic() + timeout_s
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0))
+        if not ready:
+            names = ", ".join(by_ref[r] for r in pending)
+            raise ActorTimeoutError(f"{names} did not answer {what} within {timeout_s:g} s")
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                raise ActorFailedError(by_ref[ref], what, exc) from exc
     return {name: ray.get(ref) for name, ref in refs.items()}
 
 
@@ -55,12 +65,17 @@ class Runtime:
         self.task_set = task_set
         obs_spec = obs_spec_of(task_set)
         self.policy_factory = functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs)
-        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec)
+        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec, **cfg.policy_kwargs)
         self.policy_version = 0
         self.epoch = 0
         self._eval_ref: Optional[ray.ObjectRef] = None
         self.last_eval: Optional[dict] = None
         self.broadcast_seconds: list[float] = []
+        self.restarts: dict[str, int] = {}  # per actor name
+        self.pids: dict[str, int] = {}
+        self.last_checkpoint: Optional[Path] = None
+        self.checkpoint_epoch = -1
+        self.lag_values: list[int] = []  # behaviour-policy lag of every item of the last epoch
 
     # ---- start-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -68,8 +83,11 @@ class Runtime:
         trainer_gpus, inference_gpus = plan_gpus(cfg)
         self.replay = ReplayBufferActor.options(num_cpus=0, name=None).remote(cfg.replay_capacity, cfg.seed)
         self.stats = StatsActor.options(num_cpus=0).remote()
+        # Ray restarts a killed worker or inference actor (the driver re-joins / re-runs it);
+        # a trainer rank is never restarted: its ZeRO-2 partition would be gone.
+        restartable = {"max_restarts": cfg.actor_max_restarts, "max_task_retries": 0}
         self.inference = {
-            f"inference-{i}": InferenceActor.options(num_cpus=cfg.inference_num_cpus).remote(
+            f"inference-{i}": InferenceActor.options(num_cpus=cfg.inference_num_cpus, **restartable).remote(
                 i, self.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms,
                 gpu, cfg.seed, cfg.torch_threads, cfg.precision,
             )
@@ -85,21 +103,27 @@ class Runtime:
         info = get_named({n: t.setup.remote() for n, t in self.trainers.items()}, cfg.startup_timeout_s, "DeepSpeed set-up")
         console.print(f"[bold]policy[/] {cfg.policy}: {info['trainer-0']['params']:,} parameters, "
                       f"{info['trainer-0']['trainable']:,} trainable; {cfg.num_trainers} trainer rank(s) under ZeRO-2")
+        if cfg.resume:
+            self.restore(ckpt.resolve_resume(cfg.resume))
         self._join_weight_sync()
-        self.broadcast()  # inference starts from the trainers' initial weights (version 0)
+        self.broadcast()  # inference starts from the trainers' weights (version 0, or the checkpoint's)
         self.evaluators = {
             f"eval-{i}": EvaluationWorkerActor.options(num_cpus=cfg.worker_num_cpus).remote(
                 i, self.task_set, self.preprocessor_factory, *self._inference_for(i), cfg
             )
             for i in range(cfg.num_eval_workers)
         }
+        # Held here for the run: a restarted worker is built from the same stored arguments.
+        self._task_set_ref = ray.put(self.task_set)
         self.workers = {
-            f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus).remote(
-                i, self.task_set, self.preprocessor_factory, *self._inference_for(i), self.replay, self.stats, cfg
+            f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, **restartable).remote(
+                i, self._task_set_ref, self.preprocessor_factory, *self._inference_for(i), self.replay, self.stats, cfg
             )
             for i in range(cfg.num_rollout_workers)
         }
         self.worker_runs = {name: w.run.remote() for name, w in self.workers.items()}
+        pids = {**{n: a.pid.remote() for n, a in self.inference.items()}, **{n: w.pid.remote() for n, w in self.workers.items()}}
+        self.pids = get_named(pids, cfg.startup_timeout_s, "pid")
 
     def _inference_for(self, i: int) -> tuple[Any, str]:
         name = list(self.inference)[i % len(self.inference)]
@@ -121,30 +145,111 @@ class Runtime:
         get_named(joins, cfg.collective_timeout_s + 10, "joining the weight-sync group")
 
     def broadcast(self) -> float:
-        """Send rank 0's weights to every inference actor (both sides in flight before waiting)."""
-        refs = {"trainer-0": self.trainers["trainer-0"].broadcast_weights.remote()}
-        for name, actor in self.inference.items():
-            refs[name] = actor.receive_weights.remote(self.policy_version)
-        seconds = get_named(refs, self.cfg.collective_timeout_s + 10, f"weight broadcast v{self.policy_version}")["trainer-0"]
+        """Send rank 0's weights to every inference actor (both sides in flight before waiting).
+
+        If an inference actor failed (killed and restarted by Ray, or not answering within
+        ``collective_timeout_s``), the group is rebuilt with the live members and the weights
+        sent again; a trainer's failure propagates."""
+        refs = self._broadcast_refs()
+        what = f"weight broadcast v{self.policy_version}"
+        try:
+            seconds = get_named(refs, self.cfg.collective_timeout_s + 10, what)["trainer-0"]
+        except (ActorFailedError, ActorTimeoutError) as exc:
+            console.print(f"{what} failed: {exc}; rebuilding the weight-sync group", style="red", markup=False,
+                          soft_wrap=True)
+            self._rebuild_weight_sync(refs)
+            seconds = get_named(self._broadcast_refs(), self.cfg.collective_timeout_s + 10, what)["trainer-0"]
         self.broadcast_seconds.append(seconds)
         return seconds
 
+    def _broadcast_refs(self) -> dict[str, ray.ObjectRef]:
+        refs = {"trainer-0": self.trainers["trainer-0"].broadcast_weights.remote()}
+        for name, actor in self.inference.items():
+            refs[name] = actor.receive_weights.remote(self.policy_version)
+        return refs
+
+    def _rebuild_weight_sync(self, failed: Mapping[str, ray.ObjectRef]) -> None:
+        """Let the failed broadcast end everywhere, restart what died, and form a new group."""
+        cfg = self.cfg
+        trainer_ref = failed["trainer-0"]
+        ray.wait([trainer_ref], timeout=cfg.collective_timeout_s + 10)  # its side ends by timeout or error
+        try:
+            ray.get(trainer_ref, timeout=0)
+        except ray.exceptions.RayActorError as exc:
+            raise ActorFailedError("trainer-0", "the weight broadcast", exc) from exc
+        except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+            pass  # expected: the collective failed on the sender's side too
+        for name, actor in self.inference.items():
+            try:
+                pid = ray.get(actor.pid.remote(), timeout=cfg.actor_timeout_s)
+            except ray.exceptions.RayActorError:
+                pid = None
+            if pid != self.pids.get(name):
+                self._restart(name, actor, "its process died", "inference_restarts")
+        self._join_weight_sync()
+
     def wait_for_warmup(self, deadline: float) -> bool:
-        """Block until the replay buffer holds a super-batch; False if the deadline passed first."""
+        """Block until the replay buffer holds a super-batch; False if the deadline passed first.
+        Raises if ``startup_timeout_s`` passes first (the workers deliver nothing usable)."""
+        give_up = time.monotonic() + self.cfg.startup_timeout_s
         while time.monotonic() < deadline:
             size = ray.get(self.replay.size.remote(), timeout=self.cfg.actor_timeout_s)
             if size >= self.cfg.super_batch_size:
                 return True
+            if time.monotonic() > give_up:
+                stats = ray.get(self.stats.snapshot.remote(), timeout=self.cfg.actor_timeout_s)
+                raise ActorTimeoutError(
+                    f"the rollout workers did not fill a super-batch ({size}/{self.cfg.super_batch_size} items) within "
+                    f"startup_timeout_s={self.cfg.startup_timeout_s:g} s ({stats['total_env_steps']} env steps, "
+                    f"{stats['health'].get('dropped_episodes', 0)} episodes dropped for non-finite numbers)")
             self._check_workers()
             time.sleep(0.5)
         return False
 
     def _check_workers(self) -> None:
-        """Surface a worker's crash now instead of when the buffer runs dry."""
-        done, _ = ray.wait(list(self.worker_runs.values()), num_returns=len(self.worker_runs), timeout=0)
-        for ref in done:
-            ray.get(ref)  # raises the worker's error; a clean return before stop is a bug too
-            raise RuntimeError("a rollout worker stopped before the run ended")
+        """Restart a worker whose run ended (its env raised, or its process died) and run it again."""
+        for name, ref in list(self.worker_runs.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                ray.get(ref)
+                reason = "its run returned before the run ended"
+            except ray.exceptions.RayActorError as exc:
+                reason = f"its process died ({type(exc).__name__})"
+            except ray.exceptions.RayTaskError as exc:
+                reason = f"it raised {type(exc.cause).__name__}: {str(exc.cause).splitlines()[0] if str(exc.cause) else ''}"
+            self._restart(name, self.workers[name], reason, "worker_restarts")
+            self.worker_runs[name] = self.workers[name].run.remote()
+
+    def _restart(self, name: str, actor: Any, reason: str, counter: str) -> None:
+        """Have Ray restart ``actor`` (if its process still lives) and wait until the new process answers."""
+        cfg = self.cfg
+        count = self.restarts[name] = self.restarts.get(name, 0) + 1
+        if count > cfg.actor_max_restarts:
+            raise ActorFailedError(name, "the run", RuntimeError(f"{reason}; restarted {cfg.actor_max_restarts} times "
+                                                                 "already (actor_max_restarts)"))
+        console.print(f"{name} failed: {reason}; restarting it ({count}/{cfg.actor_max_restarts})", style="yellow",
+                      markup=False)
+        old_pid = self.pids.get(name)
+        try:
+            pid = ray.get(actor.pid.remote(), timeout=cfg.actor_timeout_s)
+        except ray.exceptions.RayActorError:
+            pid = None
+        if pid is not None and pid == old_pid:  # alive: kill the process so Ray starts a fresh one
+            ray.kill(actor, no_restart=False)
+        deadline = time.monotonic() + cfg.actor_timeout_s
+        while True:
+            try:
+                pid = ray.get(actor.pid.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+                if pid != old_pid:
+                    break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                if time.monotonic() >= deadline:
+                    raise ActorTimeoutError(f"{name} did not come back within {cfg.actor_timeout_s:g} s after "
+                                            f"a restart ({type(exc).__name__})") from None
+            time.sleep(0.2)
+        self.pids[name] = pid
+        self.stats.record_health.remote(counter)
 
     # ---- synchronous mode ---------------------------------------------------------------
     def collect_synchronously(self, deadline: float) -> bool:
@@ -174,7 +279,8 @@ class Runtime:
         seconds = self.broadcast()
         self.epoch += 1
         rows = list(results.values())
-        metrics = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        self.lag_values = [v for r in rows for v in r.pop("policy_lag_values")]
+        metrics = {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in rows[0]}
         metrics["broadcast_seconds"] = seconds
         return metrics
 
@@ -202,6 +308,46 @@ class Runtime:
         return {"stats": stats, "replay": replay,
                 "inference": {k: sum(r[k] for r in rows) / len(rows) for k in ("batch_size", "forward_ms")} if rows else {}}
 
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of the whole run into a temp dir, then commit it by rename."""
+        cfg = self.cfg
+        root = ckpt.checkpoint_root(cfg.log_dir)
+        staging = ckpt.staging_dir(root, self.epoch)
+        try:
+            # Trainers stop fetching, so the replay buffer and their untrained batches match.
+            get_named({n: t.hold_prefetch.remote() for n, t in self.trainers.items()}, cfg.actor_timeout_s, "hold_prefetch")
+            ray.get(self.replay.save.remote(str(staging / "replay.safetensors")), timeout=cfg.actor_timeout_s)
+            get_named({n: t.save_checkpoint.remote(str(staging)) for n, t in self.trainers.items()},
+                      cfg.actor_timeout_s, "save_checkpoint")
+            stats = ray.get(self.stats.state_dict.remote(), timeout=cfg.actor_timeout_s)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # nothing partial stays
+            raise
+        meta = {"format": ckpt.FORMAT, "epoch": self.epoch, "policy_version": self.policy_version,
+                "config": self.cfg.model_dump(mode="json"), "stats": stats, "restarts": self.restarts,
+                "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self.last_checkpoint = ckpt.commit(staging, meta, cfg.keep_checkpoints)
+        self.checkpoint_epoch = self.epoch
+        console.print(f"checkpoint (epoch {self.epoch}, policy v{self.policy_version}): {self.last_checkpoint}",
+                      markup=False, soft_wrap=True)
+        return self.last_checkpoint
+
+    def restore(self, path: Path) -> None:
+        """Load a checkpoint into the trainers, replay buffer and stats (before the first broadcast)."""
+        cfg = self.cfg
+        meta = ckpt.read_meta(path)
+        loaded = get_named({n: t.load_checkpoint.remote(str(path)) for n, t in self.trainers.items()},
+                           cfg.actor_timeout_s, "load_checkpoint")
+        size = ray.get(self.replay.load.remote(str(path / "replay.safetensors")), timeout=cfg.actor_timeout_s)
+        ray.get(self.stats.load_state_dict.remote(meta["stats"]), timeout=cfg.actor_timeout_s)
+        self.epoch, self.policy_version = int(meta["epoch"]), int(meta["policy_version"])
+        self.checkpoint_epoch = self.epoch
+        pending = sum(r["pending"] for r in loaded.values())
+        console.print(f"resumed from {path}: epoch {self.epoch}, policy v{self.policy_version}, "
+                      f"global step {loaded['trainer-0']['global_step']}, replay {size} items, "
+                      f"{pending} untrained super-batch(es)")
+
     # ---- shut-down ----------------------------------------------------------------------
     def shutdown(self) -> None:
         timeout = self.cfg.actor_timeout_s
@@ -226,7 +372,14 @@ def init_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
+    # Ray resolves 127.0.0.1 to the machine's address unless told this node is not part of a
+    # cluster; then every Ray server (GCS, raylet, workers, agents) listens on loopback only.
+    from ray._private import ray_constants  # noqa: PLC0415
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by the processes Ray starts
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported it already
+    # address="local": a new cluster even when another one (`ray start`) runs on this machine.
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
              runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
 
 
@@ -234,7 +387,8 @@ def training_scalars(epoch_metrics: Mapping[str, float], runtime: Runtime) -> di
     m = epoch_metrics
     out = {f"train/{k}": m[k] for k in ("policy_loss", "value_loss", "entropy", "clip_frac", "dead_grad_frac", "ess",
                                           "approx_kl", "ratio_mean", "ratio_max", "lr_policy", "lr_value", "loss",
-                                          "epoch_seconds", "global_step", "skipped_updates") if k in m}
+                                          "epoch_seconds", "global_step") if k in m}
+    out["health/skipped_updates"] = m.get("skipped_updates", 0)
     out.update({f"train/{k}": v for k, v in m.items() if k.startswith(("sapo_", "soft_clip_"))})
     out["rollout/policy_lag"] = m["policy_lag_mean"]
     out["rollout/policy_lag_max"] = m["policy_lag_max"]
@@ -254,6 +408,8 @@ def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
         out[f"rollout_task/{task}/success_rate"] = row["success_rate"]
         out[f"rollout_task/{task}/episode_return"] = row["episode_return"]
     out.update({f"replay/{k}": v for k, v in snap["replay"].items()})
+    for key in ("worker_restarts", "inference_restarts", "dropped_episodes"):
+        out[f"health/{key}"] = stats.get("health", {}).get(key, 0)
     out.update({f"inference/{k}": v for k, v in snap["inference"].items()})
     return out
 
@@ -267,10 +423,13 @@ def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def prepare(cfg: RunConfig) -> Any:
-    """Every check that needs no Ray: builds the task set and checks local resources."""
+    """Every check that needs no Ray: builds the task set, checks local resources and the
+    policy's kwargs / model path (which may resolve ``cfg.policy_kwargs``, e.g. a default model)."""
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
     if not cfg.ray_address:
         check_resources(cfg, float(os.cpu_count() or 1))
+    cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,
+                                       cfg.policy_kwargs)
     return task_set
 
 
@@ -282,7 +441,11 @@ def main(default_config: str, description: str = "", argv: Optional[list[str]] =
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return run(cfg, task_set)
+    try:
+        return run(cfg, task_set)
+    except (ActorFailedError, ActorTimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtime], Any]] = None) -> dict[str, Any]:
@@ -303,6 +466,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
     summary: dict[str, Any] = {}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
                         TimeElapsedColumn(), console=console, transient=False)
+    console.print(_where_logs(cfg))
     try:
         runtime.start()
         console.print(f"collecting a first super-batch of {cfg.super_batch_size} ...")
@@ -310,7 +474,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
             console.print("time limit reached during warm-up")
         last_log = 0.0
         with progress:
-            bar = progress.add_task("epochs", total=cfg.max_epochs, line="")
+            bar = progress.add_task("epochs", total=cfg.max_epochs, completed=runtime.epoch, line="")
             while (cfg.max_epochs is None or runtime.epoch < cfg.max_epochs) and time.monotonic() < deadline:
                 if cfg.sync and not runtime.collect_synchronously(deadline):
                     break
@@ -324,8 +488,13 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
                     scalars.update(snapshot_scalars(runtime.snapshot()))
                     last_log = time.monotonic()
                 logger.log(scalars, runtime.epoch)
+                logger.histogram("rollout/policy_lag", runtime.lag_values, runtime.epoch)
                 summary.update(scalars)
                 progress.update(bar, advance=1, line=_status_line(summary))
+                if cfg.checkpoint_interval_epochs and runtime.epoch % cfg.checkpoint_interval_epochs == 0:
+                    runtime.save_checkpoint()
+        if runtime.checkpoint_epoch != runtime.epoch:
+            runtime.save_checkpoint()
         result = runtime.poll_eval(force=True)
         final = snapshot_scalars(runtime.snapshot())
         if result is not None:
@@ -335,11 +504,19 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
         summary["epochs"] = runtime.epoch
         summary["broadcast_seconds_mean"] = sum(runtime.broadcast_seconds) / max(len(runtime.broadcast_seconds), 1)
         summary["wall_seconds"] = time.monotonic() - started
+        summary["checkpoint"] = str(runtime.last_checkpoint) if runtime.last_checkpoint else None
         console.print(f"done: {_status_line(summary)}; {summary['wall_seconds']:.0f} s")
+        console.print(_where_logs(cfg))
         if inspect is not None:
             summary["inspect"] = inspect(runtime)
         return summary
+    except (ActorFailedError, ActorTimeoutError) as exc:
+        last = ckpt.latest_checkpoint(cfg.log_dir)
+        console.print(f"run stopped: {exc}; last complete checkpoint: {last or 'none'}", style="red", markup=False,
+                      soft_wrap=True)
+        raise
     finally:
+        ckpt.discard_staging(ckpt.checkpoint_root(cfg.log_dir))
         logger.close()
         runtime.shutdown()
         ray.shutdown()
@@ -350,6 +527,11 @@ def _session_dir() -> str:
         return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 (for the no-leftover check)
     except AttributeError:
         return ""
+
+
+def _where_logs(cfg: RunConfig) -> str:
+    swanlab = "" if cfg.swanlab_mode == "disabled" else f"; SwanLab ({cfg.swanlab_mode}) under {Path(cfg.log_dir, 'swanlab')}"
+    return f"logs: {cfg.log_dir} (TensorBoard: tensorboard --logdir {cfg.log_dir}){swanlab}"
 
 
 def _status_line(s: Mapping[str, Any]) -> str:

@@ -13,6 +13,17 @@ class ActorTimeoutError(TimeoutError):
     """A wait on another actor or a collective ran past its timeout; the message names who."""
 
 
+class ActorFailedError(RuntimeError):
+    """An actor died or raised while the run waited on it; the message names it."""
+
+    def __init__(self, actor_name: str, what: str, cause: BaseException) -> None:
+        self.actor_name = actor_name
+        inner = getattr(cause, "cause", None) or cause  # a RayTaskError wraps the actor's own exception
+        lines = str(inner).strip().splitlines()
+        detail = type(inner).__name__ + (f": {lines[0][:300]}" if lines else "")
+        super().__init__(f"{actor_name} failed during {what} ({detail})")
+
+
 def unknown_key_message(key: str, valid: Iterable[str], what: str) -> str:
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
 
@@ -38,6 +39,11 @@ class MetricsLogger:
             self.tb.add_scalar(tag, value, step)
         if self._swanlab is not None and flat:
             self._swanlab.log(flat, step=step)
+
+    def histogram(self, tag: str, values: Any, step: int) -> None:
+        """A TensorBoard histogram (skipped when there are no values)."""
+        if len(values):
+            self.tb.add_histogram(tag, np.asarray(values), step)
 
     def close(self) -> None:
         self.tb.flush()

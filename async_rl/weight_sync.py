@@ -211,8 +211,16 @@ class WeightSyncGroup:
         addr, port = self.master_addr, self.master_port
         if self.rank == 0:
             try:
+                if _is_loopback(addr):
+                    # TCPStore alone listens on every interface; hand it a socket bound to loopback
+                    # (the store takes the descriptor over and closes it).
+                    listen = socket.create_server((addr, port), backlog=128)
+                    store = dist.TCPStore(addr, port, None, True, _td(self.timeout_s), wait_for_workers=False,
+                                          master_listen_fd=listen.fileno())
+                    listen.detach()
+                    return store
                 return dist.TCPStore(addr, port, None, True, _td(self.timeout_s), wait_for_workers=False)
-            except RuntimeError as e:
+            except (RuntimeError, OSError) as e:
                 raise ConfigError(f"{self._who}: cannot host the store on {addr}:{port} ({e}); "
                                   "pick a free port, e.g. weight_sync.find_free_port()") from e
         # Wait for the master's socket ourselves: TCPStore's own connect retries overshoot the

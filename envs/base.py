@@ -5,9 +5,11 @@ picklable, and is handed to rollout workers, which call ``make_env`` to get ``Ta
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Union, runtime_checkable
 
 import numpy as np
+
+Observation = Union[np.ndarray, dict[str, Any]]
 
 
 @runtime_checkable
@@ -16,12 +18,13 @@ class TaskEnv(Protocol):
 
     task_name: str
 
-    def reset(self) -> np.ndarray:
-        """Start an episode; returns the first observation (float32, shape (obs_dim,))."""
+    def reset(self) -> Observation:
+        """Start an episode; returns the first observation: an array (float32, shape (obs_dim,)) or
+        a dict (e.g. LIBERO's images, proprio and instruction, described by ``TaskSet.obs_spec``)."""
         ...
 
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """Returns (obs float32, reward, terminated, truncated, info); info["success"] is a bool."""
+    def step(self, action: np.ndarray) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """Returns (obs, reward, terminated, truncated, info); obs as in ``reset``; info["success"] is a bool."""
         ...
 
     def close(self) -> None:
@@ -30,7 +33,11 @@ class TaskEnv(Protocol):
 
 @runtime_checkable
 class TaskSet(Protocol):
-    """Picklable description of a set of tasks; ``task_names[i]`` names task index ``i``."""
+    """Picklable description of a set of tasks; ``task_names[i]`` names task index ``i``.
+
+    A TaskSet with dict observations also has ``obs_spec`` (a dict describing them, e.g. camera
+    names, image size, proprio dim); the driver hands it to the policy instead of ``obs_dim``.
+    """
 
     task_names: list[str]
     obs_dim: int

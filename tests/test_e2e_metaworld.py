@@ -42,7 +42,7 @@ def _inspect(runtime):
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
     before = _replay_versions(runtime)
     runtime.train_epoch()  # one more epoch and broadcast: workers must move to the new version
-    after = _replay_versions(runtime, newer_than=int(before.max()))
+    after = _replay_versions(runtime, newer_than=runtime.policy_version - 1)
     return {"trainers": trainers, "inference": inference, "status": status, "versions": (before, after),
             "version": runtime.policy_version}
 

@@ -12,7 +12,7 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import ray
 import torch
@@ -159,6 +159,7 @@ class InferenceActor:
         self._batch_size, self._timeout_s = batch_size, timeout_ms / 1000.0
         self._server: Optional[BatchingServer] = None
         self._sync: Optional[WeightSyncGroup] = None
+        self._has_weights: Optional[asyncio.Event] = None  # set once the trainers' weights are staged
 
     def _forward(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
         with torch.inference_mode():
@@ -169,24 +170,39 @@ class InferenceActor:
             self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s)
         return self._server
 
+    def _weights_event(self) -> asyncio.Event:
+        if self._has_weights is None:
+            self._has_weights = asyncio.Event()
+        return self._has_weights
+
     async def request(self, obs: Wire, deterministic: bool = False) -> Wire:
-        """A batch ``[k]`` of observations in, their actions/log-probs/values/version out (wire dicts)."""
+        """A batch ``[k]`` of observations in, their actions/log-probs/values/version out (wire dicts).
+
+        Nothing is served before the first weights arrived (a restarted actor holds random ones)."""
+        await self._weights_event().wait()
         return await self._server_ready().submit(from_wire(obs), deterministic)
 
     async def ping(self) -> str:
         return self.name
+
+    async def pid(self) -> int:
+        return os.getpid()
 
     def weight_signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         return tensor_signature(self.model.inference_tensors())
 
     async def join_weight_sync(self, rank: int, world_size: int, addr: str, port: int,
                                timeout_s: float, member_names: list[str]) -> None:
+        if self._sync is not None:  # rebuilding the group after a member failed
+            self._sync.close()
         self._sync = await asyncio.to_thread(
             WeightSyncGroup, rank, world_size, addr, port, timeout_s=timeout_s, member_names=member_names
         )
 
     async def receive_weights(self, version: int) -> int:
         """Receive a broadcast from trainer rank 0 into staging buffers, then stage the swap."""
+        if self._sync is None:
+            raise RuntimeError(f"{self.name} is not in a weight-sync group (restarted?); rebuild the group")
         targets = [t for _, t in self.model.inference_tensors()]
         staging = [torch.empty_like(t) for t in targets]
         await self._sync.broadcast_async(staging)
@@ -197,6 +213,7 @@ class InferenceActor:
                     target.copy_(new)
 
         self._server_ready().stage_weights(apply, version)
+        self._weights_event().set()
         return version
 
     def stats(self) -> dict[str, float]:

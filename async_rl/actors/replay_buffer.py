@@ -1,12 +1,15 @@
 """ReplayBufferActor: a bounded FIFO of experience records with uniform sampling."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Optional
 
 import ray
 import torch
 from tensordict import TensorDict
 
+from async_rl.checkpoint import load_tensordict, save_tensordict
 from async_rl.experience import policy_versions
 
 
@@ -74,6 +77,35 @@ class ReplayStorage:
     def size(self) -> int:
         return int(self._live.sum())
 
+    def save(self, path: Path) -> None:
+        """Live items in insertion order, their slots, counters and sampler state (safetensors + JSON)."""
+        live = self._live.nonzero().squeeze(-1)
+        order = live[torch.argsort(self._stamp[live])]
+        items = self._storage[order] if self._storage is not None else TensorDict({}, batch_size=[0])
+        save_tensordict(items, path)
+        state = {"counters": self.counters, "next_stamp": self._next_stamp, "capacity": self.capacity,
+                 "slots": order.tolist(), "stamps": self._stamp[order].tolist(),
+                 "generator": self._generator.get_state().tolist()}
+        Path(str(path) + ".json").write_text(json.dumps(state))
+
+    def load(self, path: Path) -> None:
+        """Restore what ``save`` wrote: the same items in the same slots (so sampling continues
+        exactly) when the capacity is unchanged, else the newest items in insertion order."""
+        state = json.loads(Path(str(path) + ".json").read_text())
+        items = load_tensordict(path)
+        if items.batch_size[0] and state["capacity"] == self.capacity:
+            slots = torch.tensor(state["slots"], dtype=torch.int64)
+            if self._storage is None:
+                self._storage = items[:1].expand(self.capacity).clone()
+            self._storage[slots] = items
+            self._live[slots] = True
+            self._stamp[slots] = torch.tensor(state["stamps"], dtype=torch.int64)
+        elif items.batch_size[0]:
+            self.add_batch(items)
+        self.counters = dict(state["counters"])
+        self._next_stamp = max(self._next_stamp, int(state["next_stamp"]))
+        self._generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+
 
 @ray.remote
 class ReplayBufferActor:
@@ -85,9 +117,24 @@ class ReplayBufferActor:
     def add_batch(self, batch: TensorDict) -> int:
         return self._store.add_batch(batch)
 
-    def sample(self, n: int, consume: bool = False) -> Optional[TensorDict]:
-        """``n`` items, or None while fewer than ``n`` are stored."""
+    def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None) -> Optional[TensorDict]:
+        """``n`` items, or None while fewer than ``n`` are stored; with ``min_version`` items
+        made by an older policy are dropped first (counted in ``dropped_stale``)."""
+        if min_version is not None:
+            self._store.drop_older_than(min_version)
         return self._store.sample(n, consume) if self._store.size() >= n else None
+
+    def count_dropped_stale(self, n: int) -> None:
+        """Items a trainer dropped from an already-fetched batch for being too old."""
+        self._store.counters["dropped_stale"] += n
+
+    def save(self, path: str) -> int:
+        self._store.save(Path(path))
+        return self._store.size()
+
+    def load(self, path: str) -> int:
+        self._store.load(Path(path))
+        return self._store.size()
 
     def drop_older_than(self, min_version: int) -> int:
         return self._store.drop_older_than(min_version)

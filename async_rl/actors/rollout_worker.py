@@ -8,6 +8,7 @@ with V-trace it pushes fixed-length segments for the trainer to correct off-poli
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -65,10 +66,21 @@ class PolicyClient:
         self.inference, self.name, self.timeout_s = inference, name, timeout_s
 
     async def act(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Actions, log-probs, values and policy version for a batch ``[k]`` of observations."""
-        wire = await wait_for(self.inference.request.remote(to_wire(obs), deterministic), self.timeout_s, self.name,
-                              "an inference request")
-        return from_wire(wire)
+        """Actions, log-probs, values and policy version for a batch ``[k]`` of observations.
+
+        While the inference actor is dead or restarting the request is retried (the restarted
+        actor answers once it has the current weights) until ``timeout_s`` has passed."""
+        deadline = time.monotonic() + self.timeout_s
+        wire = to_wire(obs)
+        while True:
+            try:
+                out = await wait_for(self.inference.request.remote(wire, deterministic),
+                                     max(deadline - time.monotonic(), 0.001), self.name, "an inference request")
+                return from_wire(out)
+            except ray.exceptions.RayActorError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
 
 @dataclass
@@ -120,6 +132,9 @@ class RolloutWorkerActor:
     async def resume(self) -> None:
         self._resume.set()
 
+    async def pid(self) -> int:
+        return os.getpid()
+
     def _segmenter(self) -> Any:
         cfg = self.cfg
         if cfg.advantage == "vtrace":
@@ -136,6 +151,11 @@ class RolloutWorkerActor:
         self.sampler.record(slot.task, slot.success)
         self.stats.record_episode.remote(self.task_names[slot.task], slot.episode_return, slot.episode_length,
                                          slot.success, time.monotonic() - slot.started)
+        self._start_episode(slot)
+
+    def _drop_episode(self, slot: _EnvSlot) -> None:
+        slot.segmenter = self._segmenter()
+        self.stats.record_health.remote("dropped_episodes")
         self._start_episode(slot)
 
     async def stop(self) -> None:
@@ -174,15 +194,20 @@ class RolloutWorkerActor:
             out = await self.policy.act(torch.stack([slot.obs for slot in self.slots]))
             env_actions = out["env_action"].numpy()
             results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
+            # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
+            broken = {k for k, r in enumerate(results) if not (np.isfinite(r[0]).all() and np.isfinite(r[1]))}
             next_obs = [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
             # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
-            cut = [k for k, r in enumerate(results) if r[3] and not r[2]]
+            cut = [k for k, r in enumerate(results) if r[3] and not r[2] and k not in broken]
             bootstrap = {}
             if cut:
                 values = (await self.policy.act(torch.stack([next_obs[k] for k in cut])))["value"]
                 bootstrap = dict(zip(cut, values.tolist()))
             pieces = []
             for k, (slot, (_, reward, terminated, truncated, info)) in enumerate(zip(self.slots, results)):
+                if k in broken:
+                    self._drop_episode(slot)
+                    continue
                 done = terminated or truncated
                 learn_reward = reward * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
                 piece = slot.segmenter.add(step_record(slot.obs, out[k], learn_reward, done, slot.task), next_obs[k])

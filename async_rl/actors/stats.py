@@ -15,6 +15,19 @@ class StatsAggregator:
         self._episodes: dict[str, list[tuple[float, int, bool]]] = defaultdict(list)
         self._steps_since = 0
         self._since = time.monotonic()
+        # Failures survived: worker_restarts, inference_restarts, dropped_episodes, ...
+        self.health: dict[str, int] = defaultdict(int)
+
+    def record_health(self, key: str, n: int = 1) -> None:
+        self.health[key] += n
+
+    def state_dict(self) -> dict:
+        """Running totals (what a checkpoint keeps; per-snapshot means restart empty)."""
+        return {"total_env_steps": self.total_env_steps, "total_episodes": self.total_episodes, "health": dict(self.health)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total_env_steps, self.total_episodes = state["total_env_steps"], state["total_episodes"]
+        self.health.update(state["health"])
 
     def record_steps(self, source: str, n: int) -> None:
         self.total_env_steps += n
@@ -43,6 +56,7 @@ class StatsAggregator:
             "env_steps_per_sec": self._steps_since / max(now - self._since, 1e-9),
             "total_env_steps": self.total_env_steps,
             "total_episodes": self.total_episodes,
+            "health": dict(self.health),
         }
         if all_eps:
             out["episode_return"] = float(np.mean([e[0] for e in all_eps]))

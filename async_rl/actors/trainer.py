@@ -10,6 +10,7 @@ import asyncio
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import ray
@@ -25,6 +26,7 @@ from async_rl.algo import (
     value_loss,
     vtrace,
 )
+from async_rl import checkpoint as ckpt
 from async_rl.experience import policy_versions
 from async_rl.policies.lora import apply_lora
 from async_rl.runtime import configure_torch, resolve_device, use_bf16, wait_for
@@ -51,15 +53,22 @@ def deepspeed_config(cfg: Any, bf16: bool) -> dict:
         "zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_scatter": True, "contiguous_gradients": True},
         # torch AdamW needs no compiled op; DeepSpeed's own Adams JIT-compile for ~100 s on CPU.
         "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": bf16},
+        # A non-finite gradient norm skips the step (counted in engine.skipped_steps) in bf16 too.
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
 
 
 def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per-key means over the finite values (a skipped non-finite update reports NaN)."""
     keys = {k for row in rows for k in row}
-    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
+    out = {}
+    for k in keys:
+        values = [r[k] for r in rows if k in r and math.isfinite(r[k])]
+        if values:
+            out[k] = sum(values) / len(values)
+    return out
 
 
 @ray.remote
@@ -81,6 +90,10 @@ class TrainerActor:
         self._sync: Optional[WeightSyncGroup] = None
         self.global_step = 0
         self.skipped_updates = 0
+        self.next_version = 0  # the policy version the next train_epoch will be called with
+        self._restored: list[TensorDict] = []  # super-batches from a checkpoint, trained on first
+        self._held: Optional[TensorDict] = None  # sampled, waiting for room in the prefetch queue
+        self._fetching: Optional[asyncio.Lock] = None  # held while a sample is in flight
 
     # ---- set-up -------------------------------------------------------------------------
     def setup(self) -> dict[str, int]:
@@ -111,20 +124,36 @@ class TrainerActor:
         return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
 
     # ---- data ---------------------------------------------------------------------------
-    async def _sample(self) -> TensorDict:
-        """A super-batch from the replay buffer, polling while it holds too little."""
+    def _min_version(self) -> Optional[int]:
+        """Oldest behaviour version the next epoch may train on (``max_policy_lag``)."""
+        lag = self.cfg.max_policy_lag
+        return None if lag is None else self.next_version - lag
+
+    async def _sample(self, n: Optional[int] = None) -> TensorDict:
+        """A super-batch (or ``n`` items) from the replay buffer, polling while it holds too little."""
         while True:
-            batch = await wait_for(self.replay.sample.remote(self.cfg.super_batch_size, self.cfg.replay_sampling == "consume"),
+            batch = await wait_for(self.replay.sample.remote(n or self.cfg.super_batch_size, self.cfg.replay_sampling == "consume",
+                                                             self._min_version()),
                                    self.cfg.actor_timeout_s, "replay buffer", f"sample for {self.name}")
             if batch is not None:
                 return batch
             await asyncio.sleep(0.2)
 
+    def _lock(self) -> asyncio.Lock:
+        if self._fetching is None:  # created on the actor's event loop
+            self._fetching = asyncio.Lock()
+        return self._fetching
+
     async def _prefetch_loop(self) -> None:
         while True:
-            await self._ready.put(await self._sample())  # put blocks while the previous one is unconsumed
+            async with self._lock():  # a checkpoint waits for a sample in flight to land
+                self._held = await self._sample()
+            await self._ready.put(self._held)  # put blocks while the previous one is unconsumed
+            self._held = None
 
     async def _next_super_batch(self) -> TensorDict:
+        if self._restored:
+            return self._restored.pop(0)
         if self.cfg.sync:  # no prefetch: train on what was collected after the last broadcast
             return await asyncio.wait_for(self._sample(), self.cfg.actor_timeout_s)
         if self._ready is None:
@@ -139,10 +168,27 @@ class TrainerActor:
             raise TimeoutError(f"{self.name}: no super-batch from the replay buffer within {self.cfg.actor_timeout_s:g} s")
         return get.result()
 
+    async def _drop_stale(self, batch: TensorDict) -> TensorDict:
+        """A prefetched batch may have aged past ``max_policy_lag`` while it waited: replace
+        its too-old items by fresh ones (the dropped ones count in replay/dropped_stale)."""
+        min_version = self._min_version()
+        if min_version is None:
+            return batch
+        versions = policy_versions(batch)
+        oldest = versions.reshape(batch.batch_size[0], -1).min(dim=1).values
+        keep = oldest >= min_version
+        stale = int((~keep).sum())
+        if stale == 0:
+            return batch
+        self.replay.count_dropped_stale.remote(stale)
+        return torch.cat([batch[keep], await self._sample(stale)])
+
     # ---- training -----------------------------------------------------------------------
     async def train_epoch(self, policy_version: int) -> dict[str, float]:
         """One epoch on a fresh super-batch; returns mean metrics of this rank."""
-        batch = await self._next_super_batch()
+        self.next_version = policy_version
+        batch = await self._drop_stale(await self._next_super_batch())
+        self.next_version = policy_version + 1  # what a prefetch from now on is for
         return await asyncio.to_thread(self._train_on, batch, policy_version)
 
     def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, float]:
@@ -164,7 +210,9 @@ class TrainerActor:
                 else:
                     rows.append(self._vtrace_step(batch[idx]))
         metrics = _mean_metrics(rows)
+        self.skipped_updates = self.engine.skipped_steps
         metrics.update({
+            "policy_lag_values": lag.long().tolist(),
             "policy_lag_mean": float(lag.mean()),
             "policy_lag_max": float(lag.max()),
             "lr_policy": self.scheduler.get_last_lr()[0],
@@ -192,14 +240,14 @@ class TrainerActor:
         return metrics
 
     def _gae_step(self, mb: TensorDict, adv: torch.Tensor) -> dict[str, float]:
-        logp, entropy, value = self.engine(mb["obs"], mb["action"])
+        logp, entropy, value = self.engine(mb["obs"], mb[self.engine.module.action_key])
         return self._loss_and_step(logp, mb["logp"], entropy, value, mb["value"], mb["value_target"], adv)
 
     def _vtrace_step(self, mb: TensorDict) -> dict[str, float]:
         cfg, steps = self.cfg, mb["steps"]
         b, t = steps.batch_size
         flat = steps.reshape(b * t)
-        logp, entropy, value = self.engine(flat["obs"], flat["action"])
+        logp, entropy, value = self.engine(flat["obs"], flat[self.engine.module.action_key])
         with torch.no_grad():
             bootstrap = self.engine.module.value(mb["bootstrap_obs"])
         time_major = lambda x: x.reshape(b, t).transpose(0, 1)  # noqa: E731
@@ -218,6 +266,8 @@ class TrainerActor:
         return tensor_signature(self.engine.module.inference_tensors())
 
     async def join_weight_sync(self, world_size: int, addr: str, port: int, timeout_s: float, member_names: list[str]) -> None:
+        if self._sync is not None:  # rebuilding the group after a member failed
+            self._sync.close()
         self._sync = await asyncio.to_thread(
             WeightSyncGroup, 0, world_size, addr, port, timeout_s=timeout_s, member_names=member_names
         )
@@ -228,6 +278,63 @@ class TrainerActor:
         tensors = [t.detach() for _, t in self.engine.module.inference_tensors()]
         await self._sync.broadcast_async(tensors)
         return time.perf_counter() - start
+
+    # ---- checkpoints --------------------------------------------------------------------
+    async def hold_prefetch(self) -> int:
+        """Freeze the prefetch (a sample in flight lands first) until ``save_checkpoint``;
+        returns how many fetched super-batches wait untrained."""
+        await self._lock().acquire()
+        return len(self._pending())
+
+    def _pending(self) -> list[TensorDict]:
+        queued = list(self._ready._queue) if self._ready is not None else []  # noqa: SLF001 (a snapshot, not a get)
+        return [*self._restored, *queued, *([self._held] if self._held is not None else [])]
+
+    async def save_checkpoint(self, directory: str) -> None:
+        """Write this rank's part of a checkpoint (rank 0 also the weights); releases the hold."""
+        try:
+            await asyncio.to_thread(self._write_checkpoint, Path(directory))
+        finally:
+            if self._fetching is not None and self._fetching.locked():
+                self._fetching.release()
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        zero = self.engine.optimizer
+        if self.rank == 0:
+            ckpt.save_model(self.engine.module, directory)
+        state = {
+            "optimizer": zero.optimizer.state_dict(),  # AdamW over this rank's flat fp32 partitions
+            "fp32_partitions": [t.detach().cpu() for t in zero.single_partition_of_fp32_groups],
+            "scheduler": self.scheduler.state_dict(),
+            "global_steps": self.engine.global_steps,
+            "global_samples": self.engine.global_samples,
+            "skipped_steps": self.engine.skipped_steps,
+            "next_version": self.next_version,
+            "rng": ckpt.rng_state(),
+        }
+        ckpt.save_weights_only(state, directory / f"trainer-{self.rank}.pt")
+        for i, batch in enumerate(self._pending()):
+            ckpt.save_tensordict(batch, directory / f"pending-trainer-{self.rank}-{i}.safetensors")
+
+    def load_checkpoint(self, directory: str) -> dict[str, int]:
+        """Restore weights, optimizer partition, scheduler, counters, RNG and untrained super-batches."""
+        directory = Path(directory)
+        ckpt.load_model(self.engine.module, directory)
+        state = ckpt.load_weights_only(directory / f"trainer-{self.rank}.pt")
+        zero = self.engine.optimizer
+        zero.optimizer.load_state_dict(state["optimizer"])
+        for current, saved in zip(zero.single_partition_of_fp32_groups, state["fp32_partitions"], strict=True):
+            current.data.copy_(saved)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.engine.global_steps = self.global_step = state["global_steps"]
+        self.engine.global_samples = state["global_samples"]
+        self.engine.skipped_steps = self.skipped_updates = state["skipped_steps"]
+        self.next_version = state["next_version"]
+        ckpt.set_rng_state(state["rng"])
+        pending = sorted(directory.glob(f"pending-trainer-{self.rank}-*.safetensors"),
+                         key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+        self._restored = [ckpt.load_tensordict(p) for p in pending]
+        return {"global_step": self.global_step, "pending": len(self._restored)}
 
     def status(self) -> dict[str, int]:
         return {"rank": self.rank, "global_step": self.global_step, "skipped_updates": self.skipped_updates}

@@ -2,21 +2,27 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from async_rl.errors import ConfigError
 from async_rl.policies.base import ActorCritic, ObsSpec, Preprocessor
 
 # name -> module that registers it; imported on first use so heavy deps load only when needed.
-_POLICY_MODULES = {"mlp": "async_rl.policies.mlp"}
-POLICY_BUILDERS: dict[str, tuple[Callable[..., ActorCritic], Callable[..., Preprocessor]]] = {}
+_POLICY_MODULES = {"mlp": "async_rl.policies.mlp", "vla": "async_rl.policies.vla", "vla_discrete": "async_rl.policies.vla"}
+POLICY_BUILDERS: dict[str, tuple[Callable[..., ActorCritic], Callable[..., Preprocessor], Optional[Callable[..., dict]]]] = {}
 
 
-def register_policy(name: str, preprocessor: Callable[..., Preprocessor]):
-    """Register an ActorCritic factory ``fn(obs_spec, action_dim, **kwargs)`` and its preprocessor factory."""
+def register_policy(name: str, preprocessor: Callable[..., Preprocessor], prepare: Optional[Callable[..., dict]] = None):
+    """Register an ActorCritic factory ``fn(obs_spec, action_dim, **kwargs)`` and its preprocessor
+    factory ``fn(obs_spec, **kwargs)`` (it receives the policy's kwargs too).
+
+    ``prepare(obs_spec, action_dim, model_path, kwargs) -> kwargs`` (optional) runs in the driver
+    before Ray starts: it checks the kwargs and ``model_path`` (ConfigError) and returns the
+    kwargs both factories receive.
+    """
 
     def wrap(factory: Callable[..., ActorCritic]) -> Callable[..., ActorCritic]:
-        POLICY_BUILDERS[name] = (factory, preprocessor)
+        POLICY_BUILDERS[name] = (factory, preprocessor, prepare)
         return factory
 
     return wrap
@@ -39,4 +45,15 @@ def build_preprocessor(name: str, obs_spec: ObsSpec, **kwargs: Any) -> Preproces
     return _entry(name)[1](obs_spec, **kwargs)
 
 
-__all__ = ["ActorCritic", "ObsSpec", "Preprocessor", "build_policy", "build_preprocessor", "register_policy"]
+def prepare_policy(name: str, obs_spec: ObsSpec, action_dim: int, model_path: Optional[str],
+                   kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Check the policy's kwargs and ``model_path`` before Ray starts; returns the kwargs to build with."""
+    prepare = _entry(name)[2]
+    if prepare is None:
+        if model_path is not None:
+            raise ConfigError(f"policy '{name}' loads no model; drop --model-path (or use a policy that does, e.g. vla)")
+        return dict(kwargs)
+    return prepare(obs_spec, action_dim, model_path, kwargs)
+
+
+__all__ = ["ActorCritic", "ObsSpec", "Preprocessor", "build_policy", "build_preprocessor", "prepare_policy", "register_policy"]

@@ -24,6 +24,8 @@ class ActorCritic(torch.nn.Module):
     ``logp`` (e.g. ``mu``/``log_std`` or ``logits``).
     """
 
+    action_key = "action"  # the experience key the trainer passes to ``evaluate`` (e.g. "action_token")
+
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
         """Sample (or, where ``deterministic`` [B] is true, take the mode of) actions for a batch."""
         raise NotImplementedError

@@ -11,16 +11,17 @@ ADAPTER = "default"
 
 
 def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float = 0.0,
-               target_modules: Optional[Sequence[str]] = None, trainable: Sequence[str] = ()) -> torch.nn.Module:
+               target_modules: Optional[str | Sequence[str]] = None, trainable: Sequence[str] = ()) -> torch.nn.Module:
     """Inject LoRA adapters in place (the model keeps its class and methods).
 
-    ``target_modules``: module names (peft suffix matching); None = every ``nn.Linear``.
+    ``target_modules``: module names (peft suffix matching), or one string that peft matches as a
+    regex against full module names (e.g. only the language model's projections); None = every ``nn.Linear``.
     Only adapter weights and parameters whose name starts with one of ``trainable`` stay
     trainable (e.g. a value head that has no pretrained weights).
     """
     if target_modules is None:
         target_modules = [name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules))
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules if isinstance(target_modules, str) else list(target_modules))
     model = inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
         param.requires_grad = "lora_" in name or any(name.startswith(prefix) for prefix in trainable)

@@ -16,7 +16,7 @@ from async_rl.policies.base import ActorCritic, ObsSpec
 class StatePreprocessor:
     """Float32 state vector as ``{"state": tensor}``."""
 
-    def __init__(self, obs_spec: ObsSpec) -> None:
+    def __init__(self, obs_spec: ObsSpec, **_policy_kwargs: Any) -> None:
         self.state_dim = int(obs_spec["state_dim"])
 
     def __call__(self, obs: Any, task_name: str) -> TensorDict:

@@ -1,0 +1,537 @@
+"""LIBERO (libero_spatial / libero_object / libero_goal / libero_10 / libero_90) with camera images.
+
+Observation of every ``reset`` / ``step`` (keys are stable; ``LiberoTaskSet.obs_spec`` describes them)::
+
+    {"agentview":   uint8 [H, W, 3],   # third-person camera, H = W = image_size
+     "wrist":       uint8 [H, W, 3],   # eye-in-hand camera
+     "proprio":     float32 [8],       # eef position (3), eef axis-angle (3), gripper finger qpos (2)
+     "instruction": str}               # the task's language instruction
+
+Images are rotated by 180 degrees against robosuite's raw OpenGL frames, which is what OpenVLA does
+(``img[::-1, ::-1]`` in its LIBERO eval) so that pictures are upright and match its training data.
+``proprio`` is OpenVLA-OFT's 8-dim LIBERO state. A camera left out of ``cameras`` is absent from the
+dict; ``cameras: []`` gives a physics-only env (no renderer is created).
+
+Actions are 7 values in [-1, 1] (clipped): delta eef position (3), delta rotation (3), gripper
+(-1 open, +1 close), for LIBERO's OSC_POSE controller. Reward is LIBERO's sparse 1.0 on success
+(times ``reward_scale``); an episode terminates on success (the env's own ``_check_success``)
+and is truncated after ``max_episode_steps`` policy steps.
+
+Each ``reset`` restores one of the task's fixed initial states (the suite's ``.pruned_init``
+file, 50 per task), cycled from a seed-chosen offset or sampled with the env's seeded RNG, then
+lets the scene settle for ``settle_steps`` no-op steps that are not rendered and not part of the
+episode (OpenVLA waits 10 steps). Resets never rebuild the scene (robosuite ``hard_reset=False``,
+~20x faster than a rebuild): the initial state overwrites the simulator state, the gripper's
+smoothed command is zeroed as a rebuild would, and the poses LIBERO re-samples for fixtures
+(cabinets, stoves; not in the init-state files) are drawn from a seed of (env seed, init state),
+so an episode's start depends only on those two. Several envs may live in one process (a worker's
+EnvPool): each makes its own GL context current before it renders or frees its renderer.
+
+Rendering is headless. ``render_backend`` "auto" keeps a ``MUJOCO_GL`` already set in the
+environment, else uses EGL (a GPU's EGL where there is one, Mesa's llvmpipe on a CPU); "egl" or
+"osmesa" force one. It is applied in ``make_env`` (the rollout worker process) before robosuite
+is imported. ``fast_render`` (MSAA off, no shadows, no reflections; ~3x faster in software) is on
+by default when the GL renderer is a software one.
+
+The TaskSet is plain data (suite, task indices, names, instructions, paths relative to LIBERO's
+bddl / init-state folders) built in the driver without importing robosuite or mujoco; init states
+are read lazily in the worker with ``torch.load(weights_only=True)`` (numpy arrays, allow-listed).
+LIBERO asks interactively where its data lives unless ``$LIBERO_CONFIG_PATH/config.yaml`` exists,
+so this module writes its own config (see ``_ensure_libero_config``) before importing libero.
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib.util
+import io
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from async_rl.errors import ConfigError, unknown_key_message
+from envs import register_env
+
+# Episode step limits of OpenVLA's LIBERO eval (openvla/openvla,
+# experiments/robot/libero/run_libero_eval.py: "max_steps = 220  # longest training demo has 193
+# steps", ...): a little above the longest human demonstration of each suite.
+SUITE_MAX_STEPS = {
+    "libero_spatial": 220,  # longest demo 193 steps
+    "libero_object": 280,  # 254
+    "libero_goal": 300,  # 270
+    "libero_10": 520,  # 505
+    "libero_90": 400,  # 373
+}
+SUITES = tuple(SUITE_MAX_STEPS)
+CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}  # our key -> robosuite camera
+PROPRIO_DIM = 8
+ACTION_DIM = 7
+RENDER_BACKENDS = ("auto", "egl", "osmesa")
+INIT_STATE_ORDERS = ("cycle", "sample")
+# OpenVLA's no-op while objects settle: no motion, gripper open.
+SETTLE_ACTION = np.array([0.0] * 6 + [-1.0])
+_SOFTWARE_GL = ("llvmpipe", "softpipe", "swrast", "software", "osmesa")
+_INSTALL_HINT = "run: make setup  (or: bash scripts/setup.sh), which installs LIBERO and its assets"
+# Modules LIBERO / robosuite import at start-up, checked in the driver so a missing one is a
+# ConfigError there instead of a crash in a rollout worker.
+_REQUIRED_MODULES = ("libero", "robosuite", "bddl", "mujoco", "cv2", "numba", "termcolor", "easydict",
+                     "matplotlib", "future", "yaml", "torch")
+
+
+# ---- installation checks and LIBERO's config file ---------------------------------------
+def _libero_package_dir() -> Path:
+    """``.../site-packages/libero/libero`` (holds bddl_files, init_files, assets), not imported."""
+    missing = [m for m in _REQUIRED_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"LIBERO is not installed (missing Python modules: {', '.join(missing)}); {_INSTALL_HINT}")
+    spec = importlib.util.find_spec("libero")
+    root = Path(next(iter(spec.submodule_search_locations))) / "libero"
+    if not (root / "bddl_files").is_dir() or not (root / "init_files").is_dir():
+        raise ConfigError(f"the installed 'libero' package at {root.parent} has no bddl_files/init_files; {_INSTALL_HINT}")
+    if not (root / "assets" / "scenes").is_dir():
+        raise ConfigError(f"LIBERO's assets are missing ({root / 'assets'} does not exist); {_INSTALL_HINT}")
+    return root
+
+
+def _config_dir() -> Path:
+    """A project-owned directory for LIBERO's config.yaml: inside the venv if writable, else temp."""
+    override = os.environ.get("ASYNC_RL_LIBERO_CONFIG_DIR")
+    candidates = [Path(override)] if override else []
+    candidates += [Path(sys.prefix) / "async_rl" / "libero",
+                   Path(tempfile.gettempdir()) / f"async_rl-libero-{os.getuid()}"]
+    for d in candidates:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(d, os.W_OK):
+            return d
+    raise ConfigError(f"no writable directory for LIBERO's config (tried {', '.join(map(str, candidates))}); "
+                      f"set ASYNC_RL_LIBERO_CONFIG_DIR to one")
+
+
+def _ensure_libero_config() -> Path:
+    """Point ``LIBERO_CONFIG_PATH`` at a complete config.yaml so that ``import libero.libero``
+    never prompts. A user's own ``LIBERO_CONFIG_PATH`` holding a config.yaml is kept."""
+    import yaml  # noqa: PLC0415
+
+    root = _libero_package_dir()
+    user_dir = os.environ.get("LIBERO_CONFIG_PATH")
+    if user_dir and (Path(user_dir) / "config.yaml").is_file():
+        return root
+    cfg_dir = _config_dir()
+    text = yaml.safe_dump({
+        "benchmark_root": str(root),
+        "bddl_files": str(root / "bddl_files"),
+        "init_states": str(root / "init_files"),
+        "datasets": str(cfg_dir / "datasets"),
+        "assets": str(root / "assets"),
+    })
+    path = cfg_dir / "config.yaml"
+    if not path.is_file() or path.read_text() != text:
+        # Several workers may start at once: write a private file, then rename it atomically.
+        fd, tmp = tempfile.mkstemp(dir=cfg_dir, prefix=".config-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    os.environ["LIBERO_CONFIG_PATH"] = str(cfg_dir)
+    return root
+
+
+def _import_benchmark() -> Any:
+    _ensure_libero_config()
+    try:
+        from libero.libero import benchmark  # noqa: PLC0415  (optional dependency)
+    except ImportError as exc:
+        raise ConfigError(f"LIBERO failed to import ({exc}); {_INSTALL_HINT}") from None
+    return benchmark
+
+
+# ---- rendering --------------------------------------------------------------------------
+def _configure_rendering(backend: str) -> str:
+    """Set ``MUJOCO_GL`` (and PyOpenGL's platform) before robosuite is imported; returns it."""
+    if backend == "auto":
+        backend = os.environ.get("MUJOCO_GL") or "egl"
+    if "robosuite.utils.binding_utils" in sys.modules:
+        # robosuite picked its GL context class at import; a different one can't be swapped in.
+        if os.environ.get("MUJOCO_GL") != backend:
+            raise RuntimeError(f"robosuite was imported with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} in this "
+                               f"process before the LIBERO env asked for {backend!r}; set MUJOCO_GL={backend} first")
+        return backend
+    os.environ["MUJOCO_GL"] = backend
+    os.environ.setdefault("PYOPENGL_PLATFORM", backend)
+    if backend == "egl" and os.environ.get("CUDA_VISIBLE_DEVICES") == "" and "MUJOCO_EGL_DEVICE_ID" not in os.environ:
+        # A process given no GPU (e.g. a Ray actor with num_gpus=0) has CUDA_VISIBLE_DEVICES="",
+        # which robosuite's EGL device selection cannot parse; take the first EGL device.
+        os.environ["MUJOCO_EGL_DEVICE_ID"] = "0"
+    return backend
+
+
+def _gl_renderer_name(render_context: Any) -> str:
+    """GL_RENDERER of a robosuite render context, e.g. 'llvmpipe (LLVM 15.0.6, 256 bits)' or a GPU's name."""
+    from OpenGL import GL  # noqa: PLC0415
+
+    render_context.gl_ctx.make_current()
+    name = GL.glGetString(GL.GL_RENDERER)
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+# ---- the TaskSet (built in the driver) --------------------------------------------------
+TaskSpec = Union[int, str]
+
+
+def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, TaskSpec, Sequence[TaskSpec]]) -> list[int]:
+    if isinstance(tasks, str) and tasks == "all":
+        return list(range(len(all_names)))
+    items = [tasks] if isinstance(tasks, (int, str)) else list(tasks)
+    if not items:
+        raise ConfigError(f"libero tasks is empty; give task indices, task names or \"all\" for {suite}")
+    indices: list[int] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise ConfigError(f"libero task {item!r} must be an index or a task name")
+        if isinstance(item, int):
+            if not 0 <= item < len(all_names):
+                raise ConfigError(f"libero task index {item} is out of range: {suite} has tasks 0..{len(all_names) - 1}")
+            idx = item
+        elif item in all_names:
+            idx = all_names.index(item)
+        else:
+            close = difflib.get_close_matches(item, all_names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown {suite} task '{item}'{hint}; give an index 0..{len(all_names) - 1} or one "
+                              f"of its task names")
+        if idx in indices:
+            raise ConfigError(f"libero task {item!r} is listed twice")
+        indices.append(idx)
+    return indices
+
+
+@register_env("libero")
+def libero_task_set(
+    suite: str = "libero_spatial",
+    tasks: Union[str, TaskSpec, list[TaskSpec]] = "all",
+    image_size: int = 128,
+    cameras: Sequence[str] = ("agentview", "wrist"),
+    max_episode_steps: Optional[int] = None,
+    init_state_order: str = "cycle",
+    settle_steps: int = 10,
+    fast_render: Optional[bool] = None,
+    render_backend: str = "auto",
+    reward_scale: float = 1.0,
+) -> LiberoTaskSet:
+    """Build a LIBERO TaskSet.
+
+    suite: one of SUITES. tasks: "all", or task indices / names of the suite (its standard order).
+    image_size: square camera resolution. cameras: a subset of ("agentview", "wrist"); empty for
+    physics only. max_episode_steps: default is the suite's OpenVLA limit (SUITE_MAX_STEPS).
+    init_state_order: "cycle" (from a seed-chosen offset) or "sample" the task's fixed initial
+    states. settle_steps: unrendered no-op steps after each reset. fast_render: MSAA / shadows /
+    reflections off; None = on for a software renderer. render_backend: "auto", "egl", "osmesa".
+    reward_scale multiplies LIBERO's sparse success reward.
+    """
+    if suite not in SUITE_MAX_STEPS:
+        raise ConfigError(unknown_key_message(str(suite), SUITES, "LIBERO suite"))
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or not 8 <= image_size <= 1024:
+        raise ConfigError(f"libero image_size must be an integer in 8..1024, got {image_size!r}")
+    if not isinstance(cameras, (list, tuple)) or not all(isinstance(c, str) for c in cameras):
+        raise ConfigError(f"libero cameras must be a list drawn from {list(CAMERAS)}, got {cameras!r}")
+    for cam in cameras:
+        if cam not in CAMERAS:
+            raise ConfigError(unknown_key_message(cam, CAMERAS, "LIBERO camera"))
+    if len(set(cameras)) != len(cameras):
+        raise ConfigError(f"libero cameras lists a camera twice: {list(cameras)}")
+    if max_episode_steps is None:
+        max_episode_steps = SUITE_MAX_STEPS[suite]
+    if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
+        raise ConfigError(f"libero max_episode_steps must be a positive integer, got {max_episode_steps!r}")
+    if init_state_order not in INIT_STATE_ORDERS:
+        raise ConfigError(unknown_key_message(str(init_state_order), INIT_STATE_ORDERS, "libero init_state_order"))
+    if isinstance(settle_steps, bool) or not isinstance(settle_steps, int) or settle_steps < 0:
+        raise ConfigError(f"libero settle_steps must be a non-negative integer, got {settle_steps!r}")
+    if fast_render is not None and not isinstance(fast_render, bool):
+        raise ConfigError(f"libero fast_render must be true, false or null (auto), got {fast_render!r}")
+    if render_backend not in RENDER_BACKENDS:
+        raise ConfigError(unknown_key_message(str(render_backend), RENDER_BACKENDS, "libero render_backend"))
+    if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)):
+        raise ConfigError(f"libero reward_scale must be a number, got {reward_scale!r}")
+
+    benchmark = _import_benchmark()
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
+        bench = benchmark.get_benchmark_dict()[suite]()
+    all_names = bench.get_task_names()
+    indices = _resolve_tasks(suite, all_names, tasks)
+    root = _libero_package_dir()
+    specs = [bench.get_task(i) for i in indices]
+    bddl = [f"{t.problem_folder}/{t.bddl_file}" for t in specs]
+    inits = [f"{t.problem_folder}/{t.init_states_file}" for t in specs]
+    for rel in bddl:
+        if not (root / "bddl_files" / rel).is_file():
+            raise ConfigError(f"LIBERO task file {root / 'bddl_files' / rel} is missing; {_INSTALL_HINT}")
+    for rel in inits:
+        if not (root / "init_files" / rel).is_file():
+            raise ConfigError(f"LIBERO init-state file {root / 'init_files' / rel} is missing; {_INSTALL_HINT}")
+    return LiberoTaskSet(
+        suite=suite,
+        task_indices=indices,
+        task_names=[t.name for t in specs],
+        instructions=[t.language for t in specs],
+        bddl_files=bddl,
+        init_state_files=inits,
+        image_size=image_size,
+        cameras=list(cameras),
+        max_episode_steps=max_episode_steps,
+        init_state_order=init_state_order,
+        settle_steps=settle_steps,
+        fast_render=fast_render,
+        render_backend=render_backend,
+        reward_scale=float(reward_scale),
+    )
+
+
+@dataclass
+class LiberoTaskSet:
+    """Picklable LIBERO TaskSet: names, instructions and paths relative to LIBERO's data folders."""
+
+    suite: str
+    task_indices: list[int]  # indices into the suite's standard task order
+    task_names: list[str]
+    instructions: list[str]
+    bddl_files: list[str]  # relative to LIBERO's bddl_files folder
+    init_state_files: list[str]  # relative to LIBERO's init_files folder
+    image_size: int = 128
+    cameras: list[str] = field(default_factory=lambda: list(CAMERAS))
+    max_episode_steps: int = 220
+    init_state_order: str = "cycle"
+    settle_steps: int = 10
+    fast_render: Optional[bool] = None
+    render_backend: str = "auto"
+    reward_scale: float = 1.0
+    action_dim: int = ACTION_DIM
+    obs_dim: int = PROPRIO_DIM  # the flat part of the observation (proprio)
+
+    def __len__(self) -> int:
+        return len(self.task_names)
+
+    @property
+    def obs_spec(self) -> dict[str, Any]:
+        """What a policy / preprocessor needs to know about the observation dict."""
+        return {
+            "type": "libero",
+            "cameras": list(self.cameras),
+            "image_size": self.image_size,
+            "image_shape": [self.image_size, self.image_size, 3],
+            "proprio_dim": PROPRIO_DIM,
+            "instruction": True,
+            "instructions": list(self.instructions),
+        }
+
+    def make_env(self, task_index: int, seed: int) -> LiberoTaskEnv:
+        if not 0 <= task_index < len(self.task_names):
+            raise IndexError(f"task_index {task_index} out of range for {len(self.task_names)} LIBERO tasks")
+        return LiberoTaskEnv(self, task_index, seed)
+
+
+# ---- one env (built in a rollout worker) ------------------------------------------------
+def load_init_states(path: Union[str, Path]) -> np.ndarray:
+    """A LIBERO init-state file (a torch pickle of one float64 array [n, state_dim]), loaded with
+    ``torch.load(weights_only=True)``: only numpy's array reconstruction is allow-listed."""
+    import torch  # noqa: PLC0415
+
+    allowed = [(np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+               np.ndarray, np.dtype, np.dtypes.Float64DType]
+    with torch.serialization.safe_globals(allowed):
+        states = torch.load(path, weights_only=True)
+    states = np.asarray(states, dtype=np.float64)
+    if states.ndim != 2 or len(states) == 0:
+        raise ValueError(f"LIBERO init-state file {path} holds shape {states.shape}, expected [n, state_dim]")
+    return states
+
+
+class InitStateSchedule:
+    """Which of a task's ``n`` fixed initial states each reset uses, reproducible from ``seed``:
+    "cycle" walks through all of them from a seed-chosen offset, "sample" draws with replacement."""
+
+    def __init__(self, n: int, order: str, seed: int) -> None:
+        if order not in INIT_STATE_ORDERS:
+            raise ValueError(f"init-state order must be one of {INIT_STATE_ORDERS}, got {order!r}")
+        self.n, self.order = n, order
+        self._rng = np.random.default_rng(seed)
+        self._next = int(self._rng.integers(n))
+
+    def next(self) -> int:
+        if self.order == "sample":
+            return int(self._rng.integers(self.n))
+        index, self._next = self._next, (self._next + 1) % self.n
+        return index
+
+
+class LiberoTaskEnv:
+    """One LIBERO task's env; ``reset`` restores a fixed initial state without rebuilding the scene."""
+
+    def __init__(self, task_set: LiberoTaskSet, task_index: int, seed: int) -> None:
+        ts = task_set
+        self.render_backend = _configure_rendering(ts.render_backend) if ts.cameras else "none"
+        root = _ensure_libero_config()
+        try:
+            from libero.libero.envs.env_wrapper import ControlEnv  # noqa: PLC0415
+            from robosuite.utils.transform_utils import quat2axisangle  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigError(f"LIBERO failed to import ({exc}); {_INSTALL_HINT}") from None
+        self._quat2axisangle = quat2axisangle
+        self.task_name = ts.task_names[task_index]
+        self.instruction = ts.instructions[task_index]
+        self.cameras = list(ts.cameras)
+        self.max_episode_steps = int(ts.max_episode_steps)
+        self.settle_steps = int(ts.settle_steps)
+        self.reward_scale = float(ts.reward_scale)
+        self._init_states = load_init_states(root / "init_files" / ts.init_state_files[task_index])
+        self._schedule = InitStateSchedule(len(self._init_states), ts.init_state_order, seed)
+        self._seed = int(seed) % 2**32
+        self.init_state_index = -1
+        render = bool(self.cameras)
+        self._env = ControlEnv(
+            bddl_file_name=str(root / "bddl_files" / ts.bddl_files[task_index]),
+            use_camera_obs=render,
+            has_renderer=False,
+            has_offscreen_renderer=render,
+            camera_names=[CAMERAS[c] for c in self.cameras],
+            camera_heights=ts.image_size,
+            camera_widths=ts.image_size,
+            hard_reset=False,  # reset = restore a state; rebuilding the scene costs ~20x more
+            ignore_done=True,  # our own step limit; robosuite's horizon would raise past it
+        )
+        self._image_keys = {c: f"{CAMERAS[c]}_image" for c in self.cameras}
+        self.gl_renderer = ""
+        self.fast_render = False
+        if render:
+            self.gl_renderer = _gl_renderer_name(self._render_context())
+            fast = ts.fast_render
+            if fast is None:
+                fast = any(s in self.gl_renderer.lower() for s in _SOFTWARE_GL)
+            if fast:
+                self._apply_fast_render()
+        self._t = 0
+        self._needs_reset = True
+
+    # -- rendering settings --
+    def _render_context(self) -> Any:
+        return self._env.sim._render_context_offscreen
+
+    def _make_gl_current(self) -> None:
+        """robosuite renders into whichever GL context is current; with several envs in one
+        process (a worker's EnvPool) that must be this env's, or frames come from another's."""
+        if self.cameras:
+            self._render_context().gl_ctx.make_current()
+
+    def _apply_fast_render(self) -> None:
+        """MSAA off (a new MjrContext reads ``offsamples``), no shadows, no reflections."""
+        import mujoco  # noqa: PLC0415
+
+        ctx = self._render_context()
+        ctx.gl_ctx.make_current()
+        self._env.sim.model._model.vis.quality.offsamples = 0
+        ctx.con.free()
+        ctx._set_mujoco_context_and_buffers()  # robosuite's own (re)creation of the MjrContext
+        ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self.fast_render = True
+
+    def render_settings(self) -> dict[str, Any]:
+        """The renderer's live settings (for tests and logs); empty for a physics-only env."""
+        if not self.cameras:
+            return {}
+        import mujoco  # noqa: PLC0415
+
+        ctx = self._render_context()
+        return {
+            "backend": self.render_backend,
+            "gl_renderer": self.gl_renderer,
+            "fast_render": self.fast_render,
+            "offsamples": int(self._env.sim.model._model.vis.quality.offsamples),
+            "context_samples": int(ctx.con.offSamples),
+            "shadows": bool(ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW]),
+            "reflections": bool(ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION]),
+        }
+
+    # -- episode --
+    def _observation(self, raw: dict[str, np.ndarray]) -> dict[str, Any]:
+        obs: dict[str, Any] = {c: np.ascontiguousarray(raw[key][::-1, ::-1]) for c, key in self._image_keys.items()}
+        obs["proprio"] = np.concatenate([
+            raw["robot0_eef_pos"],
+            self._quat2axisangle(np.array(raw["robot0_eef_quat"], dtype=np.float64)),  # it clips in place
+            raw["robot0_gripper_qpos"],
+        ]).astype(np.float32)
+        obs["instruction"] = self.instruction
+        return obs
+
+    def _set_cameras_enabled(self, enabled: bool) -> None:
+        for key in self._image_keys.values():
+            self._env.env.modify_observable(key, "enabled", enabled)
+
+    @property
+    def num_init_states(self) -> int:
+        return len(self._init_states)
+
+    def reset(self, init_state: Optional[int] = None) -> dict[str, Any]:
+        """Restore a fixed initial state (the schedule's next one, or index ``init_state``), let the
+        scene settle, and return the first observation."""
+        if init_state is None:
+            self.init_state_index = self._schedule.next()
+        elif 0 <= init_state < len(self._init_states):
+            self.init_state_index = int(init_state)
+        else:
+            raise IndexError(f"init_state {init_state} out of range: '{self.task_name}' has {len(self._init_states)}")
+        # LIBERO re-places fixtures (cabinets, stoves, ...) at every reset by drawing from numpy's
+        # global RNG, and the init-state files do not hold their poses. Seed that draw from (env
+        # seed, init state) so an episode's start is a function of both, and leave the process's
+        # global RNG as it was.
+        outer_rng = np.random.get_state()
+        np.random.seed(np.random.SeedSequence([self._seed, self.init_state_index]).generate_state(1)[0])
+        self._set_cameras_enabled(False)  # nothing is rendered until the scene has settled
+        try:
+            self._env.reset()
+            for robot in self._env.robots:
+                # A soft reset keeps the gripper model, whose smoothed command would carry over
+                # from the last episode; a rebuilt model starts from zero.
+                robot.gripper.current_action = np.zeros_like(robot.gripper.current_action)
+            self._env.set_init_state(self._init_states[self.init_state_index])
+            for _ in range(self.settle_steps):
+                self._env.step(SETTLE_ACTION)
+        finally:
+            self._set_cameras_enabled(True)
+            np.random.set_state(outer_rng)
+        self._make_gl_current()
+        raw = self._env.env._get_observations(force_update=True)
+        self._t = 0
+        self._needs_reset = False
+        return self._observation(raw)
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        if self._needs_reset:
+            raise RuntimeError(f"LIBERO env '{self.task_name}': call reset() before step() (episode ended)")
+        a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
+        if a.shape != (ACTION_DIM,):
+            raise ValueError(f"LIBERO action must have {ACTION_DIM} values, got shape {np.shape(action)}")
+        self._make_gl_current()
+        raw, reward, success, _ = self._env.step(a)
+        self._t += 1
+        terminated = bool(success)
+        truncated = not terminated and self._t >= self.max_episode_steps
+        if terminated or truncated:
+            self._needs_reset = True
+        info = {"success": terminated, "init_state_index": self.init_state_index}
+        return self._observation(raw), float(reward) * self.reward_scale, terminated, truncated, info
+
+    def close(self) -> None:
+        """Free the simulator and renderer (with this env's GL context current: GL object names
+        are per context, so freeing them under another env's context would delete that env's)."""
+        if self._env is not None:
+            self._make_gl_current()
+            self._env.close()  # robosuite frees the render context here (its gc.collect)
+            self._env = None

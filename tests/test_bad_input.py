@@ -1,0 +1,57 @@
+"""Every class of bad input to a launch script: one line on stderr, exit code 2, nothing started or written."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = ROOT / "launch" / "ds_metaworld_ppo_mlp.py"
+
+# (class, extra argv, text the line must contain); "{tmp}" is the test's temp dir.
+CASES = [
+    ("unknown_key", ["--config", "{tmp}/bad.yaml"], "unknown config key 'replay_capcity' (did you mean 'replay_capacity'?)"),
+    ("wrong_type", ["--num-trainers", "two"], "'num_trainers' = 'two': Input should be a valid integer"),
+    ("out_of_range", ["--gamma", "1.5"], "'gamma' = 1.5: Input should be less than or equal to 1"),
+    ("inconsistent_sizes", ["--super-batch-size", "100"], "super_batch_size (100) must equal train_batch_size x accumulation_steps"),
+    ("resume_missing", ["--resume", "{tmp}/nope"], "--resume {tmp}/nope: no such directory"),
+    ("resume_not_a_checkpoint", ["--resume", "{tmp}/empty"], "--resume {tmp}/empty: not a checkpoint"),
+    ("log_dir_is_a_file", ["--log-dir", "{tmp}/bad.yaml"], "is a file; pass a directory"),
+    ("too_many_cpus", ["--num-rollout-workers", "64", "--worker-num-cpus", "1"], "are available; lower the counts"),
+    ("no_gpu", ["--device", "cuda"], "GPU(s) visible"),
+    ("missing_extra", ["--block-module", "metaworld"], "MetaWorld is not installed"),
+]
+
+# Runs the launch script as __main__ with one module made unimportable (a missing optional extra).
+BLOCKING_RUNNER = """
+import runpy, sys
+args = sys.argv[1:]
+if "--block-module" in args:
+    i = args.index("--block-module")
+    sys.modules[args[i + 1]] = None  # `import <name>` now raises ImportError
+    del args[i:i + 2]
+sys.argv = [{launch!r}, *args]
+runpy.run_path({launch!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("case, argv, message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, argv, message):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    (tmp_path / "bad.yaml").write_text("replay_capcity: 10\n")
+    (tmp_path / "empty").mkdir()
+    log_dir = tmp_path / "run"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if "--log-dir" not in argv:
+        argv += ["--log-dir", str(log_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", BLOCKING_RUNNER.format(launch=str(LAUNCH)), *argv],
+                          capture_output=True, text=True, timeout=300, cwd=work, env=env)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert message.replace("{tmp}", str(tmp_path)) in lines[0]
+    assert not log_dir.exists()
+    assert list(work.iterdir()) == []  # nothing written where it ran
