@@ -1,0 +1,139 @@
+"""CompilerGym server: runs in the Python 3.10 interpreter of ``.venv-compilergym``.
+
+compiler_gym 0.2.5 cannot be installed in the project's Python 3.11, so ``envs/compiler_gym.py``
+starts this file as a subprocess and talks to it with one JSON object per line: requests on
+stdin, answers on the original stdout (CompilerGym's own prints are sent to stderr so they
+never corrupt the protocol). It imports nothing from the project.
+
+Requests ``{"cmd": ...}`` and answers (``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``):
+  hello                           -> pass flags of the LLVM action space
+  reset  benchmark, ir            -> program counts (-O0, -Oz), Autophase, IR text if ``ir``
+  step   actions, ir              -> applies the pass indices in order; the observation after them
+  fork                            -> keeps a fork of the current state (restored by ``restore``)
+  restore                         -> the env returns to the forked state
+  make_benchmark  path            -> URI of a benchmark built from a .c/.cpp/.bc file
+  close                           -> closes the env and exits
+"""
+import json
+import os
+import sys
+import traceback
+
+
+def _observe(env, ir):
+    obs = {
+        "ir_count": int(env.observation["IrInstructionCount"]),
+        "autophase": [int(x) for x in env.observation["Autophase"]],
+    }
+    if ir:
+        obs["ir"] = env.observation["Ir"]
+    return obs
+
+
+class Server:
+    def __init__(self):
+        import compiler_gym  # noqa: F401  (registers the llvm-v0 env)
+        import gym
+
+        self.env = gym.make("llvm-v0", benchmark="generator://csmith-v0/0")
+        self.fork = None
+        self.user_benchmarks = {}
+
+    def hello(self, req):
+        return {"flags": list(self.env.action_space.flags), "pid": os.getpid(),
+                "service_pid": _service_pid(self.env)}
+
+    def reset(self, req):
+        self._drop_fork()
+        benchmark = req["benchmark"]
+        benchmark = self.user_benchmarks.get(benchmark, benchmark)
+        self.env.reset(benchmark=benchmark)
+        obs = _observe(self.env, req.get("ir", False))
+        obs["o0_count"] = int(self.env.observation["IrInstructionCountO0"])
+        obs["oz_count"] = int(self.env.observation["IrInstructionCountOz"])
+        obs["service_pid"] = _service_pid(self.env)
+        return obs
+
+    def step(self, req):
+        done = False
+        for action in req["actions"]:
+            _, _, done, info = self.env.step(int(action))
+            if done:
+                # The service ended the episode (e.g. a pass crashed it); say why.
+                return {"done": True, "error": str(info.get("error_details", info)), **_observe(self.env, False)}
+        return {"done": done, **_observe(self.env, req.get("ir", False))}
+
+    def fork(self, req):
+        self._drop_fork()
+        self.fork = self.env.fork()
+        return {}
+
+    def restore(self, req):
+        if self.fork is None:
+            raise RuntimeError("restore without fork")
+        self.env.close()
+        self.env, self.fork = self.fork, None
+        self.fork = self.env.fork()
+        return _observe(self.env, req.get("ir", False))
+
+    def make_benchmark(self, req):
+        bm = self.env.make_benchmark(req["path"])
+        self.user_benchmarks[str(bm.uri)] = bm
+        return {"uri": str(bm.uri)}
+
+    def _drop_fork(self):
+        if self.fork is not None:
+            self.fork.close()
+            self.fork = None
+
+    def close(self, req=None):
+        self._drop_fork()
+        self.env.close()
+        return {}
+
+
+def _service_pid(env):
+    try:
+        return int(env.service.connection.process.pid)
+    except Exception:  # noqa: BLE001  (private attribute path; the pid is diagnostic only)
+        return None
+
+
+def main():
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to stderr
+    sys.stdout = sys.stderr
+
+    def send(msg):
+        proto.write(json.dumps(msg) + "\n")
+        proto.flush()
+
+    try:
+        server = Server()
+    except Exception as exc:  # noqa: BLE001
+        send({"ok": False, "error": f"CompilerGym failed to start: {type(exc).__name__}: {exc}"})
+        return 1
+    send({"ok": True, "ready": True})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        cmd = req.get("cmd")
+        handler = getattr(server, cmd, None) if cmd in ("hello", "reset", "step", "fork", "restore",
+                                                         "make_benchmark", "close") else None
+        if handler is None:
+            send({"ok": False, "error": f"unknown command {cmd!r}"})
+            continue
+        try:
+            send({"ok": True, **handler(req)})
+        except Exception as exc:  # noqa: BLE001  (every failure goes back to the client)
+            traceback.print_exc(file=sys.stderr)
+            send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        if cmd == "close":
+            return 0
+    server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
