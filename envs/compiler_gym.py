@@ -272,9 +272,12 @@ class CompilerGymTaskSet:
 
     @property
     def obs_spec(self) -> dict[str, Any]:
-        return {"autophase_dim": AUTOPHASE_DIM, "num_passes": len(self.flags), "mode": self.mode,
+        spec = {"autophase_dim": AUTOPHASE_DIM, "num_passes": len(self.flags), "mode": self.mode,
                 "ir_tokens": self.ir_tokens, "ir_vocab_size": self.ir_vocab_size,
                 "action_vocab": self.action_vocab.tokens, "seq_len": self.seq_len, "max_steps": self.max_steps}
+        if self.mode == "per_step":
+            spec["num_actions"] = len(self.flags)  # a discrete action: the pass index
+        return spec
 
     def make_env(self, task_index: int, seed: int, benchmarks: Optional[list[str]] = None) -> "CompilerGymTaskEnv":
         if task_index != 0:

@@ -8,7 +8,8 @@ from async_rl.errors import ConfigError
 from async_rl.policies.base import ActorCritic, ObsSpec, Preprocessor
 
 # name -> module that registers it; imported on first use so heavy deps load only when needed.
-_POLICY_MODULES = {"mlp": "async_rl.policies.mlp"}
+_POLICY_MODULES = {"mlp": "async_rl.policies.mlp", "categorical_mlp": "async_rl.policies.categorical_mlp",
+                   "passformer": "async_rl.policies.passformer"}
 POLICY_BUILDERS: dict[str, tuple[Callable[..., ActorCritic], Callable[..., Preprocessor]]] = {}
 
 
