@@ -512,3 +512,97 @@ def random_search(env: CompilerGymTaskEnv, uri: str, length: int, trials: int, r
         msg, _ = env.apply_passes([int(a) for a in rng.integers(len(env.ts.flags), size=length)])
         best = msg["ir_count"] if best is None else min(best, msg["ir_count"])
     return best
+
+
+# ---- held-out evaluation -----------------------------------------------------------------
+def evaluate_programs(task_set: CompilerGymTaskSet, policy: Any, preprocess: Any, random_trials: int = 1,
+                      seed: int = 0, benchmarks: Optional[list[str]] = None) -> dict[str, Any]:
+    """The policy (greedy) and random search on every held-out program.
+
+    ``policy(obs_batch) -> env actions [B, action_dim]`` takes preprocessed observations.
+    Per program: -Oz count / count after the policy's passes (> 1 beats -Oz), and the same ratio
+    for the best of ``random_trials`` random sequences, each as many passes as the policy applied
+    (``random_trials=1``: the same number of env steps). Returns the per-program rows and the
+    geometric means ``geomean_reduction_vs_oz`` and ``random_search_geomean_vs_oz``.
+    """
+    import torch  # noqa: PLC0415
+
+    env = task_set.make_env(0, seed=seed, benchmarks=benchmarks or task_set.eval_benchmarks)
+    rng = np.random.default_rng(seed)
+    rows = []
+    try:
+        for uri in env.benchmarks:
+            obs = env.reset_to(uri)
+            if obs is None:
+                continue
+            started, passes, done, info = time.monotonic(), 0, False, {}
+            while not done:
+                action = policy(torch.stack([preprocess(obs, env.task_name)]))[0]
+                obs, _, terminated, truncated, info = env.step(np.asarray(action))
+                passes += int(info.get("num_passes", 1))
+                done = terminated or truncated
+            if "server_error" in info:
+                continue
+            policy_seconds = time.monotonic() - started
+            oz, o0 = env.program["oz_count"], env.program["o0_count"]
+            random_count = random_search(env, uri, max(passes, 1), random_trials, rng)
+            rows.append({"benchmark": uri, "o0_count": o0, "oz_count": oz, "policy_count": int(info["ir_count"]),
+                         "policy_passes": passes, "random_count": random_count,
+                         "policy_vs_oz": oz / max(info["ir_count"], 1), "random_vs_oz": oz / max(random_count, 1),
+                         "policy_seconds": policy_seconds})
+    finally:
+        env.close()
+    return {"rows": rows, "skipped": dict(env.skipped), "random_trials": random_trials,
+            "geomean_reduction_vs_oz": geomean([r["policy_vs_oz"] for r in rows]),
+            "random_search_geomean_vs_oz": geomean([r["random_vs_oz"] for r in rows])}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The per-program table and the two geometric means, as text."""
+    lines = [f"{'program':<34}{'-O0':>8}{'-Oz':>8}{'policy':>8}{'passes':>7}{'random':>8}{'pol/Oz':>8}{'rnd/Oz':>8}"]
+    for r in result["rows"]:
+        lines.append(f"{r['benchmark'][-34:]:<34}{r['o0_count']:>8}{r['oz_count']:>8}{r['policy_count']:>8}"
+                     f"{r['policy_passes']:>7}{r['random_count']:>8}{r['policy_vs_oz']:>8.3f}{r['random_vs_oz']:>8.3f}")
+    lines.append(f"geomean (-Oz count / count), >1 beats -Oz: policy {result['geomean_reduction_vs_oz']:.3f}, "
+                 f"random search ({result['random_trials']} x same passes) {result['random_search_geomean_vs_oz']:.3f}; "
+                 f"{len(result['rows'])} programs, skipped {result['skipped']}")
+    return "\n".join(lines)
+
+
+def held_out_evaluation(runtime: Any, random_trials: int = 1) -> dict[str, Any]:
+    """After training (the driver's ``inspect`` hook): evaluate the latest weights through an
+    inference actor on the held-out programs, print the table and log ``eval/...`` scalars."""
+    import ray  # noqa: PLC0415
+    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+
+    from async_rl.experience import from_wire, to_wire  # noqa: PLC0415
+
+    cfg = runtime.cfg
+    actor = next(iter(runtime.inference.values()))
+    # Free the cores (and the inference actor) from rollouts while evaluating.
+    ray.get([w.pause.remote() for w in runtime.workers.values()], timeout=cfg.actor_timeout_s)
+
+    def policy(obs: Any) -> np.ndarray:
+        wire = ray.get(actor.request.remote(to_wire(obs), True), timeout=cfg.actor_timeout_s)
+        return from_wire(wire)["env_action"].numpy()
+
+    result = evaluate_programs(runtime.task_set, policy, runtime.preprocessor_factory(), random_trials, cfg.seed)
+    print(format_table(result), file=sys.stderr)
+    scalars = {"eval/geomean_reduction_vs_oz": result["geomean_reduction_vs_oz"],
+               "eval/random_search_geomean_vs_oz": result["random_search_geomean_vs_oz"]}
+    writer = SummaryWriter(cfg.log_dir)
+    for tag, value in scalars.items():
+        writer.add_scalar(tag, value, runtime.epoch)
+    writer.close()
+    Path(cfg.log_dir, "eval_programs.json").write_text(json.dumps(result, indent=1))
+    return {**result, **scalars}
+
+
+def policy_from_argv(argv: Sequence[str], default: str = "mlp") -> str:
+    """The ``--policy`` of a command line (picks the launch script's default config); unknown
+    policies fall back to ``default`` so that the config system reports them."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--policy=") else argv[i + 1] if arg == "--policy" and i + 1 < len(argv) else None
+        if value is not None:
+            return "passformer" if value == "passformer" else default
+    return default
