@@ -7,11 +7,10 @@ never corrupt the protocol). It imports nothing from the project.
 
 Requests ``{"cmd": ...}`` and answers (``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``):
   hello                           -> pass flags of the LLVM action space
-  reset  benchmark, ir            -> program counts (-O0, -Oz), Autophase, IR text if ``ir``
+  reset  benchmark, ir            -> (a CompilerGym URI or file:///path.c|.cpp|.bc) program counts (-O0, -Oz), Autophase, IR text if ``ir``
   step   actions, ir              -> applies the pass indices in order; the observation after them
   fork                            -> keeps a fork of the current state (restored by ``restore``)
   restore                         -> the env returns to the forked state
-  make_benchmark  path            -> URI of a benchmark built from a .c/.cpp/.bc file
   close                           -> closes the env and exits
 """
 import json
@@ -36,7 +35,7 @@ class Server:
         import gym
 
         self.env = gym.make("llvm-v0", benchmark="generator://csmith-v0/0")
-        self.fork = None
+        self.saved = None
         self.user_benchmarks = {}
 
     def hello(self, req):
@@ -45,9 +44,7 @@ class Server:
 
     def reset(self, req):
         self._drop_fork()
-        benchmark = req["benchmark"]
-        benchmark = self.user_benchmarks.get(benchmark, benchmark)
-        self.env.reset(benchmark=benchmark)
+        self.env.reset(benchmark=self._benchmark(req["benchmark"]))
         obs = _observe(self.env, req.get("ir", False))
         obs["o0_count"] = int(self.env.observation["IrInstructionCountO0"])
         obs["oz_count"] = int(self.env.observation["IrInstructionCountOz"])
@@ -65,26 +62,29 @@ class Server:
 
     def fork(self, req):
         self._drop_fork()
-        self.fork = self.env.fork()
+        self.saved = self.env.fork()
         return {}
 
     def restore(self, req):
-        if self.fork is None:
+        if self.saved is None:
             raise RuntimeError("restore without fork")
         self.env.close()
-        self.env, self.fork = self.fork, None
-        self.fork = self.env.fork()
+        self.env, self.saved = self.saved, None
+        self.saved = self.env.fork()
         return _observe(self.env, req.get("ir", False))
 
-    def make_benchmark(self, req):
-        bm = self.env.make_benchmark(req["path"])
-        self.user_benchmarks[str(bm.uri)] = bm
-        return {"uri": str(bm.uri)}
+    def _benchmark(self, uri):
+        """``file:///path.c`` (or .cpp/.bc/.ll): the user's program, compiled once; else a CompilerGym URI."""
+        if not uri.startswith("file://"):
+            return uri
+        if uri not in self.user_benchmarks:
+            self.user_benchmarks[uri] = self.env.make_benchmark(uri[len("file://"):])
+        return self.user_benchmarks[uri]
 
     def _drop_fork(self):
-        if self.fork is not None:
-            self.fork.close()
-            self.fork = None
+        if self.saved is not None:
+            self.saved.close()
+            self.saved = None
 
     def close(self, req=None):
         self._drop_fork()
@@ -119,8 +119,7 @@ def main():
             continue
         req = json.loads(line)
         cmd = req.get("cmd")
-        handler = getattr(server, cmd, None) if cmd in ("hello", "reset", "step", "fork", "restore",
-                                                         "make_benchmark", "close") else None
+        handler = getattr(server, cmd, None) if cmd in ("hello", "reset", "step", "fork", "restore", "close") else None
         if handler is None:
             send({"ok": False, "error": f"unknown command {cmd!r}"})
             continue

@@ -337,12 +337,17 @@ class CompilerGymTaskEnv:
         try:
             msg = self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens))
         except CompilerGymServerError as exc:
-            if self.client.alive and "failed" in str(exc):
+            # A program that does not build fails again on a fresh server; a dead service does not.
+            self._restart(exc)
+            try:
+                msg = self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens))
+            except CompilerGymServerError as again:
+                if not self.client.alive:
+                    raise
+                print(f"[compiler_gym] skipping {uri}: {again}", file=sys.stderr)
                 self.skipped["build_failed"] += 1
                 self.skipped_uris.add(uri)
                 return None
-            self._restart(exc)
-            msg = self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens))
         if msg["oz_count"] > msg["o0_count"]:
             self.skipped["oz_above_o0"] += 1
             self.skipped_uris.add(uri)
