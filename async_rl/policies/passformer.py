@@ -146,9 +146,10 @@ class PassformerActorCritic(ActorCritic):
         decoder_ids = torch.cat([torch.full_like(action[:, :1], BOS_ID), action[:, :-1]], 1)
         logits = self._logits(states, mask, decoder_ids).float()
         token_logp = torch.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
-        seq_mask = sequence_mask(action).to(token_logp.dtype)
-        logp = (token_logp * seq_mask).sum(1, keepdim=True)
-        entropy = (categorical_entropy(logits) * seq_mask).sum(1, keepdim=True)
+        seq_mask = sequence_mask(action)
+        # where, not a product: padding is a disallowed token, its log-prob is -inf.
+        logp = torch.where(seq_mask, token_logp, 0.0).sum(1, keepdim=True)
+        entropy = torch.where(seq_mask, categorical_entropy(logits), 0.0).sum(1, keepdim=True)
         return logp, entropy, self._pooled_value(states, mask)
 
     def value(self, obs: TensorDict) -> torch.Tensor:
