@@ -121,3 +121,23 @@ def test_wire_round_trip_keeps_integer_actions():
     out = net.act(_batch("passformer", spec, n=2))
     back = from_wire(to_wire(TensorDict(dict(out.items()), batch_size=[2])))
     assert back["action"].dtype == torch.int64 and torch.equal(back["action"], out["action"])
+
+
+def test_passformer_lora_merged_weights_reproduce_the_adapted_model():
+    from async_rl.policies.lora import apply_lora
+
+    torch.manual_seed(4)
+    spec = _spec()
+    adapted = apply_lora(build_policy("passformer", spec, SEQ_LEN), 4, 16.0, trainable=["value_head", "feature_proj"])
+    for name, param in adapted.named_parameters():
+        if "lora_B" in name:  # non-zero adapters, as after some training
+            torch.nn.init.normal_(param, std=0.1)
+    plain = build_policy("passformer", spec, SEQ_LEN)  # the inference copy
+    merged = dict(adapted.inference_tensors())
+    assert list(merged) == [name for name, _ in plain.inference_tensors()]
+    with torch.no_grad():
+        for name, tensor in plain.inference_tensors():
+            tensor.copy_(merged[name])
+    obs = _batch("passformer", spec)
+    action = adapted.act(obs)["action"]
+    torch.testing.assert_close(plain.evaluate(obs, action)[0], adapted.evaluate(obs, action)[0])

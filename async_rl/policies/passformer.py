@@ -52,6 +52,8 @@ def tiny_bart_config(vocab_size: int, max_positions: int, d_model: int = 64, lay
         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
         pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
         forced_eos_token_id=None,
+        # Untied output layer: with LoRA, a tied lm_head's delta would not reach the merged weights.
+        tie_word_embeddings=False,
     )
 
 
