@@ -9,6 +9,7 @@ Requests ``{"cmd": ...}`` and answers (``{"ok": true, ...}`` or ``{"ok": false, 
   hello                           -> pass flags of the LLVM action space
   reset  benchmark, ir            -> (a CompilerGym URI or file:///path.c|.cpp|.bc) program counts (-O0, -Oz), Autophase, IR text if ``ir``
   step   actions, ir              -> applies the pass indices in order; the observation after them
+  dataset_uris  name, limit       -> the first ``limit`` benchmark URIs of a named dataset (online)
   fork                            -> keeps a fork of the current state (restored by ``restore``)
   restore                         -> the env returns to the forked state
   close                           -> closes the env and exits
@@ -59,6 +60,13 @@ class Server:
                 # The service ended the episode (e.g. a pass crashed it); say why.
                 return {"done": True, "error": str(info.get("error_details", info)), **_observe(self.env, False)}
         return {"done": done, **_observe(self.env, req.get("ir", False))}
+
+    def dataset_uris(self, req):
+        import itertools
+
+        dataset = self.env.datasets[req["name"]]
+        dataset.install()  # named datasets are downloaded: this needs the internet
+        return {"uris": [str(u) for u in itertools.islice(dataset.benchmark_uris(), int(req["limit"]))]}
 
     def fork(self, req):
         self._drop_fork()
@@ -119,7 +127,8 @@ def main():
             continue
         req = json.loads(line)
         cmd = req.get("cmd")
-        handler = getattr(server, cmd, None) if cmd in ("hello", "reset", "step", "fork", "restore", "close") else None
+        handler = getattr(server, cmd, None) if cmd in ("hello", "reset", "step", "dataset_uris", "fork", "restore",
+                                                         "close") else None
         if handler is None:
             send({"ok": False, "error": f"unknown command {cmd!r}"})
             continue

@@ -437,6 +437,7 @@ def compiler_gym_task_set(
     eval_seeds: Sequence[int] = (1_000_000, 20),
     benchmark_dir: Optional[str] = None,
     datasets: Optional[list[str]] = None,
+    dataset_limit: int = 100,
     eval_fraction: float = 0.2,
     ir_tokens: int = 0,
     ir_vocab_size: int = 4096,
@@ -453,7 +454,8 @@ def compiler_gym_task_set(
     applies a whole sequence of up to ``seq_len`` passes). Programs: csmith seeds
     ``train_seeds``/``eval_seeds`` = (first seed, count), disjoint; or ``benchmark_dir`` (its
     .c/.cpp/.bc files, the first ``eval_fraction`` of them held out); or ``datasets`` (benchmark
-    URIs or dataset names; needs the internet). ir_tokens: IR tokens per observation (0 = no IR).
+    URIs, or dataset names such as cbench-v1 whose first ``dataset_limit`` programs are used;
+    named datasets need the internet). ir_tokens: IR tokens per observation (0 = no IR).
     """
     if mode not in _MODES:
         raise ConfigError(f"compiler_gym mode '{mode}' is unknown; valid: {', '.join(_MODES)}")
@@ -472,7 +474,7 @@ def compiler_gym_task_set(
         train, evaluation = _split_dir(files, eval_fraction)
         train, evaluation = [f"file://{f}" for f in train], [f"file://{f}" for f in evaluation]
     elif datasets:
-        train, evaluation = _split_dir(list(datasets), eval_fraction)
+        train, evaluation = [], []  # filled from the probe server below (named datasets need the internet)
     else:
         (t0, tn), (e0, en) = (tuple(int(x) for x in train_seeds), tuple(int(x) for x in eval_seeds))
         if tn < 1 or en < 1:
@@ -491,8 +493,22 @@ def compiler_gym_task_set(
         client = CompilerGymClient(python, site_data, call_timeout_s, start_timeout_s)
     except CompilerGymServerError as exc:
         raise ConfigError(f"{exc}; {_SETUP_HINT}") from None
-    flags = client.flags
-    client.close()
+    try:
+        flags = client.flags
+        if datasets:
+            uris = []
+            for name in datasets:
+                if "://" in name:
+                    uris.append(str(name))
+                    continue
+                try:
+                    uris += client.call("dataset_uris", timeout_s=600, name=str(name), limit=int(dataset_limit))["uris"]
+                except CompilerGymServerError as exc:
+                    raise ConfigError(f"compiler_gym dataset '{name}' is unavailable ({exc}); named datasets need "
+                                      "the internet: use csmith seeds or benchmark_dir offline") from None
+            train, evaluation = _split_dir(uris, eval_fraction)
+    finally:
+        client.close()
     return CompilerGymTaskSet(
         train_benchmarks=train, eval_benchmarks=evaluation, flags=flags, mode=mode, max_steps=max_steps,
         seq_len=seq_len, ir_tokens=int(ir_tokens), ir_vocab_size=int(ir_vocab_size),

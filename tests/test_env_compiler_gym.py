@@ -198,3 +198,14 @@ def test_benchmark_dir_of_user_programs(tmp_path):
         assert env.skipped["build_failed"] == 1  # broken.c: skipped and counted
     finally:
         env.close()
+
+
+@needs_server
+def test_named_datasets_need_the_internet_and_say_so():
+    # This machine is offline: a named dataset is a clear ConfigError, not a hang.
+    try:
+        ts = make_task_set("compiler_gym", datasets=["cbench-v1"], dataset_limit=3, call_timeout_s=60)
+    except ConfigError as exc:
+        assert "cbench-v1" in str(exc) and "internet" in str(exc)
+    else:  # online: the dataset's programs are split into training and held-out ones
+        assert ts.train_benchmarks and ts.eval_benchmarks
