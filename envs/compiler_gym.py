@@ -170,13 +170,13 @@ class CompilerGymClient:
 
     def __init__(self, python: Path, site_data: Path, timeout_s: float, start_timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        env = dict(os.environ, COMPILER_GYM_SITE_DATA=str(site_data), PYTHONNOUNICODE="1")
-        env.pop("PYTHONPATH", None)  # the 3.10 interpreter must not see the project's 3.11 packages
+        env = dict(os.environ, COMPILER_GYM_SITE_DATA=str(site_data))
         env.setdefault("COMPILER_GYM_CACHE", str(site_data.parent / "cache"))
         # -I (isolated): the script's folder envs/ must not shadow the compiler_gym package.
         self.proc = subprocess.Popen(
             [str(python), "-I", "-u", str(SERVER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if os.environ.get("COMPILER_GYM_QUIET", "1") == "1" else None,
+            # Errors come back in the answers; COMPILER_GYM_SERVER_STDERR=1 also shows the server's log.
+            stderr=None if os.environ.get("COMPILER_GYM_SERVER_STDERR") == "1" else subprocess.DEVNULL,
             env=env, text=True, bufsize=1,
         )
         self._read(start_timeout_s, "start-up")
