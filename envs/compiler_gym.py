@@ -49,6 +49,8 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 IR_SPECIAL = 2  # IR token ids 0 (pad) and 1 (truncated/unknown) are reserved
 _SETUP_HINT = "run scripts/setup_compilergym.sh (needs Python 3.10, e.g. pyenv install 3.10.13)"
 _MODES = ("per_step", "sequence")
+# Errors that mean CompilerGym's service (not the program) is in trouble: replace the server.
+_SERVICE_TROUBLE = re.compile(r"Service|Session|did not answer|died|exited|pipe broke")
 _BASELINES = ("oz", "initial")
 
 
@@ -337,17 +339,16 @@ class CompilerGymTaskEnv:
         try:
             msg = self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens))
         except CompilerGymServerError as exc:
-            # A program that does not build fails again on a fresh server; a dead service does not.
+            if self.client.alive and not _SERVICE_TROUBLE.search(str(exc)):
+                return self._skip(uri, exc)  # the server answered: this program does not build
+            # A dead service (or server) needs a fresh server; a program that does not build fails there too.
             self._restart(exc)
             try:
                 msg = self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens))
             except CompilerGymServerError as again:
                 if not self.client.alive:
                     raise
-                print(f"[compiler_gym] skipping {uri}: {again}", file=sys.stderr)
-                self.skipped["build_failed"] += 1
-                self.skipped_uris.add(uri)
-                return None
+                return self._skip(uri, again)
         if msg["oz_count"] > msg["o0_count"]:
             self.skipped["oz_above_o0"] += 1
             self.skipped_uris.add(uri)
@@ -356,6 +357,11 @@ class CompilerGymTaskEnv:
         self._t, self._count, self._needs_reset = 0, msg["ir_count"], False
         self._shaped = self.ts.reward.shaped(0.0, 0)
         return self._obs(msg)
+
+    def _skip(self, uri: str, why: Exception) -> None:
+        print(f"[compiler_gym] skipping {uri}: {why}", file=sys.stderr)
+        self.skipped["build_failed"] += 1
+        self.skipped_uris.add(uri)
 
     def reset(self) -> dict[str, np.ndarray]:
         for _ in range(max(10 * len(self.benchmarks), 10)):

@@ -209,3 +209,14 @@ def test_named_datasets_need_the_internet_and_say_so():
         assert "cbench-v1" in str(exc) and "internet" in str(exc)
     else:  # online: the dataset's programs are split into training and held-out ones
         assert ts.train_benchmarks and ts.eval_benchmarks
+
+
+@needs_server
+def test_a_program_that_fails_to_parse_is_skipped_and_counted(per_step_set):
+    env = per_step_set.make_env(0, seed=0)
+    try:
+        assert env.reset_to("generator://csmith-v0/30") is None  # clang-14 output LLVM 10 cannot parse
+        assert env.skipped["build_failed"] == 1 and env.server_restarts == 0
+        assert env.reset()["ir_count"] > 0  # the next program is fine, on the same server
+    finally:
+        env.close()
