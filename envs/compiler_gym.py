@@ -174,12 +174,13 @@ class CompilerGymClient:
         self.timeout_s = timeout_s
         env = dict(os.environ, COMPILER_GYM_SITE_DATA=str(site_data))
         env.setdefault("COMPILER_GYM_CACHE", str(site_data.parent / "cache"))
+        Path(env["COMPILER_GYM_CACHE"]).mkdir(parents=True, exist_ok=True)
         # -I (isolated): the script's folder envs/ must not shadow the compiler_gym package.
         self.proc = subprocess.Popen(
             [str(python), "-I", "-u", str(SERVER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             # Errors come back in the answers; COMPILER_GYM_SERVER_STDERR=1 also shows the server's log.
             stderr=None if os.environ.get("COMPILER_GYM_SERVER_STDERR") == "1" else subprocess.DEVNULL,
-            env=env, text=True, bufsize=1,
+            env=env, text=True, bufsize=1, cwd=env["COMPILER_GYM_CACHE"],  # csmith writes platform.info in its cwd
         )
         self._read(start_timeout_s, "start-up")
         self.flags: list[str] = self.call("hello")["flags"]
