@@ -433,8 +433,10 @@ def prepare(cfg: RunConfig) -> Any:
     return task_set
 
 
-def main(default_config: str, description: str = "", argv: Optional[list[str]] = None) -> dict[str, Any]:
-    """Entry point of the launch scripts: bad input is one line on stderr and exit code 2."""
+def main(default_config: str, description: str = "", argv: Optional[list[str]] = None,
+         inspect: Optional[Callable[[Runtime], Any]] = None) -> dict[str, Any]:
+    """Entry point of the launch scripts: bad input is one line on stderr and exit code 2.
+    ``inspect`` as in ``run`` (e.g. a held-out evaluation with the final weights)."""
     try:
         cfg = load_config(argv, default_config, description)
         task_set = prepare(cfg)
@@ -442,7 +444,7 @@ def main(default_config: str, description: str = "", argv: Optional[list[str]] =
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
-        return run(cfg, task_set)
+        return run(cfg, task_set, inspect)
     except (ActorFailedError, ActorTimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

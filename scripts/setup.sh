@@ -87,6 +87,10 @@ else
 fi
 VPY="$VENV/bin/python"
 
+# ---- 2b. CompilerGym: its own Python 3.10 venv and offline LLVM data (own stamp) ----------
+# Without Python 3.10 it says how to get one and returns 0; any other failure leaves the rest usable.
+bash "$ROOT/scripts/setup_compilergym.sh" || log "WARNING: CompilerGym set-up failed (see above); its tests will skip"
+
 # ---- 3. Python packages (skipped when the stamp matches) -------------------------------
 # Key: setup.py + this script + the repo path (an editable install points at it).
 KEY="$({ cat setup.py scripts/setup.sh; echo "$ROOT"; } | sha256sum | cut -c1-16)"

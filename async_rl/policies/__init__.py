@@ -8,7 +8,13 @@ from async_rl.errors import ConfigError
 from async_rl.policies.base import ActorCritic, ObsSpec, Preprocessor
 
 # name -> module that registers it; imported on first use so heavy deps load only when needed.
-_POLICY_MODULES = {"mlp": "async_rl.policies.mlp", "vla": "async_rl.policies.vla", "vla_discrete": "async_rl.policies.vla"}
+_POLICY_MODULES = {
+    "mlp": "async_rl.policies.mlp",
+    "vla": "async_rl.policies.vla",
+    "vla_discrete": "async_rl.policies.vla",
+    "categorical_mlp": "async_rl.policies.categorical_mlp",
+    "passformer": "async_rl.policies.passformer",
+}
 POLICY_BUILDERS: dict[str, tuple[Callable[..., ActorCritic], Callable[..., Preprocessor], Optional[Callable[..., dict]]]] = {}
 
 

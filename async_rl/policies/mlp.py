@@ -91,4 +91,21 @@ class MLPActorCritic(ActorCritic):
         return list(self.value_net.parameters())
 
 
-register_policy("mlp", preprocessor=StatePreprocessor)(MLPActorCritic)
+def _mlp_policy(obs_spec: ObsSpec, action_dim: int, **kwargs: Any) -> ActorCritic:
+    """``mlp``: tanh-Gaussian for continuous actions; Categorical where the env declares ``num_actions``."""
+    if "num_actions" in obs_spec:
+        from async_rl.policies.categorical_mlp import CategoricalMLPActorCritic  # noqa: PLC0415
+
+        return CategoricalMLPActorCritic(obs_spec, action_dim, **kwargs)
+    return MLPActorCritic(obs_spec, action_dim, **kwargs)
+
+
+def _mlp_preprocessor(obs_spec: ObsSpec) -> Any:
+    if "num_actions" in obs_spec:
+        from async_rl.policies.categorical_mlp import AutophasePreprocessor  # noqa: PLC0415
+
+        return AutophasePreprocessor(obs_spec)
+    return StatePreprocessor(obs_spec)
+
+
+register_policy("mlp", preprocessor=_mlp_preprocessor)(_mlp_policy)

@@ -1,0 +1,85 @@
+"""MLP actor-critic over a discrete action space: the per-step CompilerGym baseline.
+
+Observations are CompilerGym dicts (Autophase, instruction counts, step); the preprocessor
+normalises Autophase by the program's instruction count and adds the log count and the
+episode's progress. The policy is a Categorical over ``obs_spec["num_actions"]`` passes; the
+action is the pass index, shaped ``[B, 1]`` like its log-prob and entropy.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from async_rl.algo import categorical_entropy
+from async_rl.policies import register_policy
+from async_rl.policies.base import ActorCritic, ObsSpec
+from async_rl.policies.mlp import _mlp
+
+EXTRA_FEATURES = 2  # log instruction count, episode progress
+
+
+def compiler_features(obs: Any, obs_spec: ObsSpec) -> torch.Tensor:
+    """Autophase / instruction count, log1p(count) / 10 and step / max_steps, float32."""
+    autophase = np.asarray(obs["autophase"], dtype=np.float32)
+    if autophase.shape != (int(obs_spec["autophase_dim"]),):
+        raise ValueError(f"Autophase of shape {autophase.shape}, expected ({obs_spec['autophase_dim']},)")
+    count = float(obs["ir_count"])
+    progress = float(obs.get("step", 0.0)) / max(float(obs_spec.get("max_steps", 1)), 1.0)
+    extra = np.array([np.log1p(count) / 10.0, progress], dtype=np.float32)
+    return torch.from_numpy(np.concatenate([autophase / max(count, 1.0), extra]))
+
+
+def feature_dim(obs_spec: ObsSpec) -> int:
+    return int(obs_spec["autophase_dim"]) + EXTRA_FEATURES
+
+
+class AutophasePreprocessor:
+    """CompilerGym observation -> ``{"features": float32 [autophase_dim + 2]}``."""
+
+    def __init__(self, obs_spec: ObsSpec) -> None:
+        self.obs_spec = dict(obs_spec)
+
+    def __call__(self, obs: Any, task_name: str) -> TensorDict:
+        return TensorDict({"features": compiler_features(obs, self.obs_spec)}, batch_size=[])
+
+
+class CategoricalMLPActorCritic(ActorCritic):
+    """Separate policy (logits) and value MLPs over the normalised features."""
+
+    def __init__(self, obs_spec: ObsSpec, action_dim: int = 1, hidden_sizes: Sequence[int] = (128, 128)) -> None:
+        super().__init__()
+        if action_dim != 1:
+            raise ValueError(f"a categorical policy picks one action per step, got action_dim={action_dim}")
+        n_in, n_actions = feature_dim(obs_spec), int(obs_spec["num_actions"])
+        self.policy_net = _mlp([n_in, *hidden_sizes, n_actions], out_gain=0.01)
+        self.value_net = _mlp([n_in, *hidden_sizes, 1], out_gain=1.0)
+
+    def _logits(self, obs: TensorDict) -> torch.Tensor:
+        return self.policy_net(obs["features"])
+
+    def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
+        logits = self._logits(obs)
+        sample = torch.distributions.Categorical(logits=logits).sample()
+        greedy = torch.as_tensor(deterministic, device=logits.device).reshape(-1)
+        action = torch.where(greedy, logits.argmax(-1), sample).unsqueeze(-1)
+        logp = torch.log_softmax(logits, -1).gather(-1, action)
+        return TensorDict({"action": action, "env_action": action, "logp": logp, "value": self.value(obs),
+                           "logits": logits}, batch_size=logits.shape[:1])
+
+    def evaluate(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self._logits(obs)
+        logp = torch.log_softmax(logits, -1).gather(-1, action.long().reshape(-1, 1))
+        return logp, categorical_entropy(logits).reshape(-1, 1), self.value(obs)
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        return self.value_net(obs["features"]).squeeze(-1)
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.value_net.parameters())
+
+
+register_policy("categorical_mlp", preprocessor=AutophasePreprocessor)(CategoricalMLPActorCritic)

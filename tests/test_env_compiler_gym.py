@@ -1,0 +1,222 @@
+"""CompilerGym env: reward maths, tokenisation, and the real server (offline, csmith programs)."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from async_rl.errors import ConfigError
+from envs import make_task_set
+from envs.compiler_gym import (
+    EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, CompilerGymServerError, PassVocab, RewardConfig,
+    compiler_gym_unavailable_reason, policy_from_argv, tokenize_ir,
+)
+
+UNAVAILABLE = compiler_gym_unavailable_reason()
+needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
+SMALL_PROGRAM = "generator://csmith-v0/1000002"  # ~900 instructions at -O0, -Oz below it
+
+
+# ---- no server ---------------------------------------------------------------------------
+def test_reward_maths():
+    r = RewardConfig(baseline_thre=1.0, leakiness=0.5, step_penalty=0.01, reward_baseline="oz")
+    # c0 = 100, c_oz = 60: removing 40 instructions matches -Oz (reduction 1.0).
+    assert r.reduction(100, 60, 60) == pytest.approx(1.0)
+    assert r.reduction(100, 80, 60) == pytest.approx(0.5)
+    assert r.reduction(100, 110, 60) == pytest.approx(-0.25)
+    # Below the threshold the reduction passes through; above it grows with slope `leakiness`.
+    assert r.shaped(0.5, 0) == pytest.approx(0.5)
+    assert r.shaped(1.4, 0) == pytest.approx(1.0 + 0.4 * 0.5)
+    assert r.shaped(0.5, 10) == pytest.approx(0.5 - 0.1)
+    initial = RewardConfig(reward_baseline="initial")
+    assert initial.reduction(200, 150, 10) == pytest.approx(0.25)
+    # -Oz equal to -O0: no division by zero.
+    assert np.isfinite(r.reduction(100, 90, 100))
+
+
+def test_pass_sequence_tokenisation_round_trip():
+    vocab = PassVocab(["-mem2reg", "-instcombine", "-simplifycfg"])
+    assert vocab.tokens[: len(SPECIAL_TOKENS)] == list(SPECIAL_TOKENS)
+    ids, unknown = vocab.encode(["-mem2reg", "simplifycfg", "-instcombine"], length=6)
+    assert unknown == 0 and ids.tolist()[3:] == [EOS_ID, PAD_ID, PAD_ID]
+    names, skipped = vocab.decode(ids)
+    assert names == ["-mem2reg", "-simplifycfg", "-instcombine"] and skipped == 0
+    # Too long: cut, still ends in <eos>.
+    ids, _ = vocab.encode(["-mem2reg"] * 10, length=4)
+    assert ids.tolist() == [4, 4, 4, EOS_ID]
+
+
+def test_unknown_passes_are_skipped_and_counted():
+    vocab = PassVocab(["-mem2reg", "-instcombine"])
+    ids, unknown = vocab.encode(["-mem2reg", "-no-such-pass", "gvn-hoist-typo", "-instcombine"])
+    assert unknown == 2 and vocab.decode(ids) == (["-mem2reg", "-instcombine"], 0)
+    # Special tokens inside a sequence and ids outside the vocabulary are skipped and counted.
+    names, skipped = vocab.decode([4, UNK_ID, 99, 5, EOS_ID, 4])
+    assert names == ["-mem2reg", "-instcombine"] and skipped == 2
+
+
+def test_ir_tokens_are_deterministic_and_ignore_value_numbering():
+    ir_a = "define i32 @f(i32 %0) {\n  %2 = add nsw i32 %0, 1 ; comment\n  ret i32 %2\n}\n!0 = !{}\n"
+    ir_b = ir_a.replace("%2", "%7")
+    a, b = tokenize_ir(ir_a, 512, 32), tokenize_ir(ir_b, 512, 32)
+    assert a.dtype == np.int64 and a.shape == (32,)
+    np.testing.assert_array_equal(a, b)
+    n = int((a > 0).sum())
+    assert 10 < n < 32 and (a[n:] == 0).all() and (a[:n] >= 2).all() and (a < 512).all()
+    assert (tokenize_ir(ir_a * 20, 512, 32) > 0).all()  # truncated to the configured length
+
+
+def test_policy_from_argv_picks_the_default_config():
+    assert policy_from_argv([]) == "mlp"
+    assert policy_from_argv(["--policy", "passformer", "--seed", "1"]) == "passformer"
+    assert policy_from_argv(["--policy=passformer"]) == "passformer"
+    assert policy_from_argv(["--policy", "categorical_mlp"]) == "mlp"
+
+
+def test_bad_options_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="overlap"):
+        make_task_set("compiler_gym", train_seeds=[0, 100], eval_seeds=[50, 10])
+    with pytest.raises(ConfigError, match="mode"):
+        make_task_set("compiler_gym", mode="whole_program")
+    with pytest.raises(ConfigError, match="no such directory"):
+        make_task_set("compiler_gym", benchmark_dir=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="no .c/.cpp/.bc files"):
+        make_task_set("compiler_gym", benchmark_dir=str(tmp_path))
+
+
+# ---- the real server ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def per_step_set():
+    return make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[1000002, 1],
+                         eval_seeds=[0, 1], ir_tokens=64, call_timeout_s=60)
+
+
+@needs_server
+def test_server_starts_offline_and_steps_a_csmith_program(per_step_set):
+    ts = per_step_set
+    assert len(ts.flags) == 124 and "-mem2reg" in ts.flags and ts.obs_spec["num_actions"] == 124
+    env = ts.make_env(0, seed=0)
+    try:
+        obs = env.reset()
+        assert env.program["uri"] == SMALL_PROGRAM
+        assert obs["autophase"].shape == (56,) and obs["ir_tokens"].shape == (64,)
+        c0, oz = env.program["o0_count"], env.program["oz_count"]
+        assert obs["ir_count"] == c0 and 0 < oz < c0
+        total = 0.0
+        for t, flag in enumerate(["-mem2reg", "-instcombine", "-simplifycfg"]):
+            obs, reward, terminated, truncated, info = env.step(np.array([ts.flags.index(flag)]))
+            total += reward
+            assert not terminated and truncated == (t == 2)
+        assert info["ir_count"] < c0  # mem2reg + instcombine shrink -O0 code
+        # The episode's return is the reward config applied to the whole sequence's reduction.
+        assert total == pytest.approx(ts.reward.shaped(ts.reward.reduction(c0, info["ir_count"], oz), 3))
+        with pytest.raises(RuntimeError, match="reset"):
+            env.step(np.array([0]))
+    finally:
+        env.close()
+
+
+@needs_server
+def test_sequence_mode_skips_unknown_tokens(per_step_set):
+    ts = make_task_set("compiler_gym", mode="sequence", seq_len=6, train_seeds=[1000002, 1], eval_seeds=[0, 1])
+    vocab = ts.action_vocab
+    env = ts.make_env(0, seed=0)
+    try:
+        env.reset()
+        ids, _ = vocab.encode(["-mem2reg", "-instcombine"], length=6)
+        ids = np.insert(ids, 1, [UNK_ID, len(vocab) + 5])[:6]  # two unknown tokens inside the sequence
+        _, reward, terminated, truncated, info = env.step(ids)
+        assert terminated and not truncated  # one step is the whole episode
+        assert info["unknown_passes"] == 2 and info["num_passes"] == 2 and env.unknown_passes == 2
+        assert reward == pytest.approx(info["reduction"]) and reward > 0
+    finally:
+        env.close()
+
+
+@needs_server
+def test_fork_and_restore(per_step_set):
+    env = per_step_set.make_env(0, seed=0)
+    try:
+        c0 = env.reset()["ir_count"]
+        env.client.call("fork")
+        assert env.client.call("step", actions=[per_step_set.flags.index("-mem2reg")])["ir_count"] < c0
+        assert env.client.call("restore")["ir_count"] == c0
+    finally:
+        env.close()
+
+
+@needs_server
+def test_killed_server_is_detected_and_replaced(per_step_set):
+    env = per_step_set.make_env(0, seed=0)
+    try:
+        env.reset()
+        old_pid = env.client.proc.pid
+        os.kill(old_pid, signal.SIGKILL)
+        started = time.monotonic()
+        obs, reward, terminated, truncated, info = env.step(np.array([0]))
+        # The episode ends with the error named; a new server is already up.
+        assert truncated and not terminated and f"pid {old_pid}" in info["server_error"]
+        assert env.server_restarts == 1 and env.client.alive and env.client.proc.pid != old_pid
+        assert time.monotonic() - started < 60
+        assert env.reset()["ir_count"] > 0
+
+        # CompilerGym's own service dying: the step fails, the server is replaced, the next reset works.
+        service_pid = env.client.call("hello")["service_pid"]
+        assert service_pid
+        os.kill(service_pid, signal.SIGKILL)
+        _, reward, _, truncated, info = env.step(np.array([per_step_set.flags.index("-mem2reg")]))
+        assert truncated and reward == 0.0 and "server_error" in info and env.server_restarts == 2
+        assert env.reset()["ir_count"] > 0
+    finally:
+        env.close()
+
+
+@needs_server
+def test_a_silent_server_times_out_with_a_clear_error(per_step_set):
+    env = per_step_set.make_env(0, seed=0)
+    try:
+        with pytest.raises(CompilerGymServerError, match="did not answer 'reset' within"):
+            env.client.call("reset", timeout_s=0.001, benchmark="generator://csmith-v0/4242")
+        assert not env.client.alive  # killed, never left hanging
+    finally:
+        env.close()
+
+
+@needs_server
+def test_benchmark_dir_of_user_programs(tmp_path):
+    (tmp_path / "a.c").write_text("int f(int x){int y=0; for(int i=0;i<x;i++) y+=i*2; return y;}\n"
+                                  "int main(){return f(10);}\n")
+    (tmp_path / "b.c").write_text("int g(int *p, int n){int s=0; for(int i=0;i<n;i++) s+=p[i]; return s;}\n")
+    (tmp_path / "broken.c").write_text("int this is not C;\n")
+    ts = make_task_set("compiler_gym", benchmark_dir=str(tmp_path), eval_fraction=0.34)
+    assert len(ts.train_benchmarks) == 2 and len(ts.eval_benchmarks) == 1
+    env = ts.make_env(0, seed=0, benchmarks=ts.train_benchmarks + ts.eval_benchmarks)
+    try:
+        seen = {env.reset() is not None and env.program["uri"] for _ in range(4)}
+        assert all(u.endswith(("a.c", "b.c")) for u in seen)
+        assert env.skipped["build_failed"] == 1  # broken.c: skipped and counted
+    finally:
+        env.close()
+
+
+@needs_server
+def test_named_datasets_need_the_internet_and_say_so():
+    # This machine is offline: a named dataset is a clear ConfigError, not a hang.
+    try:
+        ts = make_task_set("compiler_gym", datasets=["cbench-v1"], dataset_limit=3, call_timeout_s=60)
+    except ConfigError as exc:
+        assert "cbench-v1" in str(exc) and "internet" in str(exc)
+    else:  # online: the dataset's programs are split into training and held-out ones
+        assert ts.train_benchmarks and ts.eval_benchmarks
+
+
+@needs_server
+def test_a_program_that_fails_to_parse_is_skipped_and_counted(per_step_set):
+    env = per_step_set.make_env(0, seed=0)
+    try:
+        assert env.reset_to("generator://csmith-v0/30") is None  # clang-14 output LLVM 10 cannot parse
+        assert env.skipped["build_failed"] == 1 and env.server_restarts == 0
+        assert env.reset()["ir_count"] > 0  # the next program is fine, on the same server
+    finally:
+        env.close()
