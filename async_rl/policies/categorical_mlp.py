@@ -40,7 +40,7 @@ def feature_dim(obs_spec: ObsSpec) -> int:
 class AutophasePreprocessor:
     """CompilerGym observation -> ``{"features": float32 [autophase_dim + 2]}``."""
 
-    def __init__(self, obs_spec: ObsSpec) -> None:
+    def __init__(self, obs_spec: ObsSpec, **_policy_kwargs: Any) -> None:
         self.obs_spec = dict(obs_spec)
 
     def __call__(self, obs: Any, task_name: str) -> TensorDict:

@@ -100,7 +100,7 @@ def _mlp_policy(obs_spec: ObsSpec, action_dim: int, **kwargs: Any) -> ActorCriti
     return MLPActorCritic(obs_spec, action_dim, **kwargs)
 
 
-def _mlp_preprocessor(obs_spec: ObsSpec) -> Any:
+def _mlp_preprocessor(obs_spec: ObsSpec, **_policy_kwargs: Any) -> Any:
     if "num_actions" in obs_spec:
         from async_rl.policies.categorical_mlp import AutophasePreprocessor  # noqa: PLC0415
 

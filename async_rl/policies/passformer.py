@@ -30,7 +30,7 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3  # the env's special tokens, first i
 class PassformerPreprocessor:
     """CompilerGym observation -> ``{"features": float32 [F], "ir_tokens": int64 [L]}``."""
 
-    def __init__(self, obs_spec: ObsSpec) -> None:
+    def __init__(self, obs_spec: ObsSpec, **_policy_kwargs: Any) -> None:
         self.obs_spec = dict(obs_spec)
         if not int(self.obs_spec.get("ir_tokens", 0)):
             raise ConfigError("the passformer policy reads IR: set env_kwargs ir_tokens > 0 (e.g. 256)")
@@ -161,4 +161,16 @@ class PassformerActorCritic(ActorCritic):
         return list(self.value_head.parameters())
 
 
-register_policy("passformer", preprocessor=PassformerPreprocessor)(PassformerActorCritic)
+def prepare_passformer(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Driver-side check before Ray starts: ``--model-path`` must be a save_pretrained folder."""
+    kwargs = dict(kwargs)
+    model_path = model_path or kwargs.get("model_path")
+    if model_path is not None:
+        if not (Path(model_path) / "config.json").is_file():
+            raise ConfigError(f"--model-path {model_path}: no config.json there; pass a BartForConditionalGeneration "
+                              "save_pretrained folder, or leave it out for the tiny default Passformer")
+        kwargs["model_path"] = str(Path(model_path).resolve())
+    return kwargs
+
+
+register_policy("passformer", preprocessor=PassformerPreprocessor, prepare=prepare_passformer)(PassformerActorCritic)
