@@ -35,24 +35,9 @@ STAMP="$VENV/.async_rl-setup.stamp"
 log() { echo "[setup] $*"; }
 
 # ---- 1. system packages (only when missing) --------------------------------------------
-missing=()
-for pkg in $SYSTEM_PACKAGES; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
-            echo "[setup] ERROR: need system packages (${missing[*]}) but not root and no sudo" >&2
-            exit 1
-        fi
-    fi
-    log "installing system packages: ${missing[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-else
-    log "system packages present: $SYSTEM_PACKAGES"
-fi
+source "$ROOT/scripts/apt_packages.sh"
+# shellcheck disable=SC2086  # the list is split on purpose
+install_system_packages setup $SYSTEM_PACKAGES
 
 # ---- 2. the virtual environment (Python 3.11) ------------------------------------------
 is_py311() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1; }

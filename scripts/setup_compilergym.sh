@@ -54,22 +54,9 @@ if [ -f "$CG_STAMP" ] && [ "$(cat "$CG_STAMP")" = "$KEY" ] && [ -f "$CG_VENV/sit
 fi
 
 # ---- system packages --------------------------------------------------------------------
-missing=()
-for pkg in $CG_SYSTEM_PACKAGES; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
-            echo "[setup:compilergym] ERROR: need system packages (${missing[*]}) but not root and no sudo" >&2
-            exit 1
-        fi
-    fi
-    log "installing system packages: ${missing[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+source "$ROOT/scripts/apt_packages.sh"
+# shellcheck disable=SC2086
+install_system_packages setup:compilergym $CG_SYSTEM_PACKAGES
 
 # ---- the Python 3.10 venv ---------------------------------------------------------------
 if ! { [ -x "$CG_VENV/bin/python" ] && is_py310 "$CG_VENV/bin/python"; }; then
