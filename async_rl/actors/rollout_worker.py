@@ -8,6 +8,7 @@ with V-trace it pushes fixed-length segments for the trainer to correct off-poli
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections import deque
@@ -21,6 +22,12 @@ from tensordict import TensorDict
 
 from async_rl.experience import GaeSegmenter, VtraceSegmenter, from_wire, step_record, to_wire
 from async_rl.runtime import configure_torch, wait_for
+
+
+def is_finite_obs(obs: TensorDict) -> bool:
+    """No NaN or inf in the floating-point leaves of a preprocessed observation (images and
+    tokens are integers and always finite)."""
+    return all(bool(torch.isfinite(v).all()) for v in obs.values(True, True) if v.is_floating_point())
 
 
 class FailureWeightedTaskSampler:
@@ -195,8 +202,8 @@ class RolloutWorkerActor:
             env_actions = out["env_action"].numpy()
             results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
             # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
-            broken = {k for k, r in enumerate(results) if not (np.isfinite(r[0]).all() and np.isfinite(r[1]))}
             next_obs = [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
+            broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and is_finite_obs(next_obs[k]))}
             # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
             cut = [k for k, r in enumerate(results) if r[3] and not r[2] and k not in broken]
             bootstrap = {}
