@@ -8,8 +8,10 @@ import ray
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import envs
 from async_rl.config import load_config
 from async_rl.driver import run
+from async_rl.policies import build_policy
 
 pytest.importorskip("libero", reason="LIBERO is not installed (make setup installs it)")
 
@@ -78,3 +80,21 @@ def test_real_run(tmp_path, launch_config):
     assert not missing, missing
     assert list((log_dir / "swanlab").rglob("*")), "SwanLab offline run files"
     assert not ray.is_initialized()
+
+    # The final checkpoint's LoRA adapter loads with plain peft onto a fresh policy; merged, with
+    # the fully trained heads from model.safetensors, it is the trainer's policy.
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    saved = Path(summary["checkpoint"])
+    task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
+    fresh = build_policy(cfg.policy, task_set.obs_spec, task_set.action_dim, **cfg.policy_kwargs)
+    fresh_params = dict(fresh.named_parameters())
+    heads = {k: v for k, v in load_file(str(saved / "model.safetensors")).items() if k in fresh_params}
+    assert any(k.startswith("value_head.") for k in heads), "the heads are trained in full and saved"
+    fresh.load_state_dict(heads, strict=False)
+    merged = PeftModel.from_pretrained(fresh, str(saved / "adapter")).merge_and_unload()
+    restored = dict(merged.inference_tensors())
+    assert restored.keys() == seen["trainer"].keys()
+    for name, value in seen["trainer"].items():
+        torch.testing.assert_close(restored[name], value, rtol=1e-6, atol=1e-6, msg=name)
