@@ -104,13 +104,22 @@ def nccl_available() -> bool:
     return _ProcessGroupNCCL is not None and torch.cuda.is_available()
 
 
-def _is_loopback(addr: str) -> bool:
+def is_loopback(addr: str) -> bool:
     if addr == "localhost":
         return True
     try:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
         return False
+
+
+def host_loopback_store(addr: str, port: int, world_size: int | None, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The master side of a TCPStore that listens on loopback ``addr`` only: TCPStore alone listens
+    on every interface, so it is handed a socket bound to ``addr`` (it takes the descriptor over)."""
+    listen = socket.create_server((addr, port), backlog=128)
+    store = dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=listen.fileno())
+    listen.detach()
+    return store
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -211,14 +220,8 @@ class WeightSyncGroup:
         addr, port = self.master_addr, self.master_port
         if self.rank == 0:
             try:
-                if _is_loopback(addr):
-                    # TCPStore alone listens on every interface; hand it a socket bound to loopback
-                    # (the store takes the descriptor over and closes it).
-                    listen = socket.create_server((addr, port), backlog=128)
-                    store = dist.TCPStore(addr, port, None, True, _td(self.timeout_s), wait_for_workers=False,
-                                          master_listen_fd=listen.fileno())
-                    listen.detach()
-                    return store
+                if is_loopback(addr):
+                    return host_loopback_store(addr, port, None, _td(self.timeout_s))
                 return dist.TCPStore(addr, port, None, True, _td(self.timeout_s), wait_for_workers=False)
             except (RuntimeError, OSError) as e:
                 raise ConfigError(f"{self._who}: cannot host the store on {addr}:{port} ({e}); "
@@ -297,7 +300,7 @@ class WeightSyncGroup:
                 opts.is_high_priority_stream = False
                 opts._timeout = timeout
                 return _ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
-            if _is_loopback(self.master_addr):
+            if is_loopback(self.master_addr):
                 # Everyone is on this host: skip hostname resolution, bind loopback.
                 opts = dist.ProcessGroupGloo._Options()
                 opts._timeout = timeout

@@ -1,5 +1,6 @@
 """A real run: local Ray, 2 DeepSpeed ZeRO-2 trainer ranks over gloo, 1 inference actor,
 2 rollout workers on MetaWorld, a few epochs; then the weights, versions, logs and leftovers."""
+import ipaddress
 import time
 from pathlib import Path
 
@@ -100,10 +101,19 @@ def test_inference_weights_equal_rank0_after_broadcast(tmp_path, lora):
     def inspect(runtime):
         before = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
         rank0 = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
-        return before, rank0
+        actors = {**runtime.trainers, **runtime.inference}
+        pids = dict(zip(actors, ray.get([a.pid.remote() for a in actors.values()], timeout=60)))
+        # The training group (store, gloo pairs) and the weight-sync group listen on loopback only.
+        listening = {name: [c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
+                     for name, pid in pids.items()}
+        return before, rank0, listening
 
     summary = run(cfg, inspect=inspect)
-    inference, rank0 = summary["inspect"]
+    inference, rank0, listening = summary["inspect"]
+    assert listening["trainer-0"], "rank 0 hosts the training and weight-sync stores"
+    exposed = {name: ips for name, ips in listening.items()
+               if any(not ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip in ips)}
+    assert not exposed, exposed
     assert inference.keys() == rank0.keys()
     for name in rank0:
         torch.testing.assert_close(inference[name], rank0[name], rtol=0, atol=0, msg=name)

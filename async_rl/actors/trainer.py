@@ -7,6 +7,7 @@ loop keeps serving the prefetch and the weight broadcast.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import math
 import os
 import time
@@ -30,7 +31,7 @@ from async_rl import checkpoint as ckpt
 from async_rl.experience import policy_versions
 from async_rl.policies.lora import apply_lora
 from async_rl.runtime import configure_torch, resolve_device, use_bf16, wait_for
-from async_rl.weight_sync import WeightSyncGroup, tensor_signature
+from async_rl.weight_sync import WeightSyncGroup, host_loopback_store, is_loopback, tensor_signature
 
 
 def warmup_cosine(warmup: int, decay_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -101,7 +102,10 @@ class TrainerActor:
         import deepspeed  # heavy; only trainers need it
 
         device = resolve_device(self.cfg.device)
-        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "gloo" and is_loopback(os.environ["MASTER_ADDR"]):
+            self._init_loopback_training_group()
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts a group made above
         bf16 = use_bf16(self.cfg.precision, device)
         model = self.policy_factory()
         if self.cfg.lora_rank > 0:
@@ -122,6 +126,19 @@ class TrainerActor:
         )
         self.device = self.engine.device
         return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
+
+    def _init_loopback_training_group(self) -> None:
+        """Every rank on this host: the training group's store and gloo pairs listen on loopback only
+        (torch's defaults listen on every interface)."""
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_s)
+        if self.rank == 0:
+            store = host_loopback_store(addr, port, self.world_size, timeout)
+        else:
+            store = torch.distributed.TCPStore(addr, port, self.world_size, False, timeout)
+        torch.distributed.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size,
+                                             timeout=timeout)
 
     # ---- data ---------------------------------------------------------------------------
     def _min_version(self) -> Optional[int]:
@@ -335,6 +352,9 @@ class TrainerActor:
                          key=lambda p: int(p.stem.rsplit("-", 1)[1]))
         self._restored = [ckpt.load_tensordict(p) for p in pending]
         return {"global_step": self.global_step, "pending": len(self._restored)}
+
+    async def pid(self) -> int:
+        return os.getpid()
 
     def status(self) -> dict[str, int]:
         return {"rank": self.rank, "global_step": self.global_step, "skipped_updates": self.skipped_updates}
