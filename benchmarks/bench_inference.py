@@ -123,6 +123,7 @@ def measure(clients: list[Any], factory: Callable[[], Any], obs: dict, batch: in
     actor = InferenceActor.options(num_cpus=1).remote(0, factory, batch, timeout_ms, None, seed, 1, "auto")
     try:
         ray.get(actor.ping.remote(), timeout=180)
+        ray.get(actor.serve_built_weights.remote(), timeout=60)  # no trainer broadcasts here
         ray.get([c.warm.remote(actor, obs, k) for c, k in zip(clients, shares)], timeout=180)
         t_measure = time.monotonic() + 0.25 + warmup_s  # 0.25 s: the run calls reach the client actors
         t_end = t_measure + seconds

@@ -185,6 +185,11 @@ class InferenceActor:
     async def ping(self) -> str:
         return self.name
 
+    async def serve_built_weights(self) -> None:
+        """Serve the weights the policy factory built, without waiting for a broadcast (stand-alone
+        use with no trainers, e.g. the inference benchmark)."""
+        self._weights_event().set()
+
     async def pid(self) -> int:
         return os.getpid()
 
