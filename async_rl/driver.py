@@ -445,9 +445,8 @@ def main(default_config: str, description: str = "", argv: Optional[list[str]] =
         raise SystemExit(2) from None
     try:
         return run(cfg, task_set, inspect)
-    except (ActorFailedError, ActorTimeoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    except (ActorFailedError, ActorTimeoutError):
+        raise SystemExit(1) from None  # run() has printed what failed and the last complete checkpoint
 
 
 def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtime], Any]] = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """CompilerGym env: reward maths, tokenisation, and the real server (offline, csmith programs)."""
+from contextlib import closing
 import os
 import signal
 import time
@@ -96,8 +97,7 @@ def per_step_set():
 def test_server_starts_offline_and_steps_a_csmith_program(per_step_set):
     ts = per_step_set
     assert len(ts.flags) == 124 and "-mem2reg" in ts.flags and ts.obs_spec["num_actions"] == 124
-    env = ts.make_env(0, seed=0)
-    try:
+    with closing(ts.make_env(0, seed=0)) as env:
         obs = env.reset()
         assert env.program["uri"] == SMALL_PROGRAM
         assert obs["autophase"].shape == (56,) and obs["ir_tokens"].shape == (64,)
@@ -113,16 +113,13 @@ def test_server_starts_offline_and_steps_a_csmith_program(per_step_set):
         assert total == pytest.approx(ts.reward.shaped(ts.reward.reduction(c0, info["ir_count"], oz), 3))
         with pytest.raises(RuntimeError, match="reset"):
             env.step(np.array([0]))
-    finally:
-        env.close()
 
 
 @needs_server
 def test_sequence_mode_skips_unknown_tokens(per_step_set):
     ts = make_task_set("compiler_gym", mode="sequence", seq_len=6, train_seeds=[1000002, 1], eval_seeds=[0, 1])
     vocab = ts.action_vocab
-    env = ts.make_env(0, seed=0)
-    try:
+    with closing(ts.make_env(0, seed=0)) as env:
         env.reset()
         ids, _ = vocab.encode(["-mem2reg", "-instcombine"], length=6)
         ids = np.insert(ids, 1, [UNK_ID, len(vocab) + 5])[:6]  # two unknown tokens inside the sequence
@@ -130,26 +127,20 @@ def test_sequence_mode_skips_unknown_tokens(per_step_set):
         assert terminated and not truncated  # one step is the whole episode
         assert info["unknown_passes"] == 2 and info["num_passes"] == 2 and env.unknown_passes == 2
         assert reward == pytest.approx(info["reduction"]) and reward > 0
-    finally:
-        env.close()
 
 
 @needs_server
 def test_fork_and_restore(per_step_set):
-    env = per_step_set.make_env(0, seed=0)
-    try:
+    with closing(per_step_set.make_env(0, seed=0)) as env:
         c0 = env.reset()["ir_count"]
         env.client.call("fork")
         assert env.client.call("step", actions=[per_step_set.flags.index("-mem2reg")])["ir_count"] < c0
         assert env.client.call("restore")["ir_count"] == c0
-    finally:
-        env.close()
 
 
 @needs_server
 def test_killed_server_is_detected_and_replaced(per_step_set):
-    env = per_step_set.make_env(0, seed=0)
-    try:
+    with closing(per_step_set.make_env(0, seed=0)) as env:
         env.reset()
         old_pid = env.client.proc.pid
         os.kill(old_pid, signal.SIGKILL)
@@ -168,19 +159,14 @@ def test_killed_server_is_detected_and_replaced(per_step_set):
         _, reward, _, truncated, info = env.step(np.array([per_step_set.flags.index("-mem2reg")]))
         assert truncated and reward == 0.0 and "server_error" in info and env.server_restarts == 2
         assert env.reset()["ir_count"] > 0
-    finally:
-        env.close()
 
 
 @needs_server
 def test_a_silent_server_times_out_with_a_clear_error(per_step_set):
-    env = per_step_set.make_env(0, seed=0)
-    try:
+    with closing(per_step_set.make_env(0, seed=0)) as env:
         with pytest.raises(CompilerGymServerError, match="did not answer 'reset' within"):
             env.client.call("reset", timeout_s=0.001, benchmark="generator://csmith-v0/4242")
         assert not env.client.alive  # killed, never left hanging
-    finally:
-        env.close()
 
 
 @needs_server
@@ -191,13 +177,10 @@ def test_benchmark_dir_of_user_programs(tmp_path):
     (tmp_path / "broken.c").write_text("int this is not C;\n")
     ts = make_task_set("compiler_gym", benchmark_dir=str(tmp_path), eval_fraction=0.34)
     assert len(ts.train_benchmarks) == 2 and len(ts.eval_benchmarks) == 1
-    env = ts.make_env(0, seed=0, benchmarks=ts.train_benchmarks + ts.eval_benchmarks)
-    try:
+    with closing(ts.make_env(0, seed=0, benchmarks=ts.train_benchmarks + ts.eval_benchmarks)) as env:
         seen = {env.reset() is not None and env.program["uri"] for _ in range(4)}
         assert all(u.endswith(("a.c", "b.c")) for u in seen)
         assert env.skipped["build_failed"] == 1  # broken.c: skipped and counted
-    finally:
-        env.close()
 
 
 @needs_server
@@ -213,10 +196,7 @@ def test_named_datasets_need_the_internet_and_say_so():
 
 @needs_server
 def test_a_program_that_fails_to_parse_is_skipped_and_counted(per_step_set):
-    env = per_step_set.make_env(0, seed=0)
-    try:
+    with closing(per_step_set.make_env(0, seed=0)) as env:
         assert env.reset_to("generator://csmith-v0/30") is None  # clang-14 output LLVM 10 cannot parse
         assert env.skipped["build_failed"] == 1 and env.server_restarts == 0
         assert env.reset()["ir_count"] > 0  # the next program is fine, on the same server
-    finally:
-        env.close()
