@@ -50,6 +50,9 @@ class RunConfig(pydantic.BaseModel):
     rollout_local_buf: Positive = 64
     inference_batch: Positive = 2
     inference_timeout_ms: pydantic.PositiveFloat = 2.0
+    # Run the inference forward in a thread (true) or on the actor's event loop (false);
+    # None = a thread for GPU models and CPU models over 20 M parameters.
+    inference_forward_thread: Optional[bool] = None
     replay_capacity: Positive = 4096
     train_batch_size: Positive = 256
     accumulation_steps: Positive = 2

@@ -89,7 +89,7 @@ class Runtime:
         self.inference = {
             f"inference-{i}": InferenceActor.options(num_cpus=cfg.inference_num_cpus, **restartable).remote(
                 i, self.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms,
-                gpu, cfg.seed, cfg.torch_threads, cfg.precision,
+                gpu, cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread,
             )
             for i, gpu in enumerate(inference_gpus)
         }

@@ -30,8 +30,7 @@ def _inspect(runtime):
     status = ray.get(runtime.trainers["trainer-0"].status.remote(), timeout=60)
     trainer = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
-    size = ray.get(runtime.replay.size.remote(), timeout=60)
-    sample = ray.get(runtime.replay.sample.remote(size), timeout=60) if size else None
+    sample = ray.get(runtime.replay.snapshot.remote(), timeout=60)
     return {"status": status, "trainer": trainer, "inference": inference, "sample": sample}
 
 

@@ -26,9 +26,8 @@ def _replay_versions(runtime, newer_than: int = -1, timeout_s: float = 120.0) ->
     """Policy versions of what the replay buffer holds, once it holds steps newer than ``newer_than``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        size = ray.get(runtime.replay.size.remote(), timeout=60)
-        if size:
-            sample = ray.get(runtime.replay.sample.remote(size), timeout=60)
+        sample = ray.get(runtime.replay.snapshot.remote(), timeout=60)
+        if sample is not None:
             versions = sample["steps", "policy_version"] if "steps" in sample.keys() else sample["policy_version"]
             if int(versions.max()) > newer_than:
                 return versions

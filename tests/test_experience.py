@@ -105,6 +105,17 @@ def test_consumed_items_leave_and_free_slots_are_refilled_before_evicting():
     assert store.counters == {"added": 8, "sampled": 11, "evicted": 1, "dropped_stale": 0}
 
 
+def test_snapshot_returns_live_items_in_insertion_order_without_sampling():
+    store = ReplayStorage(capacity=4, seed=0)
+    assert store.snapshot() is None
+    store.add_batch(_items(0, 3))
+    store.sample(1, consume=True)
+    store.add_batch(_items(10, 2))  # refills the freed slot, then evicts the oldest
+    kept = store.snapshot()["x"].tolist()
+    assert len(kept) == 4 and kept[-2:] == [10.0, 11.0] and kept[:2] == sorted(kept[:2])
+    assert store.counters["sampled"] == 1
+
+
 def test_drop_older_than_removes_stale_steps_and_segments():
     store = ReplayStorage(capacity=6, seed=0)
     store.add_batch(TensorDict({"x": torch.arange(4.0), "policy_version": torch.tensor([0, 1, 2, 3])}, [4]))

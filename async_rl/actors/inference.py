@@ -23,6 +23,9 @@ from async_rl.runtime import configure_torch, resolve_device, use_bf16
 from async_rl.weight_sync import WeightSyncGroup, tensor_signature
 
 ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
+# Auto mode runs the forward on the event loop for CPU models up to this size (the MetaWorld MLP
+# has 0.15 M parameters, the tiny VLA 0.2 M); bigger ones, and any GPU model, get a thread.
+INLINE_FORWARD_MAX_PARAMETERS = 20_000_000
 
 
 @dataclass
@@ -36,8 +39,11 @@ class _Request:
 class BatchingServer:
     """The batching loop, independent of Ray (tested directly)."""
 
-    def __init__(self, forward: ForwardFn, batch_size: int, timeout_s: float) -> None:
+    def __init__(self, forward: ForwardFn, batch_size: int, timeout_s: float, forward_in_thread: bool = True) -> None:
         self._forward = forward
+        # A thread keeps the loop taking requests during a long forward; for a small model the
+        # hand-off costs more than the forward itself (profiled: ~2.5x for the MetaWorld MLP).
+        self.forward_in_thread = forward_in_thread
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.version = 0
@@ -118,7 +124,10 @@ class BatchingServer:
             deterministic = torch.tensor([r.deterministic for r, n in zip(batch, sizes) for _ in range(n)])
             start = time.perf_counter()
             try:
-                out = await asyncio.to_thread(self._forward, obs, deterministic)
+                if self.forward_in_thread:
+                    out = await asyncio.to_thread(self._forward, obs, deterministic)
+                else:
+                    out = self._forward(obs, deterministic)
             except Exception as exc:  # every caller of this batch gets the error
                 traceback.print_exc()
                 for r in batch:
@@ -147,7 +156,7 @@ class InferenceActor:
 
     def __init__(self, index: int, policy_factory: Callable[[], torch.nn.Module], batch_size: int,
                  timeout_ms: float, gpu_id: Optional[int] = None, seed: int = 0, torch_threads: int = 1,
-                 precision: str = "auto") -> None:
+                 precision: str = "auto", forward_in_thread: Optional[bool] = None) -> None:
         if gpu_id is not None:  # before CUDA initialises in this process
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         configure_torch(seed + 10_000 * (index + 1), torch_threads)
@@ -157,9 +166,15 @@ class InferenceActor:
         dtype = torch.bfloat16 if use_bf16(precision, self.device) else torch.float32
         self.model = policy_factory().to(self.device, dtype).eval()
         self._batch_size, self._timeout_s = batch_size, timeout_ms / 1000.0
+        if forward_in_thread is None:
+            forward_in_thread = self.device.type == "cuda" or self.num_parameters() > INLINE_FORWARD_MAX_PARAMETERS
+        self.forward_in_thread = forward_in_thread
         self._server: Optional[BatchingServer] = None
         self._sync: Optional[WeightSyncGroup] = None
         self._has_weights: Optional[asyncio.Event] = None  # set once the trainers' weights are staged
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
 
     def _forward(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
         with torch.inference_mode():
@@ -167,7 +182,7 @@ class InferenceActor:
 
     def _server_ready(self) -> BatchingServer:
         if self._server is None:  # created lazily: it needs the actor's running event loop
-            self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s)
+            self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s, self.forward_in_thread)
         return self._server
 
     def _weights_event(self) -> asyncio.Event:

@@ -62,6 +62,13 @@ class ReplayStorage:
         self.counters["sampled"] += n
         return self._storage[slots].clone()
 
+    def snapshot(self) -> Optional[TensorDict]:
+        """Every live item in insertion order without counting it as sampled; None when empty."""
+        live = self._live.nonzero().squeeze(-1)
+        if not len(live):
+            return None
+        return self._storage[live[torch.argsort(self._stamp[live])]].clone()
+
     def drop_older_than(self, min_version: int) -> int:
         """Remove items produced by a policy older than ``min_version``; returns how many."""
         if self._storage is None:
@@ -123,6 +130,11 @@ class ReplayBufferActor:
         if min_version is not None:
             self._store.drop_older_than(min_version)
         return self._store.sample(n, consume) if self._store.size() >= n else None
+
+    def snapshot(self) -> Optional[TensorDict]:
+        """Everything stored, in one call (for inspection and tests: a size() then sample(size)
+        pair can race with a trainer's prefetch)."""
+        return self._store.snapshot()
 
     def count_dropped_stale(self, n: int) -> None:
         """Items a trainer dropped from an already-fetched batch for being too old."""
