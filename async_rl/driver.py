@@ -253,20 +253,30 @@ class Runtime:
 
     # ---- synchronous mode ---------------------------------------------------------------
     def collect_synchronously(self, deadline: float) -> bool:
-        """Resume the workers until every trainer has a fresh super-batch, then pause them;
+        """Have every worker collect its share of a fresh super-batch per trainer and pause;
         False if the deadline came first."""
         cfg = self.cfg
         needed = cfg.num_trainers * cfg.super_batch_size
         # Leftovers of the last collection were made by an older policy: not "collect, then train".
         ray.get(self.replay.drop_older_than.remote(self.policy_version), timeout=cfg.actor_timeout_s)
         start = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)["added"]
-        get_named({n: w.resume.remote() for n, w in self.workers.items()}, cfg.actor_timeout_s, "resume")
         collected = False
         while not collected and time.monotonic() < deadline:
             counters = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)
+            steps = worker_share(cfg, needed - (counters["added"] - start))
+            get_named({n: w.resume.remote(steps) for n, w in self.workers.items()}, cfg.actor_timeout_s, "resume")
+            paused = {n: w.wait_paused.remote() for n, w in self.workers.items()}
+            give_up = time.monotonic() + cfg.actor_timeout_s
+            while time.monotonic() < deadline:
+                if len(ray.wait(list(paused.values()), num_returns=len(paused), timeout=0.2)[0]) == len(paused):
+                    break
+                self._check_workers()  # a restarted worker is collecting again: wait for it too
+                if time.monotonic() > give_up:
+                    late = [n for n, ref in paused.items() if not ray.wait([ref], timeout=0)[0]]
+                    raise ActorTimeoutError(f"{', '.join(late)} did not collect {steps} env steps and pause within "
+                                            f"actor_timeout_s={cfg.actor_timeout_s:g} s")
+            counters = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)
             collected = counters["added"] - start >= needed and counters["size"] >= needed
-            self._check_workers()
-            time.sleep(0 if collected else 0.05)
         get_named({n: w.pause.remote() for n, w in self.workers.items()}, cfg.actor_timeout_s, "pause")
         return collected
 
@@ -412,6 +422,18 @@ def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
         out[f"health/{key}"] = stats.get("health", {}).get(key, 0)
     out.update({f"inference/{k}": v for k, v in snap["inference"].items()})
     return out
+
+
+def worker_share(cfg: RunConfig, items: int) -> int:
+    """Env steps each rollout worker takes in synchronous mode so that together they push at least
+    ``items`` replay items (steps with GAE; with V-trace, whole segments of ``rollout_local_buf``
+    steps in each of a worker's lock-stepped envs)."""
+    per_worker = -(-max(items, 1) // cfg.num_rollout_workers)
+    rounds = -(-per_worker // cfg.envs_per_worker)  # lock-step: every env steps each round
+    if cfg.advantage == "vtrace":
+        return rounds * cfg.rollout_local_buf * cfg.envs_per_worker
+    # GAE: a pause holds back each env's last step (it bootstraps the cut), hence one more round.
+    return (rounds + 1) * cfg.envs_per_worker
 
 
 def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:

@@ -77,3 +77,19 @@ def test_impossible_resources_are_refused_before_ray_starts(tmp_path):
     assert proc.returncode == 2
     assert "CPUs" in proc.stderr and "available" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("overrides, items, share", [
+    # GAE: 128 steps over 2 workers x 8 envs = 8 lock-step rounds each, +1 for the held-back last step.
+    (["--num-rollout-workers", "2", "--envs-per-worker", "8"], 128, 72),
+    (["--num-rollout-workers", "2", "--envs-per-worker", "8"], 1, 16),
+    (["--num-rollout-workers", "3", "--envs-per-worker", "4"], 100, 40),
+    # V-trace: 8 segments of 16 steps over 2 workers x 2 envs = 2 segments per env = 64 steps per worker.
+    (["--advantage", "vtrace", "--rollout-local-buf", "16", "--num-rollout-workers", "2", "--envs-per-worker", "2",
+      "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8"], 8, 64),
+])
+def test_sync_worker_share_covers_the_items_needed(overrides, items, share):
+    from async_rl.driver import worker_share
+
+    cfg = load_config(overrides)
+    assert worker_share(cfg, items) == share

@@ -132,3 +132,23 @@ def test_dead_loop_fails_callers_instead_of_hanging():
             await server.submit(_obs(0))
 
     run(main())
+
+
+@pytest.mark.parametrize("in_thread", [True, False])
+def test_forward_runs_on_the_loop_or_in_a_thread_with_the_same_answers(in_thread):
+    import threading
+
+    threads = []
+
+    def forward(obs, deterministic):
+        threads.append(threading.get_ident())
+        return TensorDict({"y": obs["state"][:, 0] * 2}, batch_size=obs.batch_size)
+
+    async def main():
+        server = BatchingServer(forward, batch_size=2, timeout_s=0.01, forward_in_thread=in_thread)
+        outs = await asyncio.gather(*(server.submit(_obs(i)) for i in range(4)))
+        return [o["y"].item() for o in outs], threading.get_ident()
+
+    answers, loop_thread = run(main())
+    assert answers == [0.0, 2.0, 4.0, 6.0]
+    assert all((t != loop_thread) == in_thread for t in threads), (threads, loop_thread)

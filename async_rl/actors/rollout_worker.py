@@ -129,6 +129,7 @@ class RolloutWorkerActor:
         self._resume = asyncio.Event()  # cleared by pause() (synchronous mode)
         self._resume.set()
         self._paused = asyncio.Event()  # set while the loop waits at a step boundary
+        self._pause_at: Optional[int] = None  # env step count at which to pause (synchronous mode)
 
     async def pause(self) -> int:
         """Stop before the next step (pushes in flight finish); returns env steps so far."""
@@ -136,8 +137,17 @@ class RolloutWorkerActor:
         await self._paused.wait()
         return self.env_steps
 
-    async def resume(self) -> None:
+    async def resume(self, steps: Optional[int] = None) -> None:
+        """Collect again; with ``steps``, pause by itself once that many more env steps are taken
+        (synchronous mode: each worker collects its share of a super-batch, no more)."""
+        self._pause_at = None if steps is None else self.env_steps + steps
+        self._paused.clear()
         self._resume.set()
+
+    async def wait_paused(self) -> int:
+        """Returns (env steps so far) once the worker has paused and pushed what it collected."""
+        await self._paused.wait()
+        return self.env_steps
 
     async def pid(self) -> int:
         return os.getpid()
@@ -230,6 +240,9 @@ class RolloutWorkerActor:
             self.env_steps += len(self.slots)
             if pieces:
                 await self._push_and_count(torch.cat(pieces))
+            if self._pause_at is not None and self.env_steps >= self._pause_at:
+                self._pause_at = None
+                self._resume.clear()
         if self._push_ref is not None:
             await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
         for slot in self.slots:
