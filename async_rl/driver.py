@@ -33,6 +33,7 @@ from async_rl.weight_sync import check_signature, find_free_port
 
 LOCALHOST = "127.0.0.1"
 console = Console(stderr=True)
+FINAL_EVAL_GRACE_S = 30.0
 
 
 def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
@@ -294,18 +295,23 @@ class Runtime:
         metrics["broadcast_seconds"] = seconds
         return metrics
 
-    def poll_eval(self, force: bool = False) -> Optional[dict]:
-        """Start an evaluation every ``eval_interval_epochs``; return a finished one's result."""
+    def poll_eval(self, force: bool = False, wait_s: Optional[float] = None) -> Optional[dict]:
+        """Start an evaluation every ``eval_interval_epochs``; return a finished one's result.
+        ``force`` starts none and waits up to ``wait_s`` (default ``actor_timeout_s``) for the one in flight."""
         if not self.evaluators:
             return None
         result = None
+        name, evaluator = next(iter(self.evaluators.items()))
         if self._eval_ref is not None:
-            ready, _ = ray.wait([self._eval_ref], timeout=self.cfg.actor_timeout_s if force else 0)
+            timeout = (self.cfg.actor_timeout_s if wait_s is None else wait_s) if force else 0
+            ready, _ = ray.wait([self._eval_ref], timeout=timeout)
             if ready:
                 result, self._eval_ref = ray.get(self._eval_ref), None
                 self.last_eval = result
+            elif force:
+                console.print(f"{name} did not finish its evaluation within {timeout:.0f} s; the run ends without it",
+                              style="yellow", markup=False)
         if self._eval_ref is None and not force and self.epoch % self.cfg.eval_interval_epochs == 0:
-            evaluator = next(iter(self.evaluators.values()))
             self._eval_ref = evaluator.evaluate.remote(self.cfg.eval_episodes, self.cfg.eval_deterministic)
         return result
 
@@ -518,7 +524,9 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
                     runtime.save_checkpoint()
         if runtime.checkpoint_epoch != runtime.epoch:
             runtime.save_checkpoint()
-        result = runtime.poll_eval(force=True)
+        # The evaluation in flight may finish at most FINAL_EVAL_GRACE_S past --max-minutes.
+        result = runtime.poll_eval(force=True, wait_s=min(cfg.actor_timeout_s,
+                                                          max(deadline - time.monotonic(), 0.0) + FINAL_EVAL_GRACE_S))
         final = snapshot_scalars(runtime.snapshot())
         if result is not None:
             final.update(eval_scalars(result))

@@ -35,7 +35,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -116,11 +116,13 @@ def _key(batch: int, timeout_ms: float) -> str:
 
 
 def measure(clients: list[Any], factory: Callable[[], Any], obs: dict, batch: int, timeout_ms: float,
-            n_clients: int, warmup_s: float, seconds: float, seed: int) -> dict[str, float]:
+            n_clients: int, warmup_s: float, seconds: float, seed: int,
+            forward_thread: Optional[bool] = None) -> dict[str, float]:
     """One InferenceActor with this batch size and timeout, driven by ``n_clients`` closed loops
     spread over the client actors."""
     shares = [n_clients // len(clients) + (i < n_clients % len(clients)) for i in range(len(clients))]
-    actor = InferenceActor.options(num_cpus=1).remote(0, factory, batch, timeout_ms, None, seed, 1, "auto")
+    actor = InferenceActor.options(num_cpus=1).remote(0, factory, batch, timeout_ms, None, seed, 1, "auto",
+                                                        forward_thread)
     try:
         ray.get(actor.ping.remote(), timeout=180)
         ray.get(actor.serve_built_weights.remote(), timeout=60)  # no trainer broadcasts here
@@ -231,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
                          "its best pass, which filters out other jobs' bursts (default 2; quick 1)")
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="start no pass after the first once this much time has gone (default 8.5; quick 1.75)")
+    ap.add_argument("--forward-thread", choices=("auto", "on", "off"), default="auto",
+                    help="the inference actor's forward in a thread (on), on its event loop (off), or its own choice")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    forward_thread = {"auto": None, "on": True, "off": False}[args.forward_thread]
     config = Path(args.vla_config) if args.policy == "vla" else CONFIGS["mlp"]
     skip = common.libero_unavailable(config) if args.policy == "vla" else None
     if skip:
@@ -267,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                 if rnd and time.perf_counter() - start > budget_s:
                     print(f"(rest of pass {rnd + 1} skipped: --budget-minutes reached)", flush=True)
                     break
-                r = measure(clients, factory, obs, batch, timeout_ms, args.clients, warmup, seconds, args.seed)
+                r = measure(clients, factory, obs, batch, timeout_ms, args.clients, warmup, seconds, args.seed,
+                            forward_thread)
                 kept = best.get((batch, timeout_ms))
                 if kept is None or r["requests_per_sec"] > kept["requests_per_sec"]:
                     best[batch, timeout_ms] = r
@@ -292,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = summarise(rows)
     figures.update({
         "policy": policy_name,
+        "forward_thread": args.forward_thread,
         "clients": args.clients,
         "client_actors": args.client_actors,
         "seconds_per_config": seconds,

@@ -21,6 +21,7 @@ CASES = [
     ("too_many_cpus", ["--num-rollout-workers", "64", "--worker-num-cpus", "1"], "are available; lower the counts"),
     ("no_gpu", ["--device", "cuda"], "GPU(s) visible"),
     ("missing_extra", ["--block-module", "metaworld"], "MetaWorld is not installed"),
+    ("policy_kwarg", ["--policy-kwargs", "{d_model: 64}"], "policy 'mlp' does not fit this env and policy_kwargs"),
 ]
 
 # Runs the launch script as __main__ with one module made unimportable (a missing optional extra).

@@ -54,12 +54,21 @@ def build_preprocessor(name: str, obs_spec: ObsSpec, **kwargs: Any) -> Preproces
 def prepare_policy(name: str, obs_spec: ObsSpec, action_dim: int, model_path: Optional[str],
                    kwargs: dict[str, Any]) -> dict[str, Any]:
     """Check the policy's kwargs and ``model_path`` before Ray starts; returns the kwargs to build with."""
-    prepare = _entry(name)[2]
-    if prepare is None:
-        if model_path is not None:
-            raise ConfigError(f"policy '{name}' loads no model; drop --model-path (or use a policy that does, e.g. vla)")
-        return dict(kwargs)
-    return prepare(obs_spec, action_dim, model_path, kwargs)
+    factory, preprocessor, prepare = _entry(name)
+    if prepare is not None:
+        return prepare(obs_spec, action_dim, model_path, kwargs)
+    if model_path is not None:
+        raise ConfigError(f"policy '{name}' loads no model; drop --model-path (or use a policy that does, e.g. vla)")
+    # A policy without a prepare hook is small: build it once here, so that a kwarg it does not
+    # take or an env whose observations it cannot read fails now, not inside every actor.
+    try:
+        factory(obs_spec, action_dim, **kwargs)
+        preprocessor(obs_spec, **kwargs)
+    except (TypeError, KeyError, ValueError) as exc:
+        detail = f"missing observation field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+        raise ConfigError(f"policy '{name}' does not fit this env and policy_kwargs ({detail}); fix --policy-kwargs "
+                          f"or pick a policy for this env (valid: {', '.join(sorted(_POLICY_MODULES))})") from None
+    return dict(kwargs)
 
 
 __all__ = ["ActorCritic", "ObsSpec", "Preprocessor", "build_policy", "build_preprocessor", "prepare_policy", "register_policy"]
