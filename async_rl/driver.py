@@ -426,6 +426,7 @@ def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
     out.update({f"replay/{k}": v for k, v in snap["replay"].items()})
     for key in ("worker_restarts", "inference_restarts", "dropped_episodes"):
         out[f"health/{key}"] = stats.get("health", {}).get(key, 0)
+    out.update({f"env/{k}": v for k, v in stats.get("env_counters", {}).items()})
     out.update({f"inference/{k}": v for k, v in snap["inference"].items()})
     return out
 

@@ -383,6 +383,11 @@ class CompilerGymTaskEnv:
         msg = self.client.call("step", actions=passes, ir=bool(self.ts.ir_tokens))
         return msg, (msg.get("error") if msg.get("done") else None)
 
+    def counters(self) -> dict[str, int]:
+        """Running totals the rollout workers log (``env/<name>``)."""
+        return {"skipped_build_failed": self.skipped["build_failed"], "skipped_oz_above_o0": self.skipped["oz_above_o0"],
+                "unknown_passes": self.unknown_passes, "server_restarts": self.server_restarts}
+
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         if self._needs_reset:
             raise RuntimeError("CompilerGym env: call reset() before step() (episode ended)")

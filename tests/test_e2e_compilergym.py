@@ -54,8 +54,9 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
     events = EventAccumulator(str(log_dir)).Reload()
     tags = events.Tags()["scalars"]
     for tag in ("eval/geomean_reduction_vs_oz", "eval/random_search_geomean_vs_oz", "train/policy_loss",
-                "rollout/episode_return"):
+                "rollout/episode_return", "env/skipped_build_failed", "env/skipped_oz_above_o0", "env/unknown_passes"):
         assert tag in tags, tag
+    assert events.Scalars("env/skipped_build_failed")[-1].value == 0  # csmith programs build
     assert (log_dir / "eval_programs.json").is_file()
 
     # Every server process (and with it its CompilerGym service) is gone after the run.

@@ -130,6 +130,7 @@ class RolloutWorkerActor:
         self._resume.set()
         self._paused = asyncio.Event()  # set while the loop waits at a step boundary
         self._pause_at: Optional[int] = None  # env step count at which to pause (synchronous mode)
+        self._env_counts: dict[int, dict[str, int]] = {}  # per env: its counters() at the last report
 
     async def pause(self) -> int:
         """Stop before the next step (pushes in flight finish); returns env steps so far."""
@@ -169,6 +170,20 @@ class RolloutWorkerActor:
         self.stats.record_episode.remote(self.task_names[slot.task], slot.episode_return, slot.episode_length,
                                          slot.success, time.monotonic() - slot.started)
         self._start_episode(slot)
+        self._report_env_counters(slot.env)
+
+    def _report_env_counters(self, env: Any) -> None:
+        """Send what the env counted since the last report (envs with a ``counters()`` method:
+        running totals such as CompilerGym's skipped programs); logged as ``env/<name>``."""
+        counters = getattr(env, "counters", None)
+        if counters is None:
+            return
+        first = id(env) not in self._env_counts  # report zeros once, so that every counter is logged
+        now, last = counters(), self._env_counts.setdefault(id(env), {})
+        deltas = {k: n - last.get(k, 0) for k, n in now.items() if first or n != last.get(k, 0)}
+        if deltas:
+            last.update(now)
+            self.stats.record_env_counters.remote(deltas)
 
     def _drop_episode(self, slot: _EnvSlot) -> None:
         slot.segmenter = self._segmenter()

@@ -17,17 +17,26 @@ class StatsAggregator:
         self._since = time.monotonic()
         # Failures survived: worker_restarts, inference_restarts, dropped_episodes, ...
         self.health: dict[str, int] = defaultdict(int)
+        # Running totals an environment counts itself (e.g. CompilerGym's skipped programs).
+        self.env_counters: dict[str, int] = defaultdict(int)
 
     def record_health(self, key: str, n: int = 1) -> None:
         self.health[key] += n
 
+    def record_env_counters(self, deltas: dict[str, int]) -> None:
+        """Add what an environment counted since its last report."""
+        for key, n in deltas.items():
+            self.env_counters[key] += n
+
     def state_dict(self) -> dict:
         """Running totals (what a checkpoint keeps; per-snapshot means restart empty)."""
-        return {"total_env_steps": self.total_env_steps, "total_episodes": self.total_episodes, "health": dict(self.health)}
+        return {"total_env_steps": self.total_env_steps, "total_episodes": self.total_episodes, "health": dict(self.health),
+                "env_counters": dict(self.env_counters)}
 
     def load_state_dict(self, state: dict) -> None:
         self.total_env_steps, self.total_episodes = state["total_env_steps"], state["total_episodes"]
         self.health.update(state["health"])
+        self.env_counters.update(state.get("env_counters", {}))  # absent in checkpoints made before they existed
 
     def record_steps(self, source: str, n: int) -> None:
         self.total_env_steps += n
@@ -57,6 +66,7 @@ class StatsAggregator:
             "total_env_steps": self.total_env_steps,
             "total_episodes": self.total_episodes,
             "health": dict(self.health),
+            "env_counters": dict(self.env_counters),
         }
         if all_eps:
             out["episode_return"] = float(np.mean([e[0] for e in all_eps]))
