@@ -209,7 +209,8 @@ def _check_paths(cfg: RunConfig) -> None:
     if cfg.resume is not None:
         from async_rl.checkpoint import check_resumable, resolve_resume
 
-        check_resumable(resolve_resume(cfg.resume), cfg)
+        cfg.resume = str(resolve_resume(cfg.resume))  # pinned: a newer checkpoint written later does not change it
+        check_resumable(Path(cfg.resume), cfg)
     log_dir = Path(cfg.log_dir)
     if log_dir.exists() and not log_dir.is_dir():
         raise ConfigError(f"--log-dir {cfg.log_dir} is a file; pass a directory")

@@ -41,6 +41,7 @@ def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) ->
     at once (not after the others' timeout); on timeout the error names every actor that did not answer."""
     by_ref = {ref: name for name, ref in refs.items()}
     pending, deadline = list(by_ref), time.monotonic() + timeout_s
+    results: dict[str, Any] = {}
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0))
         if not ready:
@@ -48,10 +49,10 @@ def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) ->
             raise ActorTimeoutError(f"{names} did not answer {what} within {timeout_s:g} s")
         for ref in ready:
             try:
-                ray.get(ref)
+                results[by_ref[ref]] = ray.get(ref)
             except ray.exceptions.RayError as exc:
                 raise ActorFailedError(by_ref[ref], what, exc) from exc
-    return {name: ray.get(ref) for name, ref in refs.items()}
+    return {name: results[name] for name in refs}
 
 
 def obs_spec_of(task_set: Any) -> dict[str, Any]:
@@ -105,7 +106,7 @@ class Runtime:
         console.print(f"[bold]policy[/] {cfg.policy}: {info['trainer-0']['params']:,} parameters, "
                       f"{info['trainer-0']['trainable']:,} trainable; {cfg.num_trainers} trainer rank(s) under ZeRO-2")
         if cfg.resume:
-            self.restore(ckpt.resolve_resume(cfg.resume))
+            self.restore(Path(cfg.resume))
         self._join_weight_sync()
         self.broadcast()  # inference starts from the trainers' weights (version 0, or the checkpoint's)
         self.evaluators = {
@@ -181,11 +182,7 @@ class Runtime:
         except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
             pass  # expected: the collective failed on the sender's side too
         for name, actor in self.inference.items():
-            try:
-                pid = ray.get(actor.pid.remote(), timeout=cfg.actor_timeout_s)
-            except ray.exceptions.RayActorError:
-                pid = None
-            if pid != self.pids.get(name):
+            if self._pid(name, actor) != self.pids.get(name):
                 self._restart(name, actor, "its process died", "inference_restarts")
         self._join_weight_sync()
 
@@ -222,6 +219,17 @@ class Runtime:
             self._restart(name, self.workers[name], reason, "worker_restarts")
             self.worker_runs[name] = self.workers[name].run.remote()
 
+    def _pid(self, name: str, actor: Any) -> Optional[int]:
+        """The actor's process id; None if its process is dead. One that is alive but does not
+        answer within ``actor_timeout_s`` stops the run with an error naming it."""
+        try:
+            return ray.get(actor.pid.remote(), timeout=self.cfg.actor_timeout_s)
+        except ray.exceptions.RayActorError:
+            return None
+        except ray.exceptions.GetTimeoutError:
+            raise ActorTimeoutError(f"{name} did not answer within actor_timeout_s={self.cfg.actor_timeout_s:g} s "
+                                    "(alive but stuck?)") from None
+
     def _restart(self, name: str, actor: Any, reason: str, counter: str) -> None:
         """Have Ray restart ``actor`` (if its process still lives) and wait until the new process answers."""
         cfg = self.cfg
@@ -233,10 +241,10 @@ class Runtime:
                       markup=False)
         old_pid = self.pids.get(name)
         try:
-            pid = ray.get(actor.pid.remote(), timeout=cfg.actor_timeout_s)
-        except ray.exceptions.RayActorError:
-            pid = None
-        if pid is not None and pid == old_pid:  # alive: kill the process so Ray starts a fresh one
+            same_process = self._pid(name, actor) == old_pid
+        except ActorTimeoutError:
+            same_process = True  # alive but stuck
+        if same_process:  # kill the process so Ray starts a fresh one
             ray.kill(actor, no_restart=False)
         deadline = time.monotonic() + cfg.actor_timeout_s
         while True:
@@ -260,26 +268,30 @@ class Runtime:
         needed = cfg.num_trainers * cfg.super_batch_size
         # Leftovers of the last collection were made by an older policy: not "collect, then train".
         ray.get(self.replay.drop_older_than.remote(self.policy_version), timeout=cfg.actor_timeout_s)
-        start = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)["added"]
-        collected = False
+        counters = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)
+        start, collected = counters["added"], False
         while not collected and time.monotonic() < deadline:
-            counters = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)
             steps = worker_share(cfg, needed - (counters["added"] - start))
             get_named({n: w.resume.remote(steps) for n, w in self.workers.items()}, cfg.actor_timeout_s, "resume")
-            paused = {n: w.wait_paused.remote() for n, w in self.workers.items()}
-            give_up = time.monotonic() + cfg.actor_timeout_s
-            while time.monotonic() < deadline:
-                if len(ray.wait(list(paused.values()), num_returns=len(paused), timeout=0.2)[0]) == len(paused):
-                    break
-                self._check_workers()  # a restarted worker is collecting again: wait for it too
-                if time.monotonic() > give_up:
-                    late = [n for n, ref in paused.items() if not ray.wait([ref], timeout=0)[0]]
-                    raise ActorTimeoutError(f"{', '.join(late)} did not collect {steps} env steps and pause within "
-                                            f"actor_timeout_s={cfg.actor_timeout_s:g} s")
+            self._wait_until_paused(steps, deadline)
             counters = ray.get(self.replay.counters.remote(), timeout=cfg.actor_timeout_s)
             collected = counters["added"] - start >= needed and counters["size"] >= needed
         get_named({n: w.pause.remote() for n, w in self.workers.items()}, cfg.actor_timeout_s, "pause")
         return collected
+
+    def _wait_until_paused(self, steps: int, deadline: float) -> None:
+        """Wait (until ``deadline``) for every worker to pause after its ``steps``; raises naming the
+        workers still collecting after ``actor_timeout_s``."""
+        paused = {n: w.wait_paused.remote() for n, w in self.workers.items()}
+        give_up = time.monotonic() + self.cfg.actor_timeout_s
+        while time.monotonic() < deadline:
+            if len(ray.wait(list(paused.values()), num_returns=len(paused), timeout=0.2)[0]) == len(paused):
+                return
+            self._check_workers()  # a restarted worker is collecting again: wait for it too
+            if time.monotonic() > give_up:
+                late = [n for n, ref in paused.items() if not ray.wait([ref], timeout=0)[0]]
+                raise ActorTimeoutError(f"{', '.join(late)} did not collect {steps} env steps and pause within "
+                                        f"actor_timeout_s={self.cfg.actor_timeout_s:g} s")
 
     # ---- one epoch ----------------------------------------------------------------------
     def train_epoch(self) -> dict[str, float]:

@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {
         "async_env_steps_per_sec": round(a["env_steps_per_sec"], 1),
         "sync_env_steps_per_sec": round(s["env_steps_per_sec"], 1),
-        "async_speedup": round(a["env_steps_per_sec"] / s["env_steps_per_sec"], 3),
+        "async_speedup": round(common.ratio(a["env_steps_per_sec"], s["env_steps_per_sec"]), 3),
         "async_updates_per_sec": round(a["updates_per_sec"], 3),
         "sync_updates_per_sec": round(s["updates_per_sec"], 3),
-        "async_update_speedup": round(a["updates_per_sec"] / s["updates_per_sec"], 3),
+        "async_update_speedup": round(common.ratio(a["updates_per_sec"], s["updates_per_sec"]), 3),
     }
     for mode, r in runs.items():
         for key in ("epochs", "env_steps", "updates", "wall_seconds", "first_log_seconds", "policy_lag_mean",

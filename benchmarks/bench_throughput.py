@@ -53,7 +53,7 @@ def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root
     return {
         "system_env_steps_per_sec": system,
         "raw_env_steps_per_sec": raw,
-        "system_over_raw": system / raw,
+        "system_over_raw": common.ratio(system, raw),
         "num_rollout_workers": cfg.num_rollout_workers,
         "envs_per_worker": cfg.envs_per_worker,
         "num_trainers": cfg.num_trainers,

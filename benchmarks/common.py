@@ -193,6 +193,11 @@ LIBERO_MODULES = ("envs.libero", "async_rl.policies.vla")
 LIBERO_CONFIG = ROOT / "configs" / "libero_ppo.yaml"
 
 
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, nan where the denominator is 0 or nan (a run that measured nothing)."""
+    return numerator / denominator if denominator and denominator == denominator else float("nan")
+
+
 def libero_unavailable(config: Path = LIBERO_CONFIG) -> Optional[str]:
     """None if the LIBERO environment, the VLA policy and ``config`` are all here; else why not."""
     for module in LIBERO_MODULES:

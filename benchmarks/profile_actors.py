@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         for proc, _ in samples.values():
             proc.wait(timeout=60)
     finally:
+        if sys.exc_info()[0] is not None and run.poll() is None:  # failed early: end the run, do not wait it out
+            run.terminate()
         run.wait(timeout=60 * minutes + 180)
         log.close()
     used: dict[str, float] = collections.defaultdict(float)

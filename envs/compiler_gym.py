@@ -482,6 +482,8 @@ def compiler_gym_task_set(
     for name, value in (("max_steps", max_steps), ("seq_len", seq_len), ("episodes_per_program", episodes_per_program)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"compiler_gym {name} must be a positive integer, got {value!r}")
+    if not 0.0 < float(eval_fraction) < 1.0:
+        raise ConfigError(f"compiler_gym eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction!r}")
     if benchmark_dir is not None:
         root = Path(benchmark_dir)
         if not root.is_dir():
@@ -524,6 +526,8 @@ def compiler_gym_task_set(
                 except CompilerGymServerError as exc:
                     raise ConfigError(f"compiler_gym dataset '{name}' is unavailable ({exc}); named datasets need "
                                       "the internet: use csmith seeds or benchmark_dir offline") from None
+            if not uris:
+                raise ConfigError(f"compiler_gym datasets {list(datasets)} hold no programs; check the names and dataset_limit")
             train, evaluation = _split_dir(uris, eval_fraction)
     finally:
         client.close()

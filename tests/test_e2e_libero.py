@@ -12,6 +12,7 @@ import envs
 from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.policies import build_policy
+from conftest import wait_for_replay
 
 pytest.importorskip("libero", reason="LIBERO is not installed (make setup installs it)")
 
@@ -30,7 +31,7 @@ def _inspect(runtime):
     status = ray.get(runtime.trainers["trainer-0"].status.remote(), timeout=60)
     trainer = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
-    sample = ray.get(runtime.replay.snapshot.remote(), timeout=60)
+    sample = wait_for_replay(runtime)
     return {"status": status, "trainer": trainer, "inference": inference, "sample": sample}
 
 
@@ -62,15 +63,14 @@ def test_real_run(tmp_path, launch_config):
 
     # Experience records what each head needs (seed 004 sections 2.2 and 3.1).
     sample = seen["sample"]
-    if sample is not None:
-        keys = set(sample.keys())
-        assert {"advantage", "value_target", "logp", "value", "policy_version"} <= keys
-        assert sample["obs", "pixel_values"].dtype == torch.uint8
-        if discrete:
-            assert {"action_token", "behaviour_logits"} <= keys and "action" not in keys
-            assert sample["behaviour_logits"].shape[1:] == (7, 256)
-        else:
-            assert {"action", "mu", "log_std"} <= keys
+    keys = set(sample.keys())
+    assert {"advantage", "value_target", "logp", "value", "policy_version"} <= keys
+    assert sample["obs", "pixel_values"].dtype == torch.uint8
+    if discrete:
+        assert {"action_token", "behaviour_logits"} <= keys and "action" not in keys
+        assert sample["behaviour_logits"].shape[1:] == (7, 256)
+    else:
+        assert {"action", "mu", "log_std"} <= keys
 
     events = EventAccumulator(str(log_dir)).Reload()
     tags = events.Tags()["scalars"]

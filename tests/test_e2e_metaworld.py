@@ -1,7 +1,6 @@
 """A real run: local Ray, 2 DeepSpeed ZeRO-2 trainer ranks over gloo, 1 inference actor,
 2 rollout workers on MetaWorld, a few epochs; then the weights, versions, logs and leftovers."""
 import ipaddress
-import time
 from pathlib import Path
 
 import psutil
@@ -12,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from async_rl.config import load_config
 from async_rl.driver import run
+from async_rl.experience import policy_versions
+from conftest import wait_for_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED_TAGS = [
@@ -22,17 +23,9 @@ REQUIRED_TAGS = [
 ]
 
 
-def _replay_versions(runtime, newer_than: int = -1, timeout_s: float = 120.0) -> torch.Tensor:
+def _replay_versions(runtime, newer_than: int = -1) -> torch.Tensor:
     """Policy versions of what the replay buffer holds, once it holds steps newer than ``newer_than``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        sample = ray.get(runtime.replay.snapshot.remote(), timeout=60)
-        if sample is not None:
-            versions = sample["steps", "policy_version"] if "steps" in sample.keys() else sample["policy_version"]
-            if int(versions.max()) > newer_than:
-                return versions
-        time.sleep(0.2)
-    raise AssertionError(f"no experience newer than policy version {newer_than} within {timeout_s} s")
+    return policy_versions(wait_for_replay(runtime, lambda batch: int(policy_versions(batch).max()) > newer_than))
 
 
 def _inspect(runtime):

@@ -1,7 +1,4 @@
 """The evaluation worker: every task's episodes, stepped in lock-step (one request per step of all)."""
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 import ray
@@ -9,8 +6,6 @@ from types import SimpleNamespace
 
 from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.experience import to_wire
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class CountdownEnv:
@@ -65,18 +60,6 @@ class CountingInference:
 
     def calls(self):
         return self.rows
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(__file__).parent)] + ([old] if old else []))
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, address="local", log_to_driver=False)
-    finally:
-        os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.parametrize("parallel", [4, 3])

@@ -1,13 +1,10 @@
 """Tests for async_rl.weight_sync: signature helpers, a real Ray broadcast, timeouts (CPU, gloo)."""
 from __future__ import annotations
 
-import asyncio
-import os
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import ray
@@ -22,7 +19,6 @@ from async_rl.weight_sync import (
     tensor_signature,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 NAMES = ["trainer-0", "inference-1", "inference-2"]
 
 
@@ -266,24 +262,7 @@ class Member:
             g.close()
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    # Workers inherit the raylet's environment: let them import async_rl and this module.
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(Path(__file__).parent)] + ([old] if old else []))
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, address="local", log_to_driver=False)
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
-    yield
-    ray.shutdown()
-
-
-def test_ray_broadcast_to_two_async_actors(ray_cluster):
+def test_ray_broadcast_to_two_async_actors(ray_local):
     members = [Member.remote(r) for r in range(3)]
     port = find_free_port()
     backends = ray.get([m.join.remote("main", 3, port, NAMES) for m in members], timeout=60)

@@ -62,12 +62,15 @@ class ReplayStorage:
         self.counters["sampled"] += n
         return self._storage[slots].clone()
 
+    def _live_in_order(self) -> torch.Tensor:
+        """Slots of the live items, oldest first."""
+        live = self._live.nonzero().squeeze(-1)
+        return live[torch.argsort(self._stamp[live])]
+
     def snapshot(self) -> Optional[TensorDict]:
         """Every live item in insertion order without counting it as sampled; None when empty."""
-        live = self._live.nonzero().squeeze(-1)
-        if not len(live):
-            return None
-        return self._storage[live[torch.argsort(self._stamp[live])]].clone()
+        order = self._live_in_order()
+        return self._storage[order].clone() if len(order) else None
 
     def drop_older_than(self, min_version: int) -> int:
         """Remove items produced by a policy older than ``min_version``; returns how many."""
@@ -86,8 +89,7 @@ class ReplayStorage:
 
     def save(self, path: Path) -> None:
         """Live items in insertion order, their slots, counters and sampler state (safetensors + JSON)."""
-        live = self._live.nonzero().squeeze(-1)
-        order = live[torch.argsort(self._stamp[live])]
+        order = self._live_in_order()
         items = self._storage[order] if self._storage is not None else TensorDict({}, batch_size=[0])
         save_tensordict(items, path)
         state = {"counters": self.counters, "next_stamp": self._next_stamp, "capacity": self.capacity,

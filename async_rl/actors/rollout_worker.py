@@ -179,10 +179,10 @@ class RolloutWorkerActor:
         if counters is None:
             return
         first = id(env) not in self._env_counts  # report zeros once, so that every counter is logged
-        now, last = counters(), self._env_counts.setdefault(id(env), {})
+        now, last = counters(), self._env_counts.get(id(env), {})
         deltas = {k: n - last.get(k, 0) for k, n in now.items() if first or n != last.get(k, 0)}
         if deltas:
-            last.update(now)
+            self._env_counts[id(env)] = now
             self.stats.record_env_counters.remote(deltas)
 
     def _drop_episode(self, slot: _EnvSlot) -> None:

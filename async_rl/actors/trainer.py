@@ -300,7 +300,11 @@ class TrainerActor:
     async def hold_prefetch(self) -> int:
         """Freeze the prefetch (a sample in flight lands first) until ``save_checkpoint``;
         returns how many fetched super-batches wait untrained."""
-        await self._lock().acquire()
+        try:  # the prefetch holds the lock while it waits for a short buffer to fill
+            await asyncio.wait_for(self._lock().acquire(), self.cfg.actor_timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"{self.name}: the prefetch did not let go within actor_timeout_s="
+                               f"{self.cfg.actor_timeout_s:g} s (replay buffer short of a super-batch?)") from None
         return len(self._pending())
 
     def _pending(self) -> list[TensorDict]:

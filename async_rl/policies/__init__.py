@@ -64,7 +64,9 @@ def prepare_policy(name: str, obs_spec: ObsSpec, action_dim: int, model_path: Op
     try:
         factory(obs_spec, action_dim, **kwargs)
         preprocessor(obs_spec, **kwargs)
-    except (TypeError, KeyError, ValueError) as exc:
+    except (TypeError, KeyError) as exc:
+        if isinstance(exc, TypeError) and "keyword argument" not in str(exc):
+            raise  # a bug in the policy, not a bad kwarg: keep its traceback
         detail = f"missing observation field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
         raise ConfigError(f"policy '{name}' does not fit this env and policy_kwargs ({detail}); fix --policy-kwargs "
                           f"or pick a policy for this env (valid: {', '.join(sorted(_POLICY_MODULES))})") from None

@@ -1,0 +1,37 @@
+"""Shared fixtures and helpers of the test suite."""
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import ray
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local 2-CPU Ray for one test module; its workers can import async_rl and the test modules."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent), str(TESTS)] + ([old] if old else []))
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, address="local", log_to_driver=False)
+    finally:  # workers inherit the raylet's environment, fixed at init; the test process gets its own back
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    yield
+    ray.shutdown()
+
+
+def wait_for_replay(runtime, accept: Callable = lambda batch: True, timeout_s: float = 120.0):
+    """The replay buffer's contents once they are non-empty and ``accept``-ed (checked every 0.2 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = ray.get(runtime.replay.snapshot.remote(), timeout=60)
+        if batch is not None and accept(batch):
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"the replay buffer held no accepted experience within {timeout_s} s")
