@@ -117,10 +117,15 @@ def test_stop_and_resume_continues_counters_weights_and_buffer(tmp_path):
     saved_replay = ckpt.load_tensordict(saved / "replay.safetensors")
     pending = sorted(saved.glob("pending-trainer-*.safetensors"))
     assert pending, "trainers had prefetched super-batches that were not trained on"
-    # Untrained batches left the buffer when fetched: saved once, not twice.
-    replay_states = {tuple(r.tolist()) for r in saved_replay["obs", "state"]}
+    # Untrained batches left the buffer when fetched: saved once, not twice. An item is known by
+    # its state *and* sampled action: episodes of the same task variant start from the same state.
+    def items(td):
+        return {tuple(r.tolist()) for r in torch.cat([td["obs", "state"], td["action"]], dim=-1)}
+
+    replay_items = items(saved_replay)
+    assert len(replay_items) == saved_replay.batch_size[0]
     for p in pending:
-        assert not replay_states & {tuple(r.tolist()) for r in ckpt.load_tensordict(p)["obs", "state"]}
+        assert not replay_items & items(ckpt.load_tensordict(p))
 
     def inspect(runtime):
         status = [ray.get(t.status.remote(), timeout=60) for t in runtime.trainers.values()]
