@@ -138,14 +138,19 @@ def has_lora(module: torch.nn.Module) -> bool:
     return bool(getattr(module, "peft_config", None))
 
 
-def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint must hold to restore ``module``: every weight, or with LoRA the
+def _checkpointed_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The live tensors a checkpoint holds for ``module``: every weight, or with LoRA the
     trainable ones and the buffers (the frozen base is rebuilt from the config)."""
     if not has_lora(module):
-        return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    params = {n: p.detach().cpu().contiguous() for n, p in module.named_parameters() if p.requires_grad}
-    params.update({n: b.detach().cpu().contiguous() for n, b in module.named_buffers()})
-    return params
+        return module.state_dict()
+    tensors = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    tensors.update(dict(module.named_buffers()))
+    return tensors
+
+
+def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint must hold to restore ``module``, as detached contiguous CPU copies."""
+    return {k: v.detach().cpu().contiguous() for k, v in _checkpointed_tensors(module).items()}
 
 
 def save_model(module: torch.nn.Module, directory: Path) -> None:
@@ -164,7 +169,7 @@ def save_model(module: torch.nn.Module, directory: Path) -> None:
 def load_model(module: torch.nn.Module, directory: Path) -> None:
     """Copy the saved weights into ``module`` in place (views DeepSpeed holds stay valid)."""
     state = load_file(str(directory / "model.safetensors"))
-    expected = trainable_state(module).keys()
+    expected = _checkpointed_tensors(module).keys()  # names only: no copy of the weights
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
         raise ValueError(f"{directory}/model.safetensors does not fit this model: missing {missing[:3]}, "

@@ -26,9 +26,9 @@ from async_rl.actors.stats import StatsActor
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
-from async_rl.logger import MetricsLogger
+from async_rl.logger import MetricsLogger, mean_metrics
 from async_rl.policies import build_policy, build_preprocessor, prepare_policy
-from async_rl.runtime import check_resources, plan_gpus
+from async_rl.runtime import check_resources, plan_gpus, pythonpath_with
 from async_rl.weight_sync import check_signature, find_free_port
 
 LOCALHOST = "127.0.0.1"
@@ -91,7 +91,7 @@ class Runtime:
         self.inference = {
             f"inference-{i}": InferenceActor.options(num_cpus=cfg.inference_num_cpus, **restartable).remote(
                 i, self.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms,
-                gpu, cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread,
+                gpu, cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread, cfg.actor_timeout_s,
             )
             for i, gpu in enumerate(inference_gpus)
         }
@@ -303,7 +303,8 @@ class Runtime:
         self.epoch += 1
         rows = list(results.values())
         self.lag_values = [v for r in rows for v in r.pop("policy_lag_values")]
-        metrics = {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in rows[0]}
+        metrics = mean_metrics(rows)
+        metrics["policy_lag_max"] = max(r["policy_lag_max"] for r in rows)  # the worst rank, not the mean
         metrics["broadcast_seconds"] = seconds
         return metrics
 
@@ -396,7 +397,7 @@ class Runtime:
 
 def init_ray(cfg: RunConfig) -> None:
     """Join ``--ray-address`` or start a local cluster bound to 127.0.0.1."""
-    env_vars = {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    env_vars = {"PYTHONPATH": pythonpath_with(Path(__file__).resolve().parents[1])}
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return

@@ -1,6 +1,7 @@
 """Scalars to TensorBoard (always) and SwanLab (offline by default; never a login prompt)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,6 +19,16 @@ def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             flat[name] = float(value)
     return flat
+
+
+def mean_metrics(rows: list[Mapping[str, float]]) -> dict[str, float]:
+    """Per-key means over the finite values (a skipped non-finite update reports NaN)."""
+    out = {}
+    for key in {k for row in rows for k in row}:
+        values = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        if values:
+            out[key] = sum(values) / len(values)
+    return out
 
 
 class MetricsLogger:

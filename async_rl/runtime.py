@@ -14,6 +14,12 @@ from async_rl.errors import ActorTimeoutError, ConfigError
 T = TypeVar("T")
 
 
+def pythonpath_with(*paths: Any) -> str:
+    """``paths`` ahead of the current PYTHONPATH: child processes (Ray workers, launches) import
+    this checkout's packages even when it is not installed."""
+    return os.pathsep.join([*map(str, paths), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def configure_torch(seed: int, threads: int) -> None:
     """Seed every RNG and cap intra-op threads (actors share few cores)."""
     torch.set_num_threads(threads)

@@ -3,47 +3,69 @@ programs (geometric mean over programs of -Oz count / count after the sequence; 
 
     python benchmarks/bench_compilergym.py --policy mlp --minutes 5 [--eval-programs 20] [--out cg.json]
     python benchmarks/bench_compilergym.py --policy passformer --minutes 5 --random-trials 1 10
+    python benchmarks/bench_compilergym.py --quick        # 1 minute of training, 5 programs
 
 Random search gets, per program, ``trials`` random sequences of as many passes as the policy
 applied there (``trials = 1``: the same number of env steps). Prints the per-program table;
-``--out`` writes a flat JSON of numbers. Training uses the launch script's config
-(configs/compilergym_<policy>.yaml); extra ``--`` arguments go to it (e.g. ``-- --seed 3``).
+``--out`` writes a flat JSON of numbers and a PNG (policy and random search against -Oz, per
+program). Training uses the launch script's config (configs/compilergym_<policy>.yaml); extra
+``--`` arguments go to it (e.g. ``-- --seed 3``).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:  # run as a script: make `envs` / `async_rl` importable
-    sys.path.insert(0, str(_ROOT))
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
 from async_rl.config import load_config  # noqa: E402
 from async_rl.driver import run  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
-from envs.compiler_gym import geomean, held_out_evaluation, random_search  # noqa: E402
+from benchmarks import common  # noqa: E402
+from envs.compiler_gym import compiler_gym_unavailable_reason, geomean, held_out_evaluation, random_search  # noqa: E402
+
+HEADLINE = ("geomean_reduction_vs_oz", "random_search_geomean_vs_oz", "epochs", "env_steps", "programs")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", choices=("mlp", "passformer"), default="mlp")
-    parser.add_argument("--minutes", type=float, default=5.0, help="training time before the evaluation")
-    parser.add_argument("--eval-programs", type=int, default=20, help="held-out csmith programs (seeds 1000000...)")
-    parser.add_argument("--random-trials", type=int, nargs="+", default=[1, 10])
-    parser.add_argument("--log-dir", default="runs/bench_compilergym")
-    parser.add_argument("--out", help="write the results as flat JSON here")
-    parser.add_argument("extra", nargs="*", help="config flags for the run (after --)")
-    args = parser.parse_args()
+def plot(rows: list[dict], figures: dict, path: Path) -> None:
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["policy_vs_oz"] for r in rows], 0.4, label="policy (greedy)")
+    ax.bar(x + 0.2, [r["random_vs_oz"] for r in rows], 0.4, label="random search, same env steps")
+    ax.axhline(1.0, color="gray", ls=":", label="-Oz")
+    ax.set_xticks(x, [str(i) for i in x])
+    ax.set_xlabel("held-out program")
+    ax.set_ylabel("-Oz count / count after the sequence")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    common.save(fig, path, f"CompilerGym, {figures['policy']} after {figures['train_minutes']:g} min: geomean "
+                           f"{figures['geomean_reduction_vs_oz']:.3f} vs random {figures['random_search_geomean_vs_oz']:.3f}")
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = common.parser(__doc__, "1 minute of training, 5 held-out programs (< 2 min plus set-up)")
+    ap.add_argument("--policy", choices=("mlp", "passformer"), default="mlp")
+    ap.add_argument("--minutes", type=float, default=5.0, help="training time before the evaluation")
+    ap.add_argument("--eval-programs", type=int, default=20, help="held-out csmith programs (seeds 1000000...)")
+    ap.add_argument("--random-trials", type=int, nargs="+", default=[1, 10])
+    ap.add_argument("--log-dir", default="runs/bench_compilergym")
+    ap.add_argument("extra", nargs="*", help="config flags for the run (after --)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.minutes, args.eval_programs, args.random_trials = 1.0, 5, [1]
+    reason = compiler_gym_unavailable_reason()
+    if reason:
+        print(f"error: CompilerGym is not available: {reason}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(["--policy", args.policy, "--max-minutes", str(args.minutes), "--log-dir", args.log_dir,
                            "--swanlab-mode", "disabled", *args.extra],
-                          str(_ROOT / "configs" / f"compilergym_{args.policy}.yaml"))
+                          str(common.ROOT / "configs" / f"compilergym_{args.policy}.yaml"))
         cfg.env_kwargs = {**cfg.env_kwargs, "eval_seeds": [1_000_000, args.eval_programs]}
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -66,24 +88,22 @@ def main() -> int:
 
     summary = run(cfg, inspect=evaluate)
     result, extra = summary["inspect"]
-    out = {"policy": args.policy, "train_minutes": args.minutes, "epochs": summary["epochs"],
-           "env_steps": summary.get("rollout/total_env_steps", 0.0), "programs": len(result["rows"]),
-           "geomean_reduction_vs_oz": result["geomean_reduction_vs_oz"],
-           "random_search_geomean_vs_oz": result["random_search_geomean_vs_oz"],
-           "skipped_build_failed": result["skipped"]["build_failed"],
-           "skipped_oz_above_o0": result["skipped"]["oz_above_o0"]}
-    print(f"\n{'':<40}{'geomean -Oz/count':>18}")
-    print(f"{'policy (' + args.policy + ', greedy)':<40}{out['geomean_reduction_vs_oz']:>18.4f}")
-    print(f"{'random search, same env steps':<40}{out['random_search_geomean_vs_oz']:>18.4f}")
+    rows = result["rows"]
+    figures = {"policy": args.policy, "train_minutes": args.minutes, "quick": args.quick, **common.machine(),
+               "epochs": summary["epochs"], "env_steps": summary.get("rollout/total_env_steps", 0.0),
+               "programs": len(rows), "geomean_reduction_vs_oz": result["geomean_reduction_vs_oz"],
+               "random_search_geomean_vs_oz": result["random_search_geomean_vs_oz"],
+               "skipped_build_failed": result["skipped"]["build_failed"],
+               "skipped_oz_above_o0": result["skipped"]["oz_above_o0"]}
     for trials, (value, seconds) in extra.items():
-        out[f"random_search_{trials}x_geomean_vs_oz"] = value
-        print(f"{f'random search, {trials}x the env steps':<40}{value:>18.4f}   ({seconds:.0f} s)")
-    for i, row in enumerate(result["rows"]):
-        for key in ("o0_count", "oz_count", "policy_count", "random_count", "policy_vs_oz", "random_vs_oz"):
-            out[f"program_{i}_{key}"] = row[key]
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        figures[f"random_search_{trials}x_geomean_vs_oz"] = value
+        figures[f"random_search_{trials}x_seconds"] = seconds
+    columns = ("o0_count", "oz_count", "policy_count", "random_count", "policy_vs_oz", "random_vs_oz")
+    for i, row in enumerate(rows):
+        figures.update({f"program_{i}_{key}": row[key] for key in columns})
+    # (held_out_evaluation printed the per-program table)
+    common.report(figures, args, (lambda path: plot(rows, figures, path)) if rows else None,
+                  headline=HEADLINE + tuple(k for k in figures if k.startswith("random_search_") and k.endswith("x_geomean_vs_oz")))
     return 0
 
 

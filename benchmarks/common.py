@@ -125,7 +125,9 @@ def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
     """
     import ray  # noqa: PLC0415
 
-    env_vars = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    from async_rl.runtime import pythonpath_with  # noqa: PLC0415  (imports torch: only when needed)
+
+    env_vars = {"PYTHONPATH": pythonpath_with(ROOT)}
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",

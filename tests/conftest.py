@@ -7,6 +7,8 @@ from typing import Callable
 import pytest
 import ray
 
+from async_rl.runtime import pythonpath_with
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -14,7 +16,7 @@ TESTS = Path(__file__).resolve().parent
 def ray_local():
     """A local 2-CPU Ray for one test module; its workers can import async_rl and the test modules."""
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent), str(TESTS)] + ([old] if old else []))
+    os.environ["PYTHONPATH"] = pythonpath_with(TESTS.parent, TESTS)
     try:
         ray.init(num_cpus=2, include_dashboard=False, address="local", log_to_driver=False)
     finally:  # workers inherit the raylet's environment, fixed at init; the test process gets its own back

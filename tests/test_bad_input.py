@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from async_rl.runtime import pythonpath_with
+
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch" / "ds_metaworld_ppo_mlp.py"
 
@@ -47,7 +49,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, argv, mess
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     if "--log-dir" not in argv:
         argv += ["--log-dir", str(log_dir)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": pythonpath_with(ROOT)}
     proc = subprocess.run([sys.executable, "-c", BLOCKING_RUNNER.format(launch=str(LAUNCH)), *argv],
                           capture_output=True, text=True, timeout=300, cwd=work, env=env)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from async_rl.errors import ConfigError
+from async_rl.tokens import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from envs import make_task_set
 from envs.compiler_gym import (
-    EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, CompilerGymServerError, PassVocab, RewardConfig,
+    CompilerGymServerError, PassVocab, RewardConfig,
     compiler_gym_unavailable_reason, policy_from_argv, tokenize_ir,
 )
 
@@ -141,6 +142,20 @@ def test_fork_and_restore(per_step_set):
 
 
 @needs_server
+def test_random_search_starts_every_trial_from_the_reset_program(per_step_set):
+    from envs.compiler_gym import random_search
+
+    uri = "generator://csmith-v0/1000002"
+    with closing(per_step_set.make_env(0, seed=0, benchmarks=[uri])) as env:
+        best = random_search(env, uri, 4, 3, np.random.default_rng(7))
+        rng, counts = np.random.default_rng(7), []  # the same three sequences, each after a reset
+        for _ in range(3):
+            env.reset_to(uri)
+            counts.append(env.apply_passes([int(a) for a in rng.integers(len(per_step_set.flags), size=4)])[0]["ir_count"])
+    assert best == min(counts)
+
+
+@needs_server
 def test_killed_server_is_detected_and_replaced(per_step_set):
     with closing(per_step_set.make_env(0, seed=0)) as env:
         env.reset()
@@ -202,3 +217,15 @@ def test_a_program_that_fails_to_parse_is_skipped_and_counted(per_step_set):
         assert env.reset_to("generator://csmith-v0/30") is None  # clang-14 output LLVM 10 cannot parse
         assert env.skipped["build_failed"] == 1 and env.server_restarts == 0
         assert env.reset()["ir_count"] > 0  # the next program is fine, on the same server
+
+
+def test_benchmark_dir_split_holds_out_a_fraction_and_says_when_it_cannot(capsys):
+    from envs.compiler_gym import _split_dir
+
+    files = [f"p{i}.c" for i in range(10)]
+    train, held_out = _split_dir(files, 0.2)
+    assert held_out == ["p0.c", "p1.c"] and train == files[2:]
+    assert _split_dir(files[:2], 0.1) == (["p1.c"], ["p0.c"])  # at least one held out
+    assert capsys.readouterr().err == ""
+    assert _split_dir(["only.c"], 0.2) == (["only.c"], ["only.c"])
+    assert "not held out" in capsys.readouterr().err

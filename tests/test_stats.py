@@ -1,6 +1,7 @@
 """StatsAggregator: running totals, env counters, checkpoint state, and the logged scalar names."""
 from async_rl.actors.stats import StatsAggregator
 from async_rl.driver import snapshot_scalars
+from async_rl.logger import mean_metrics
 
 
 def test_env_counters_add_up_survive_a_checkpoint_and_are_logged_under_env():
@@ -20,3 +21,9 @@ def test_env_counters_add_up_survive_a_checkpoint_and_are_logged_under_env():
     scalars = snapshot_scalars({"stats": snap, "replay": {"size": 3}, "inference": {}})
     assert scalars["env/unknown_passes"] == 5 and scalars["env/skipped_oz_above_o0"] == 0
     assert scalars["rollout/success_rate"] == 1.0 and scalars["replay/size"] == 3
+
+
+def test_mean_metrics_skips_non_finite_values_and_keys_missing_from_a_row():
+    rows = [{"loss": 1.0, "ess": float("nan"), "only_a": 5.0}, {"loss": 3.0, "ess": 0.5}, {"loss": float("inf")}]
+    assert mean_metrics(rows) == {"loss": 2.0, "ess": 0.5, "only_a": 5.0}
+    assert mean_metrics([{"loss": float("nan")}]) == {}  # nothing finite: no value rather than NaN

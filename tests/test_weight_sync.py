@@ -299,3 +299,27 @@ def test_ray_broadcast_to_two_async_actors(ray_local):
     ray.get([m.close.remote() for m in members], timeout=30)
     for m in members:
         ray.kill(m)
+
+
+def test_inference_request_without_weights_fails_in_bounded_time(ray_local):
+    """A request that arrives before any broadcast waits at most ``weights_timeout_s`` for the
+    weights, then fails naming the inference actor; it does not linger on the server."""
+    import functools
+
+    import numpy as np
+
+    from async_rl.actors.inference import InferenceActor
+    from async_rl.policies import build_policy
+
+    factory = functools.partial(build_policy, "mlp", {"state_dim": 3}, 2, hidden_sizes=[8])
+    actor = InferenceActor.options(num_cpus=0).remote(0, factory, 4, 5.0, weights_timeout_s=1.0)
+    obs = {"state": np.zeros((1, 3), dtype=np.float32)}
+    start = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match="inference-0: no weights from trainer-0 within 1 s") as err:
+        ray.get(actor.request.remote(obs), timeout=60)
+    assert isinstance(err.value.cause, ActorTimeoutError)
+    assert time.monotonic() - start < 30
+    ray.get(actor.serve_built_weights.remote(), timeout=30)  # once weights are there it serves
+    out = ray.get(actor.request.remote(obs), timeout=60)
+    assert out["action"].shape == (1, 2) and int(out["policy_version"][0]) == 0
+    ray.kill(actor)

@@ -18,6 +18,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from async_rl.errors import ActorTimeoutError
 from async_rl.experience import Wire, from_wire, split_wire, to_wire
 from async_rl.runtime import configure_torch, resolve_device, use_bf16
 from async_rl.weight_sync import WeightSyncGroup, tensor_signature
@@ -156,7 +157,8 @@ class InferenceActor:
 
     def __init__(self, index: int, policy_factory: Callable[[], torch.nn.Module], batch_size: int,
                  timeout_ms: float, gpu_id: Optional[int] = None, seed: int = 0, torch_threads: int = 1,
-                 precision: str = "auto", forward_in_thread: Optional[bool] = None) -> None:
+                 precision: str = "auto", forward_in_thread: Optional[bool] = None,
+                 weights_timeout_s: float = 600.0) -> None:
         if gpu_id is not None:  # before CUDA initialises in this process
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         configure_torch(seed + 10_000 * (index + 1), torch_threads)
@@ -172,6 +174,7 @@ class InferenceActor:
         self._server: Optional[BatchingServer] = None
         self._sync: Optional[WeightSyncGroup] = None
         self._has_weights: Optional[asyncio.Event] = None  # set once the trainers' weights are staged
+        self._weights_timeout_s = weights_timeout_s
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -193,8 +196,14 @@ class InferenceActor:
     async def request(self, obs: Wire, deterministic: bool = False) -> Wire:
         """A batch ``[k]`` of observations in, their actions/log-probs/values/version out (wire dicts).
 
-        Nothing is served before the first weights arrived (a restarted actor holds random ones)."""
-        await self._weights_event().wait()
+        Nothing is served before the first weights arrived (a restarted actor holds random ones);
+        a request that waited ``weights_timeout_s`` for them fails instead of lingering."""
+        try:
+            await asyncio.wait_for(self._weights_event().wait(), self._weights_timeout_s)
+        except asyncio.TimeoutError:
+            raise ActorTimeoutError(
+                f"{self.name}: no weights from trainer-0 within {self._weights_timeout_s:g} s (no broadcast reached "
+                "this inference actor; check the trainers' log for the weight-sync error)") from None
         return await self._server_ready().submit(from_wire(obs), deterministic)
 
     async def ping(self) -> str:

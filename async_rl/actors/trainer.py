@@ -29,6 +29,7 @@ from async_rl.algo import (
 )
 from async_rl import checkpoint as ckpt
 from async_rl.experience import policy_versions
+from async_rl.logger import mean_metrics
 from async_rl.policies.lora import apply_lora
 from async_rl.runtime import configure_torch, resolve_device, use_bf16, wait_for
 from async_rl.weight_sync import WeightSyncGroup, host_loopback_store, is_loopback, tensor_signature
@@ -59,17 +60,6 @@ def deepspeed_config(cfg: Any, bf16: bool) -> dict:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-
-
-def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Per-key means over the finite values (a skipped non-finite update reports NaN)."""
-    keys = {k for row in rows for k in row}
-    out = {}
-    for k in keys:
-        values = [r[k] for r in rows if k in r and math.isfinite(r[k])]
-        if values:
-            out[k] = sum(values) / len(values)
-    return out
 
 
 @ray.remote
@@ -226,7 +216,7 @@ class TrainerActor:
                     rows.append(self._gae_step(batch[idx], adv_all[idx]))
                 else:
                     rows.append(self._vtrace_step(batch[idx]))
-        metrics = _mean_metrics(rows)
+        metrics = mean_metrics(rows)
         self.skipped_updates = self.engine.skipped_steps
         metrics.update({
             "policy_lag_values": lag.long().tolist(),

@@ -23,8 +23,8 @@ from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.categorical_mlp import compiler_features, feature_dim
+from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3  # the env's special tokens, first in action_vocab
 
 
 class PassformerPreprocessor:
