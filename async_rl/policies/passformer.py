@@ -111,12 +111,15 @@ class PassformerActorCritic(ActorCritic):
         m = mask.unsqueeze(-1).to(states.dtype)
         return self.value_head((states * m).sum(1) / m.sum(1)).squeeze(-1)
 
-    def _logits(self, states: torch.Tensor, mask: torch.Tensor, decoder_ids: torch.Tensor) -> torch.Tensor:
+    def _decode(self, states: torch.Tensor, mask: torch.Tensor, decoder_ids: torch.Tensor,
+                cache: Any = None, use_cache: bool = False) -> tuple[torch.Tensor, Any]:
+        """Logits ``[B, T, V]`` over the allowed tokens for ``decoder_ids``; with ``use_cache``
+        also the decoder's key/value cache, so the next call feeds only the new token."""
         out = self.seq2seq(encoder_outputs=(states,), attention_mask=mask, decoder_input_ids=decoder_ids,
-                           use_cache=False)
+                           past_key_values=cache, use_cache=use_cache)
         if self.allowed.device != out.logits.device:
             self.allowed = self.allowed.to(out.logits.device)
-        return out.logits.masked_fill(~self.allowed, float("-inf"))
+        return out.logits.masked_fill(~self.allowed, float("-inf")), out.past_key_values
 
     # -- policy --
     @torch.no_grad()
@@ -124,20 +127,21 @@ class PassformerActorCritic(ActorCritic):
         states, mask = self.encode(obs)
         b = states.shape[0]
         greedy = torch.as_tensor(deterministic, device=states.device).reshape(-1).expand(b)
-        ids = torch.full((b, 1), BOS_ID, dtype=torch.long, device=states.device)
+        token = torch.full((b,), BOS_ID, dtype=torch.long, device=states.device)
         done = torch.zeros(b, dtype=torch.bool, device=states.device)
-        logps = []
-        for _ in range(self.seq_len):
-            logits = self._logits(states, mask, ids)[:, -1].float()
+        tokens, logps, cache = [], [], None
+        for _ in range(self.seq_len):  # one new token per step; earlier ones are in the cache
+            logits, cache = self._decode(states, mask, token.unsqueeze(-1), cache, use_cache=True)
+            logits = logits[:, -1].float()
             logp_all = torch.log_softmax(logits, -1)
             sample = torch.distributions.Categorical(logits=logits / self.temperature).sample()
             token = torch.where(greedy, logits.argmax(-1), sample)
             token = torch.where(done, torch.full_like(token, PAD_ID), token)
             logps.append(torch.where(done, torch.zeros_like(token, dtype=logp_all.dtype),
                                      logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)))
-            ids = torch.cat([ids, token.unsqueeze(-1)], 1)
+            tokens.append(token)
             done = done | (token == EOS_ID)
-        action = ids[:, 1:]
+        action = torch.stack(tokens, 1)
         return TensorDict({"action": action, "env_action": action,
                            "logp": torch.stack(logps, 1).sum(1, keepdim=True),
                            "value": self._pooled_value(states, mask)}, batch_size=[b])
@@ -146,7 +150,7 @@ class PassformerActorCritic(ActorCritic):
         action = action.long()
         states, mask = self.encode(obs)
         decoder_ids = torch.cat([torch.full_like(action[:, :1], BOS_ID), action[:, :-1]], 1)
-        logits = self._logits(states, mask, decoder_ids).float()
+        logits = self._decode(states, mask, decoder_ids)[0].float()
         token_logp = torch.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
         seq_mask = sequence_mask(action)
         # where, not a product: padding is a disallowed token, its log-prob is -inf.
