@@ -34,11 +34,15 @@ from async_rl.weight_sync import check_signature, find_free_port
 LOCALHOST = "127.0.0.1"
 console = Console(stderr=True)
 FINAL_EVAL_GRACE_S = 30.0
+# An actor that raised may only be reporting a peer's death (a collective fails once the peer's
+# socket closes, often before Ray reports the peer dead): wait this long for the root cause.
+DEAD_PEER_GRACE_S = 5.0
 
 
 def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
     """ray.get of several refs. The first one that fails raises ActorFailedError naming its actor
-    at once (not after the others' timeout); on timeout the error names every actor that did not answer."""
+    (or, when it raised, a dead one among the others: the likelier cause) without waiting out the
+    others' timeout; on timeout the error names every actor that did not answer."""
     by_ref = {ref: name for name, ref in refs.items()}
     pending, deadline = list(by_ref), time.monotonic() + timeout_s
     results: dict[str, Any] = {}
@@ -51,8 +55,24 @@ def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) ->
             try:
                 results[by_ref[ref]] = ray.get(ref)
             except ray.exceptions.RayError as exc:
+                dead = None if isinstance(exc, ray.exceptions.RayActorError) else _dead_actor(pending, by_ref)
+                if dead is not None:
+                    raise ActorFailedError(dead[0], what, dead[1]) from exc
                 raise ActorFailedError(by_ref[ref], what, exc) from exc
     return {name: results[name] for name in refs}
+
+
+def _dead_actor(refs: list[ray.ObjectRef], names: Mapping[ray.ObjectRef, str]) -> Optional[tuple[str, BaseException]]:
+    """(name, error) of an actor among ``refs`` that died, if Ray says so within DEAD_PEER_GRACE_S."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=DEAD_PEER_GRACE_S) if refs else ([], [])
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return names[ref], exc
+        except ray.exceptions.RayError:
+            pass
+    return None
 
 
 def obs_spec_of(task_set: Any) -> dict[str, Any]:

@@ -22,7 +22,6 @@ updates). ``--epochs`` also stops each run after that many epochs (``--quick``: 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,25 +33,18 @@ if __package__ in (None, ""):  # run as a script
 from benchmarks import common  # noqa: E402
 
 ENV_KWARGS = "{benchmark: MT10, task: null, max_episode_steps: 500}"
-LOG_INTERVAL_S = 5.0
 
 
 def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root: Path, task_set: Any,
              extra: list[str]) -> dict[str, Any]:
     """One run in ``mode`` ("async" or "sync"); its rates and curves."""
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import run  # noqa: PLC0415
-
     log_dir = log_root / mode
-    shutil.rmtree(log_dir, ignore_errors=True)  # old event files would mix into this run's rates
-    cfg = load_config(
-        ["--env-kwargs", ENV_KWARGS, "--max-minutes", str(minutes), "--log-dir", str(log_dir), "--seed", str(seed),
-         "--swanlab-mode", "disabled", "--log-interval-seconds", str(LOG_INTERVAL_S), "--num-eval-workers", "0",
+    timed = common.timed_run(
+        common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", log_dir, minutes,
+        ["--env-kwargs", ENV_KWARGS, "--seed", str(seed), "--num-eval-workers", "0",
          *(["--sync"] if mode == "sync" else []), *(["--max-epochs", str(epochs)] if epochs else []), *extra],
-        str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"),
-    )
-    t0 = time.time()
-    summary = run(cfg, task_set)
+        task_set)
+    summary, t0 = timed.summary, timed.started
     steps, updates = common.training_steps(log_dir)
     lag = [v for _, v in common.scalars(log_dir, "rollout/policy_lag")]
     epoch_s = [v for _, v in common.scalars(log_dir, "train/epoch_seconds")]

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -93,7 +92,7 @@ SYSTEM_METHODS = {  # method -> (launch config, clip mode)
 METHODS = (*SYSTEM_METHODS, "sb3")
 TARGET = 0.9
 SMOOTH = 3  # log points in the trailing mean
-LOG_INTERVAL_S = 5.0
+LOG_INTERVAL_S = common.LOG_INTERVAL_S  # SB3 logs on the same clock as this system
 MAX_EPISODE_STEPS = 500
 
 
@@ -149,22 +148,15 @@ def _round(x: Optional[float], nd: int = 3) -> Optional[float]:
 # ---- this system ------------------------------------------------------------------------
 
 def run_system(task: str, method: str, minutes: float, seed: int, log_root: Path) -> dict[str, Any]:
-    from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
-    from async_rl.driver import prepare, run  # noqa: PLC0415
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
 
     config, clip_mode = SYSTEM_METHODS[method]
     log_dir = log_root / f"{task}_{method}"
-    shutil.rmtree(log_dir, ignore_errors=True)  # old event files would mix into this run's curve
-    cfg = load_config(
-        ["--clip-mode", clip_mode, "--max-minutes", str(minutes), "--log-dir", str(log_dir),
-         "--swanlab-mode", "disabled", "--log-interval-seconds", str(LOG_INTERVAL_S), "--seed", str(seed),
-         "--env-kwargs", f"{{benchmark: MT1, task: {task}, max_episode_steps: {MAX_EPISODE_STEPS}}}"],
-        str(common.ROOT / "configs" / config),
-    )
-    task_set = prepare(cfg)
-    t0 = time.time()
-    summary = run(cfg, task_set)
+    timed = common.timed_run(
+        common.ROOT / "configs" / config, log_dir, minutes,
+        ["--clip-mode", clip_mode, "--seed", str(seed),
+         "--env-kwargs", f"{{benchmark: MT1, task: {task}, max_episode_steps: {MAX_EPISODE_STEPS}}}"])
+    summary, t0 = timed.summary, timed.started
     wall = time.time() - t0
 
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0}).Reload()

@@ -14,7 +14,6 @@ weight-broadcast time is the mean over the run for the policy's size. Extra laun
 """
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,26 +26,20 @@ from benchmarks import common  # noqa: E402
 from benchmarks.bench_env_raw import raw_env_steps_per_sec  # noqa: E402
 
 CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "libero": common.LIBERO_CONFIG}
-LOG_INTERVAL_S = 5.0
 
 
 def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root: Path,
             extra: list[str]) -> dict[str, Any]:
     """The system's steps/s for ``minutes``, then the raw env's with as many processes."""
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import obs_spec_of, prepare, run  # noqa: PLC0415
+    from async_rl.driver import obs_spec_of  # noqa: PLC0415
     from async_rl.policies import build_policy  # noqa: PLC0415
 
     log_dir = log_root / env
-    shutil.rmtree(log_dir, ignore_errors=True)
-    cfg = load_config(["--max-minutes", str(minutes), "--log-dir", str(log_dir), "--swanlab-mode", "disabled",
-                       "--log-interval-seconds", str(LOG_INTERVAL_S), *extra], str(config))
-    task_set = prepare(cfg)
+    timed = common.timed_run(config, log_dir, minutes, extra)
+    cfg, task_set, summary, t0 = timed.cfg, timed.task_set, timed.summary, timed.started
     policy = build_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, **cfg.policy_kwargs)
     policy_mib = sum(t.numel() * t.element_size() for _, t in policy.inference_tensors()) / 2**20
     del policy
-    t0 = time.time()
-    summary = run(cfg, task_set)
     steps, _ = common.training_steps(log_dir)
     system = common.rate(steps)
     raw = raw_env_steps_per_sec(task_set, cfg.num_rollout_workers, raw_seconds, cfg.seed)

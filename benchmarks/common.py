@@ -9,8 +9,10 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -138,6 +140,31 @@ def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
             if attempt == attempts:
                 raise
             print(f"ray.init failed ({e}); retrying ({attempt}/{attempts})", file=sys.stderr, flush=True)
+
+
+LOG_INTERVAL_S = 5.0  # TensorBoard points every 5 s: enough for rates and curves of minutes-long runs
+
+
+@dataclass
+class TimedRun:
+    cfg: Any
+    task_set: Any
+    summary: dict[str, Any]
+    started: float  # time.time() when run() was called (TensorBoard wall times are on this clock)
+
+
+def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] = (), task_set: Any = None) -> TimedRun:
+    """One run of the system for ``minutes`` with ``config`` + ``argv``, logging every
+    ``LOG_INTERVAL_S`` into a fresh ``log_dir`` (old event files would mix into its rates)."""
+    from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
+    from async_rl.driver import prepare, run  # noqa: PLC0415
+
+    shutil.rmtree(log_dir, ignore_errors=True)
+    cfg = load_config(["--max-minutes", str(minutes), "--log-dir", str(log_dir), "--swanlab-mode", "disabled",
+                       "--log-interval-seconds", str(LOG_INTERVAL_S), *argv], str(config))
+    task_set = task_set if task_set is not None else prepare(cfg)
+    started = time.time()
+    return TimedRun(cfg, task_set, run(cfg, task_set), started)
 
 
 def scalars(log_dir: str | Path, tag: str) -> list[tuple[float, float]]:

@@ -84,7 +84,8 @@ def _cfg(log_dir, *extra):
         "--log-dir", str(log_dir), "--swanlab-mode", "disabled", "--num-eval-workers", "0", "--envs-per-worker", "2",
         "--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64", "--updates-per-epoch", "1",
         "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}", "--log-interval-seconds", "0.01",
-        "--lora-rank", "4", "--lora-trainable", "[log_std]", "--checkpoint-interval-epochs", "1", *extra], DEFAULT)
+        "--lora-rank", "4", "--lora-trainable", "[log_std]", "--checkpoint-interval-epochs", "1",
+        "--replay-capacity", "65536", *extra], DEFAULT)  # large: no eviction, so restored items stay comparable
 
 
 def _replay_in_order(runtime, path):
@@ -130,7 +131,8 @@ def test_stop_and_resume_continues_counters_weights_and_buffer(tmp_path):
     def inspect(runtime):
         status = [ray.get(t.status.remote(), timeout=60) for t in runtime.trainers.values()]
         return {"status": status, "replay": _replay_in_order(runtime, tmp_path / "after.safetensors"),
-                "stats": ray.get(runtime.stats.state_dict.remote(), timeout=60)}
+                "stats": ray.get(runtime.stats.state_dict.remote(), timeout=60),
+                "counters": ray.get(runtime.replay.counters.remote(), timeout=60)}
 
     # "reuse" sampling in the resumed run, so the restored items are still there to compare.
     second = run(_cfg(tmp_path / "b", "--max-epochs", "3", "--replay-sampling", "reuse", "--resume", str(saved.parent)),
@@ -140,6 +142,7 @@ def test_stop_and_resume_continues_counters_weights_and_buffer(tmp_path):
     assert [s["global_step"] for s in seen["status"]] == [3, 3]  # one optimizer step per epoch, continued
     n = saved_replay.batch_size[0]
     after = seen["replay"]
+    assert seen["counters"]["evicted"] == 0
     assert after.batch_size[0] >= n
     assert (after[:n] == saved_replay).all(), "the buffer holds what it held, in the same order"
     assert seen["stats"]["total_env_steps"] >= meta["stats"]["total_env_steps"]
