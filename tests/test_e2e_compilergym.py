@@ -47,13 +47,18 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
         assert 0 < row["oz_count"] < row["o0_count"] and row["policy_count"] > 0  # a pass may also grow the code
         assert row["policy_vs_oz"] == pytest.approx(row["oz_count"] / row["policy_count"])
         assert 1 <= row["policy_passes"] <= 6
+        assert len(row["policy_sequence"]) == row["policy_passes"] and row["sampled_count"] > 0
+        assert row["sampled_vs_oz"] == pytest.approx(row["oz_count"] / row["sampled_count"])
     ratios = [r["policy_vs_oz"] for r in result["rows"]]
     assert result["geomean_reduction_vs_oz"] == pytest.approx(math.sqrt(ratios[0] * ratios[1]))
     assert result["random_search_geomean_vs_oz"] > 0
+    sampled = [r["sampled_vs_oz"] for r in result["rows"]]
+    assert result["sampled_geomean_reduction_vs_oz"] == pytest.approx(math.sqrt(sampled[0] * sampled[1]))
 
     events = EventAccumulator(str(log_dir)).Reload()
     tags = events.Tags()["scalars"]
-    for tag in ("eval/geomean_reduction_vs_oz", "eval/random_search_geomean_vs_oz", "train/policy_loss",
+    for tag in ("eval/geomean_reduction_vs_oz", "eval/sampled_geomean_reduction_vs_oz",
+                "eval/random_search_geomean_vs_oz", "train/policy_loss",
                 "rollout/episode_return", "env/skipped_build_failed", "env/skipped_oz_above_o0", "env/unknown_passes"):
         assert tag in tags, tag
     assert events.Scalars("env/skipped_build_failed")[-1].value == 0  # csmith programs build
