@@ -224,7 +224,7 @@ LIBERO_CONFIG = ROOT / "configs" / "libero_ppo.yaml"
 
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator, nan where the denominator is 0 or nan (a run that measured nothing)."""
-    return numerator / denominator if denominator and denominator == denominator else float("nan")
+    return numerator / denominator if denominator and not math.isnan(denominator) else float("nan")
 
 
 def libero_unavailable(config: Path = LIBERO_CONFIG) -> Optional[str]:

@@ -28,6 +28,7 @@ from async_rl.algo import (
     vtrace,
 )
 from async_rl import checkpoint as ckpt
+from async_rl.errors import ActorTimeoutError
 from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
 from async_rl.policies.lora import apply_lora
@@ -172,7 +173,7 @@ class TrainerActor:
             get.cancel()
             if self._prefetch.done():
                 raise self._prefetch.exception()
-            raise TimeoutError(f"{self.name}: no super-batch from the replay buffer within {self.cfg.actor_timeout_s:g} s")
+            raise ActorTimeoutError(f"{self.name}: no super-batch from the replay buffer within {self.cfg.actor_timeout_s:g} s")
         return get.result()
 
     async def _drop_stale(self, batch: TensorDict) -> TensorDict:
@@ -293,7 +294,7 @@ class TrainerActor:
         try:  # the prefetch holds the lock while it waits for a short buffer to fill
             await asyncio.wait_for(self._lock().acquire(), self.cfg.actor_timeout_s)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"{self.name}: the prefetch did not let go within actor_timeout_s="
+            raise ActorTimeoutError(f"{self.name}: the prefetch did not let go within actor_timeout_s="
                                f"{self.cfg.actor_timeout_s:g} s (replay buffer short of a super-batch?)") from None
         return len(self._pending())
 

@@ -26,7 +26,6 @@ from async_rl.policies.categorical_mlp import compiler_features, feature_dim
 from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-
 class PassformerPreprocessor:
     """CompilerGym observation -> ``{"features": float32 [F], "ir_tokens": int64 [L]}``."""
 
