@@ -11,8 +11,12 @@ Layout of ``<log_dir>/checkpoints/epoch-000012/``::
     pending-trainer-<rank>-<i>.safetensors   super-batches a trainer had fetched but not trained on
     replay.safetensors           the replay buffer's live items in insertion order (+ its state)
 
-A save is written under ``.tmp-...`` and renamed into place once complete, so a kill during a
-save leaves the previous checkpoint intact; only the last ``keep`` complete ones are kept.
+A save is written under ``.tmp-...``; ``commit`` writes ``meta.json`` (with every file's size)
+last, fsyncs every file and directory, and renames the directory into place; a checkpoint is
+removed only after its successor is committed, by renaming it to ``.trash-...`` first. So a
+kill (or power loss) at any point leaves every checkpoint ``complete_checkpoints`` lists whole;
+only the last ``keep`` complete ones are kept. Saving an epoch again (a resumed run that ends
+before training one) commits ``epoch-000012-1``, newer than ``epoch-000012``.
 """
 from __future__ import annotations
 
@@ -35,20 +39,34 @@ from async_rl.errors import ConfigError
 META = "meta.json"
 PREFIX = "epoch-"
 FORMAT = 1
-# Keys that fix the shapes of what a checkpoint holds; a resume must use the same values.
+# Keys that fix the shapes of what a checkpoint holds, and the seed its RNG streams derive from;
+# a resume must use the same values.
 SHAPE_KEYS = ("env", "env_kwargs", "policy", "policy_kwargs", "lora_rank", "lora_target_modules", "lora_trainable",
-              "advantage", "num_trainers", "rollout_local_buf", "precision")
+              "advantage", "num_trainers", "rollout_local_buf", "precision", "seed")
+# policy_kwargs entries a policy's prepare hook fills in before the run (the resolved model
+# directory): a saved config holds them, the command line that resumes it does not.
+RESOLVED_POLICY_KWARGS = ("model_path",)
 
 
 def checkpoint_root(log_dir: str) -> Path:
     return Path(log_dir) / "checkpoints"
 
 
+def _order(path: Path) -> tuple[int, int]:
+    """(epoch, re-save) of ``epoch-000012`` or ``epoch-000012-1``; names that are neither sort first."""
+    epoch, _, again = path.name[len(PREFIX):].partition("-")
+    try:
+        return int(epoch), int(again or 0)
+    except ValueError:
+        return -1, 0
+
+
 def complete_checkpoints(root: Path) -> list[Path]:
     """Committed checkpoints under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / META).is_file())
+    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / META).is_file()]
+    return sorted(found, key=lambda p: (_order(p), p.name))
 
 
 def staging_dir(root: Path, epoch: int) -> Path:
@@ -58,27 +76,80 @@ def staging_dir(root: Path, epoch: int) -> Path:
     return path
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(root: Path) -> dict[str, int]:
+    """fsync every file and directory under ``root`` (other processes wrote most of them: the
+    trainers and the replay buffer); returns each file's size by relative path."""
+    sizes = {}
+    for directory, _, files in os.walk(root, topdown=False):  # a directory after its entries
+        for name in files:
+            path = Path(directory, name)
+            _fsync(path)
+            sizes[str(path.relative_to(root))] = path.stat().st_size
+        _fsync(Path(directory))
+    return sizes
+
+
+def _final_name(root: Path, epoch: int) -> Path:
+    """``epoch-000012``, or ``epoch-000012-<n>`` when that epoch was committed before: the older
+    one stays until this one is committed (pruning removes it then)."""
+    final, again = root / f"{PREFIX}{epoch:06d}", 0
+    while final.exists():
+        again += 1
+        final = root / f"{PREFIX}{epoch:06d}-{again}"
+    return final
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint so that a kill half-way never leaves a torn one listed: out of the
+    listing by an atomic rename first, then deleted."""
+    trash = path.parent / f".trash-{path.name}-{uuid.uuid4().hex[:8]}"
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def commit(staging: Path, meta: Mapping[str, Any], keep: int) -> Path:
-    """Write ``meta.json`` last, rename the staging dir into place and prune to ``keep``."""
-    epoch = int(meta["epoch"])
+    """Write ``meta.json`` last (with the size of every file), fsync everything, rename the
+    staging dir into place and prune to the newest ``keep``."""
+    root = staging.parent
+    meta = {**meta, "files": _sync_tree(staging)}
     tmp_meta = staging / (META + ".tmp")
-    tmp_meta.write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+    with open(tmp_meta, "w") as f:
+        f.write(json.dumps(meta, indent=1, sort_keys=True, default=str))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp_meta, staging / META)
-    final = staging.parent / f"{PREFIX}{epoch:06d}"
-    if final.exists():  # the same epoch saved again (e.g. the end of a resumed run that trained no epoch)
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    for old in complete_checkpoints(staging.parent)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _fsync(staging)
+    final = _final_name(root, int(meta["epoch"]))
+    os.rename(staging, final)
+    _fsync(root)  # the rename itself survives a power loss
+    for old in complete_checkpoints(root)[:-keep]:
+        _remove(old)
     return final
 
 
 def discard_staging(root: Path) -> None:
-    """Remove unfinished saves (left by a kill during a save, or by a failed one)."""
+    """Remove unfinished saves and half-deleted checkpoints (left by a kill or a failed save)."""
     if root.is_dir():
         for path in root.iterdir():
-            if path.name.startswith(".tmp-"):
+            if path.name.startswith((".tmp-", ".trash-")):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def verify(path: Path) -> None:
+    """Raise ConfigError if a file ``meta.json`` lists is missing or has another size."""
+    for name, size in read_meta(path).get("files", {}).items():
+        actual = (path / name).stat().st_size if (path / name).is_file() else None
+        if actual != size:
+            found = "missing" if actual is None else f"{actual} bytes, not {size}"
+            raise ConfigError(f"--resume {path}: {name} is {found} (damaged checkpoint); pass an older one")
 
 
 def resolve_resume(path: str) -> Path:
@@ -107,8 +178,14 @@ def check_resumable(path: Path, cfg: Any) -> None:
         raise ConfigError(f"--resume {path}: unreadable {META} ({exc}); pass another checkpoint") from None
     if meta.get("format") != FORMAT:
         raise ConfigError(f"--resume {path}: checkpoint format {meta.get('format')!r}, this version reads {FORMAT}")
-    saved = meta["config"]
-    current = cfg.model_dump()
+    verify(path)
+    saved, current = dict(meta["config"]), cfg.model_dump()
+    for config in (saved, current):
+        config["policy_kwargs"] = {k: v for k, v in (config.get("policy_kwargs") or {}).items()
+                                   if k not in RESOLVED_POLICY_KWARGS}
+    if saved.get("model_path") and not current.get("model_path"):  # else the default model would be built
+        raise ConfigError(f"--resume {path}: it was written with model_path={saved['model_path']!r}; pass "
+                          "--model-path with that model (its directory may have moved)")
     for key in SHAPE_KEYS:
         if key in saved and saved[key] != current.get(key):
             raise ConfigError(f"--resume {path}: it was written with {key}={saved[key]!r} but this run has "
@@ -140,11 +217,13 @@ def has_lora(module: torch.nn.Module) -> bool:
 
 def _checkpointed_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The live tensors a checkpoint holds for ``module``: every weight, or with LoRA the
-    trainable ones and the buffers (the frozen base is rebuilt from the config)."""
+    trainable ones and the persistent buffers (the frozen base is rebuilt from the config;
+    non-persistent buffers such as rotary frequencies are rebuilt with it)."""
+    state = module.state_dict(keep_vars=True)  # references, no copies
     if not has_lora(module):
-        return module.state_dict()
+        return state
     tensors = {n: p for n, p in module.named_parameters() if p.requires_grad}
-    tensors.update(dict(module.named_buffers()))
+    tensors.update({n: b for n, b in module.named_buffers() if n in state})
     return tensors
 
 

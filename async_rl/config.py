@@ -5,14 +5,18 @@ Everything is validated before Ray starts; a bad value is one line naming the ke
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+import textwrap
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import pydantic
 import yaml
 
-from async_rl.algo import load_clip_config, resolve_policy_loss_params
+from async_rl.algo import check_advantage, load_clip_config, resolve_policy_loss_params
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.validation import validate_model
 
@@ -20,53 +24,78 @@ Positive = pydantic.PositiveInt
 Fraction = pydantic.confloat(ge=0.0, le=1.0)
 
 
-class RunConfig(pydantic.BaseModel):
-    """Every knob of a run. Sizes count steps (PPO) or segments of ``rollout_local_buf`` steps (V-trace)."""
+class _Section(pydantic.BaseModel):
+    """A section of the config: a frozen, typed view handed to the part of the runtime that reads it."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    # What to train.
+
+class RunSection(_Section):
+    """Run control, logging, checkpoints and the evaluation schedule."""
+
+    sync: bool = False
+    """no overlap: collect -> train -> broadcast -> collect (baseline, debugging)"""
+    seed: int = 0
+    log_dir: str = "runs/default"
+    max_epochs: Optional[Positive] = None
+    max_minutes: Optional[pydantic.PositiveFloat] = None
+    ray_address: Optional[str] = None
+    """join this Ray cluster (host:port) instead of starting a local one"""
+    log_interval_seconds: pydantic.PositiveFloat = 10.0
+    swanlab_mode: Literal["offline", "disabled", "local", "cloud"] = "offline"
+    checkpoint_interval_epochs: Optional[Positive] = 10
+    """checkpoints under <log_dir>/checkpoints every N epochs (null = only at the end) and at the end"""
+    keep_checkpoints: Positive = 3
+    resume: Optional[str] = None
+    """a checkpoint dir (or a dir of them: the newest) to continue from"""
+    eval_interval_epochs: Positive = 5
+    eval_episodes: Positive = 2
+    eval_deterministic: bool = True
+
+
+class EnvSection(_Section):
+    """What to train on."""
+
     env: str = "metaworld"
+    """a registered environment (a module in envs/)"""
     env_kwargs: dict[str, Any] = pydantic.Field(default_factory=lambda: {"benchmark": "MT1", "task": "reach-v3"})
+    task_failure_window: Positive = 10
+    """episodes per task that weight the workers' task sampling towards failing tasks"""
+
+
+class PolicySection(_Section):
+    """The model: which policy, its weights, LoRA and precision."""
+
     policy: str = "mlp"
+    """a registered policy (a module in async_rl/policies/)"""
     policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
-    model_path: Optional[str] = None  # local model directory for policies that load one (vla); None = their default
-    # LoRA (peft) on the trainers' copy; the inference actors receive merged weights.
-    lora_rank: pydantic.NonNegativeInt = 0  # 0 = train every parameter
+    model_path: Optional[str] = None
+    """local model directory for policies that load one (vla); null = their default"""
+    lora_rank: pydantic.NonNegativeInt = 0
+    """LoRA (peft) on the trainers' copy, inference receives merged weights; 0 = train every parameter"""
     lora_alpha: pydantic.PositiveFloat = 16.0
     lora_dropout: Fraction = 0.0
-    lora_target_modules: Optional[Union[str, list[str]]] = None  # None = every nn.Linear; a string is a peft regex
-    lora_trainable: list[str] = pydantic.Field(default_factory=list)  # name prefixes kept fully trainable
-    advantage: Literal["gae", "vtrace"] = "gae"
+    lora_target_modules: Optional[Union[str, list[str]]] = None
+    """null = every nn.Linear; a string is a peft regex"""
+    lora_trainable: list[str] = pydantic.Field(default_factory=list)
+    """name prefixes kept fully trainable"""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+
+
+class ObjectiveSection(_Section):
+    """Advantages, the loss and its optimiser."""
+
+    advantage: str = "gae"
+    """a registered advantage estimator (async_rl/algo/estimators.py): gae or vtrace"""
+
+    @pydantic.field_validator("advantage")
+    @classmethod
+    def _usable_advantage(cls, value: str) -> str:
+        return check_advantage(value)
+
     clip_mode: str = "clip"
     clip_params: dict[str, Any] = pydantic.Field(default_factory=dict)
-
-    # Scale (seed 004 section 2.1); defaults fit a 2-core machine.
-    num_trainers: Positive = 2
-    num_inference_actors: Positive = 1
-    num_rollout_workers: Positive = 2
-    num_eval_workers: pydantic.NonNegativeInt = 1
-    envs_per_worker: Positive = 4
-    rollout_local_buf: Positive = 64
-    inference_batch: Positive = 2
-    inference_timeout_ms: pydantic.PositiveFloat = 2.0
-    # Run the inference forward in a thread (true) or on the actor's event loop (false);
-    # None = a thread for GPU models and CPU models over 20 M parameters.
-    inference_forward_thread: Optional[bool] = None
-    replay_capacity: Positive = 4096
-    train_batch_size: Positive = 256
-    accumulation_steps: Positive = 2
-    super_batch_size: Positive = 512
-    updates_per_epoch: Positive = 4
-    # consume: sampled experience leaves the buffer (each step trains in one epoch);
-    # reuse: it stays and may be drawn again (seed 004), so trainers never wait for data.
-    replay_sampling: Literal["consume", "reuse"] = "consume"
-    # Experience made by a policy more than this many versions older than the one training on it
-    # is dropped when a trainer samples (counted in replay/dropped_stale); None = keep all.
-    max_policy_lag: Optional[pydantic.NonNegativeInt] = None
-    log_interval_seconds: pydantic.PositiveFloat = 10.0
-
-    # Optimisation.
+    """params of the clip mode (or --clip-config FILE)"""
     lr_policy: pydantic.PositiveFloat = 3e-4
     lr_value: pydantic.PositiveFloat = 1e-3
     warmup_steps: pydantic.NonNegativeInt = 10
@@ -86,10 +115,38 @@ class RunConfig(pydantic.BaseModel):
     vtrace_clip_rho: Optional[pydantic.PositiveFloat] = 1.0
     vtrace_clip_c: Optional[pydantic.PositiveFloat] = 1.0
     vtrace_clip_pg_rho: Optional[pydantic.PositiveFloat] = 1.0
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    task_failure_window: Positive = 10
 
-    # Resources and placement.
+
+class ScaleSection(_Section):
+    """How many of each actor, batch sizes, replay, and resources (seed 004 section 2.1); defaults fit
+    a 2-core machine. Sizes count steps (PPO) or segments of ``rollout_local_buf`` steps (V-trace)."""
+
+    num_trainers: Positive = 2
+    num_inference_actors: Positive = 1
+    num_rollout_workers: Positive = 2
+    num_eval_workers: pydantic.NonNegativeInt = 1
+    envs_per_worker: Positive = 4
+    rollout_local_buf: Positive = 64
+    inference_batch: Positive = 2
+    inference_timeout_ms: pydantic.PositiveFloat = 2.0
+    """longest wait to fill an inference batch"""
+    inference_forward_thread: Optional[bool] = None
+    """forward in a thread (true) or on the actor's event loop (false); null = a thread for GPU models
+    and CPU models over 20 M parameters"""
+    replay_capacity: Positive = 4096
+    train_batch_size: Positive = 256
+    accumulation_steps: Positive = 2
+    super_batch_size: Positive = 512
+    updates_per_epoch: Positive = 4
+    replay_sampling: Literal["consume", "reuse"] = "consume"
+    """consume: sampled experience leaves the buffer (each step trains in one epoch); reuse: it stays
+    and may be drawn again (seed 004), so trainers never wait for data"""
+    max_policy_lag: Optional[pydantic.NonNegativeInt] = None
+    """experience more than this many policy versions older than the trainer's is dropped when sampled
+    (replay/dropped_stale); null = keep all"""
+    prefetch_batches: pydantic.NonNegativeInt = 1
+    """super-batches a trainer fetches ahead while it trains (each adds a policy version of lag);
+    0 = fetch when an epoch starts"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     trainer_num_cpus: pydantic.NonNegativeFloat = 0.5
     inference_num_cpus: pydantic.NonNegativeFloat = 0.25
@@ -97,31 +154,44 @@ class RunConfig(pydantic.BaseModel):
     torch_threads: Positive = 1
     trainer_gpu_ids: Optional[list[int]] = None
     inference_gpu_ids: Optional[list[int]] = None
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    """Ray placement groups of the trainers and of the inference actors: PACK fills few nodes, SPREAD
+    one rank / actor per node where it can"""
 
-    # Timeouts: every cross-actor wait has one.
+
+class TimeoutsSection(_Section):
+    """Every cross-actor wait has a timeout; killed actors are restarted a bounded number of times."""
+
     actor_timeout_s: pydantic.PositiveFloat = 120.0
     collective_timeout_s: pydantic.PositiveFloat = 120.0
     startup_timeout_s: pydantic.PositiveFloat = 600.0
-
-    # Evaluation and logging.
-    eval_interval_epochs: Positive = 5
-    eval_episodes: Positive = 2
-    eval_deterministic: bool = True
-    swanlab_mode: Literal["offline", "disabled", "local", "cloud"] = "offline"
-
-    # Run control.
-    sync: bool = False  # no overlap: collect -> train -> broadcast -> collect (baseline, debugging)
-    seed: int = 0
-    log_dir: str = "runs/default"
-    max_epochs: Optional[Positive] = None
-    max_minutes: Optional[pydantic.PositiveFloat] = None
-    ray_address: Optional[str] = None
-    # Checkpoints under <log_dir>/checkpoints every N epochs (None = only at the end) and at the end.
-    checkpoint_interval_epochs: Optional[Positive] = 10
-    keep_checkpoints: Positive = 3
-    resume: Optional[str] = None  # a checkpoint dir (or a dir of them: the newest) to continue from
-    # Ray restarts a killed rollout worker or inference actor up to this many times.
     actor_max_restarts: pydantic.NonNegativeInt = 3
+    """Ray restarts a killed rollout worker or inference actor up to this many times"""
+
+
+# Section name -> its typed view; every config key is in exactly one (tests/test_config.py checks).
+SECTIONS: dict[str, type[_Section]] = {
+    "run": RunSection, "env": EnvSection, "policy": PolicySection, "objective": ObjectiveSection,
+    "scale": ScaleSection, "timeouts": TimeoutsSection,
+}
+
+
+class RunConfig(TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, EnvSection, RunSection):
+    """Every knob of a run, flat (``cfg.gamma``); ``cfg.section("objective")`` is one section, frozen."""
+
+    model_config = pydantic.ConfigDict(frozen=False, validate_assignment=True)
+
+    def section(self, name: str) -> _Section:
+        """A frozen copy of section ``name`` (run, env, policy, objective, scale, timeouts)."""
+        if name not in SECTIONS:
+            raise KeyError(unknown_key_message(name, SECTIONS, "config section"))
+        cls = SECTIONS[name]
+        return cls.model_construct(**{key: copy.deepcopy(getattr(self, key)) for key in cls.model_fields})
+
+    def sectioned(self) -> dict[str, dict[str, Any]]:
+        """The config as {section: {key: JSON-able value}} (what ``--print-config`` prints)."""
+        flat = self.model_dump(mode="json")
+        return {name: {key: flat[key] for key in cls.model_fields} for name, cls in SECTIONS.items()}
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
@@ -139,37 +209,149 @@ class RunConfig(pydantic.BaseModel):
         return self
 
 
-# Flags every launch script has, besides one flag per scalar config key.
-_FILE_FLAGS = ("config", "clip_config")
+# Flags every launch script has besides one flag per config key.
+_FILE_FLAGS = ("config", "clip_config", "print_config")
+_SECTION_OF = {key: name for name, cls in SECTIONS.items() for key in cls.model_fields}
 
 
-def build_arg_parser(description: str) -> argparse.ArgumentParser:
-    """Parser with ``--config``, ``--clip-config`` and one ``--flag`` per config key (values are YAML)."""
-    parser = argparse.ArgumentParser(
-        description=description, argument_default=argparse.SUPPRESS, allow_abbrev=False
-    )
-    parser.add_argument("--config", help="YAML file of config keys (CLI flags override it)")
-    parser.add_argument("--clip-config", help="YAML/JSON file of clip params for --clip-mode")
-    for name, field in RunConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        if field.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction)
-        else:
-            parser.add_argument(flag, dest=name, type=str, metavar=name.upper(), help=f"(default: {field.default})")
-    return parser
+@dataclass
+class ConfigFile:
+    """A config file with its ``base:`` chain merged in: flat config keys and the variants it declares."""
+
+    source: str  # how errors name it
+    values: dict[str, Any]
+    # key -> [(value, overrides, declaring file)]: when the resolved ``key`` equals ``value``, the
+    # overrides (a mapping that may name a ``base:``, relative to the declaring file) apply on top.
+    variants: dict[str, list[tuple[Any, dict[str, Any], Path]]] = field(default_factory=dict)
 
 
-def _load_yaml(path: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--config {path}: no such file; pass a YAML file from configs/")
+def read_config_file(path: str | Path, source: Optional[str] = None) -> ConfigFile:
+    """Read a YAML config: keys flat or under section names, ``base: other.yaml`` (relative to this
+    file, recursive) below this file's keys, ``variants:`` kept for ``load_config`` to resolve."""
+    return _read(Path(path), source or str(path), ())
+
+
+def _read(path: Path, source: str, chain: tuple[Path, ...]) -> ConfigFile:
+    if not path.is_file():
+        raise ConfigError(f"{source}: no such file; pass a YAML file from configs/")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of config keys, got {type(data).__name__}")
-    return data
+        raise ConfigError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+    return _resolve(data, path, source, (*chain, path.resolve()))
+
+
+def _resolve(data: dict[str, Any], path: Path, source: str, chain: tuple[Path, ...]) -> ConfigFile:
+    """``data`` (the content of ``path``, or a variant declared there) over its base; ``chain``: the
+    files being read (a base among them is a cycle)."""
+    data = dict(data)
+    base, variants = data.pop("base", None), data.pop("variants", None)
+    values = _flatten_sections(data, source)
+    if base is None:
+        out = ConfigFile(source, {})
+    elif not isinstance(base, str):
+        raise ConfigError(f"{source}: base must be one file name, got {base!r}")
+    else:
+        base_path = path.parent / base
+        if base_path.resolve() in chain:
+            cycle = " -> ".join(p.name for p in (*chain, base_path))
+            raise ConfigError(f"{source}: base cycle {cycle}; remove one of these base: keys")
+        if not base_path.is_file():
+            raise ConfigError(f"{source}: base {base}: no such file ({base_path}); a base is relative to the file naming it")
+        out = _read(base_path, str(base_path), chain)
+    out.source = source
+    out.values.update(values)
+    if variants is not None:  # a file's variants replace those of its base
+        out.variants = _check_variants(variants, path, source)
+    return out
+
+
+def _flatten_sections(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Keys under a section name (``scale: {num_trainers: 2}``) become flat keys; flat keys stay."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        # "env" and "policy" are keys and sections: a mapping under them is the section.
+        if key in SECTIONS and isinstance(value, dict):
+            fields = SECTIONS[key].model_fields
+            for sub in value:
+                if sub not in fields and sub in _SECTION_OF:
+                    raise ConfigError(f"{source}: config key '{sub}' belongs to section '{_SECTION_OF[sub]}', "
+                                      f"not '{key}'; move it there (or write it flat)")
+                if sub not in fields:
+                    raise ConfigError(f"{source}: {unknown_key_message(str(sub), fields, f'{key} config key')}")
+            items = list(value.items())
+        else:
+            items = [(key, value)]
+        for sub, sub_value in items:
+            if sub in flat:
+                raise ConfigError(f"{source}: config key '{sub}' is given twice (flat and in its section); keep one")
+            flat[sub] = sub_value
+    return flat
+
+
+def _check_variants(spec: Any, path: Path, source: str) -> dict[str, list[tuple[Any, dict[str, Any], Path]]]:
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{source}: variants must map a config key to {{value: overrides}}, got {type(spec).__name__}")
+    out = {}
+    for key, table in spec.items():
+        if key not in RunConfig.model_fields:
+            raise ConfigError(f"{source}: variants: {unknown_key_message(str(key), RunConfig.model_fields, 'config key')}")
+        if not isinstance(table, dict) or not all(isinstance(m, dict) for m in table.values()):
+            raise ConfigError(f"{source}: variants.{key} must map values of {key} to mappings of config keys "
+                              "(e.g. {passformer: {base: other.yaml}})")
+        out[key] = [(value, overrides, path) for value, overrides in table.items()]
+    return out
+
+
+def _apply_variants(cfg_file: ConfigFile, resolved: dict[str, Any]) -> dict[str, Any]:
+    """The file's values with the variants chosen by the ``resolved`` keys on top (once: a variant's
+    own variants are ignored)."""
+    values = dict(cfg_file.values)
+    for key, options in cfg_file.variants.items():
+        chosen = resolved[key] if key in resolved else RunConfig.model_fields[key].get_default(call_default_factory=True)
+        for value, overrides, path in options:
+            if value == chosen:
+                values.update(_resolve(overrides, path, f"{cfg_file.source}: variants.{key}.{value}", ()).values)
+    return values
+
+
+def _show(value: Any) -> str:
+    """A default as YAML, on one line."""
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000).strip().removesuffix("...").strip()
+
+
+def build_arg_parser(description: str, defaults: Optional[dict[str, Any]] = None,
+                     defaults_from: Optional[str] = None) -> argparse.ArgumentParser:
+    """``--config``, ``--clip-config``, ``--print-config`` and one ``--flag`` per config key (values
+    are YAML), grouped by section; help shows ``defaults`` (a launch script's YAML) over the built-in ones."""
+    defaults = defaults or {}
+    epilog = (f"Defaults are those of {defaults_from} and the built-in ones. " if defaults_from else "") + \
+        "Flag values are YAML (--env-kwargs '{task: push-v3}', --max-epochs null). --print-config shows the " \
+        "config a command line resolves to, by section."
+    parser = argparse.ArgumentParser(description=description, argument_default=argparse.SUPPRESS, allow_abbrev=False,
+                                     usage="%(prog)s [-h] [--config FILE] [--print-config] [--KEY VALUE ...]",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=textwrap.fill(epilog))
+    files = parser.add_argument_group("config files")
+    files.add_argument("--config", metavar="FILE", help="YAML file of config keys, flat or under section names, "
+                       "optionally 'base: other.yaml'; it overrides the launch script's config, flags override it")
+    files.add_argument("--clip-config", metavar="FILE", help="YAML/JSON file of clip params for --clip-mode")
+    files.add_argument("--print-config", action="store_true", help="print the resolved config (sectioned YAML) and exit")
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} section", (cls.__doc__ or "").split("\n")[0])
+        for name, info in cls.model_fields.items():
+            default = defaults[name] if name in defaults else info.get_default(call_default_factory=True)
+            choices = typing.get_args(info.annotation) if typing.get_origin(info.annotation) is Literal else ()
+            text = " ".join([*([info.description] if info.description else []),
+                             *([f"one of {', '.join(choices)}"] if choices else []), f"(default: {_show(default)})"])
+            text = text.replace("%", "%%")
+            flag = "--" + name.replace("_", "-")
+            if info.annotation is bool:
+                group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=text)
+            else:
+                group.add_argument(flag, dest=name, type=str, metavar=name.upper(), help=text)
+    return parser
 
 
 def _parse_cli_value(value: str) -> Any:
@@ -180,29 +362,55 @@ def _parse_cli_value(value: str) -> Any:
         return value
 
 
+def _merge(layers: list[dict[str, Any]], clip_file: Optional[dict[str, Any]], flags: dict[str, Any]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for values in layers:
+        merged.update(values)
+    if clip_file is not None:
+        merged["clip_params"] = {**merged.get("clip_params", {}), **clip_file}
+    merged.update(flags)
+    return merged
+
+
 def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] = None, description: str = "") -> RunConfig:
     """Parse the command line into a validated RunConfig (raises ConfigError on bad input).
 
-    ``default_config`` is the launch script's own YAML, below ``--config`` and the flags.
+    Precedence: built-in defaults < ``default_config`` (the launch script's YAML) < ``--config`` <
+    ``--clip-config`` < flags. Then the files' ``variants`` chosen by the resolved keys apply on top
+    of the file declaring them (below the layers above it). ``--print-config`` prints the result and
+    exits 0.
     """
-    parser = build_arg_parser(description)
+    files = [read_config_file(default_config)] if default_config else []
+    parser = build_arg_parser(description, files[0].values if files else None,
+                              Path(default_config).name if default_config else None)
     namespace, unknown = parser.parse_known_args(argv)
     flags = [a for a in unknown if a.startswith("--")]
     if flags or unknown:
         valid = [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
         raise ConfigError(unknown_key_message((flags or unknown)[0].split("=")[0], valid, "flag"))
     args = vars(namespace)
-    merged: dict[str, Any] = _load_yaml(default_config) if default_config else {}
     if "config" in args:
-        merged.update(_load_yaml(args.pop("config")))
-    if "clip_config" in args:
-        merged["clip_params"] = {**merged.get("clip_params", {}), **load_clip_config(args.pop("clip_config"))}
-    for key, value in args.items():
-        if key not in _FILE_FLAGS:
-            merged[key] = value if isinstance(value, bool) else _parse_cli_value(value)
-    cfg = validate_model(RunConfig, merged, "config key")
+        files.append(read_config_file(args["config"], f"--config {args['config']}"))
+    clip_file = load_clip_config(args["clip_config"]) if "clip_config" in args else None
+    cli = {key: value if isinstance(value, bool) else _parse_cli_value(value)
+           for key, value in args.items() if key not in _FILE_FLAGS}
+    resolved = _merge([f.values for f in files], clip_file, cli)
+    if any(f.variants for f in files):
+        resolved = _merge([_apply_variants(f, resolved) for f in files], clip_file, cli)
+    cfg = validate_model(RunConfig, resolved, "config key")
     _check_paths(cfg)
+    if args.get("print_config"):
+        print(format_config(cfg), end="")
+        raise SystemExit(0)
     return cfg
+
+
+def format_config(cfg: RunConfig) -> str:
+    """The config as sectioned YAML (loadable again with ``--config``)."""
+    lines = []
+    for section, values in cfg.sectioned().items():
+        lines += [f"{section}:", *(f"  {key}: {_show(value)}" for key, value in values.items())]
+    return "\n".join(lines) + "\n"
 
 
 def _check_paths(cfg: RunConfig) -> None:

@@ -1,34 +1,87 @@
-"""The one record type that flows from workers through the replay buffer to the trainers.
+"""The experience record: one declared schema from the rollout worker to the loss, one wire format.
 
-An experience is a ``TensorDict``. A step record (batch ``[N]``) holds:
+A **step record** (batch ``[N]``) holds the fields of ``STEP_FIELDS`` (plus the behaviour statistics
+its policy declares in ``behaviour_stats``); the action is stored under the policy's ``action_key``.
+A **segment** (batch ``[N]``) holds ``steps`` (step records, batch ``[N, T]``) and ``bootstrap_obs``
+(the observation after the last step): the unit of estimators that run on the trainer (V-trace).
+Which of the two a replay item is, is the advantage estimator's ``unit`` (async_rl/algo/estimators.py).
 
-``obs`` (nested, policy-specific), ``action`` (normalised), ``logp`` (behaviour log-prob per
-action dimension), the behaviour statistics the policy returned (``mu``/``log_std`` or
-``logits``), ``value``, ``reward``, ``done``, ``policy_version``, ``task_id`` and, once the
-worker has run GAE, ``advantage`` and ``value_target``.
-
-A V-trace segment (batch ``[N]``) holds ``steps`` (step records, batch ``[N, T]``) and
-``bootstrap_obs`` (the observation after the last step, batch ``[N]``): the trainer recomputes
-log-probs and values on them with its current weights.
+Between Ray actors a record travels as a nested dict of numpy arrays (``to_wire`` / ``from_wire``),
+in the declared dtypes: floating tensors that declare none (observations, actions, statistics)
+become float32, so bf16 models ship float32 log-probs, values and actions.
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
-from tensordict import TensorDict
-
-from async_rl.algo import gae
-
-STEP_KEYS = ("obs", "action", "logp", "value", "reward", "done", "policy_version", "task_id")
+from tensordict import TensorDict, TensorDictBase
 
 
-Wire = dict  # nested dict of numpy arrays: what crosses Ray between workers and inference
+@dataclass(frozen=True)
+class Field:
+    """One field of a step record."""
+
+    name: str
+    dtype: Optional[torch.dtype]  # None: the policy's choice (floating ones travel as float32)
+    shape: str  # per step
+    producer: str  # env | worker | inference | advantage (the estimator)
+    consumers: tuple[str, ...]
+    doc: str
 
 
-def to_wire(td: TensorDict) -> Wire:
-    """TensorDict -> nested dict of numpy arrays (pickles ~20x faster than a TensorDict)."""
-    return td.numpy()
+STEP_FIELDS: dict[str, Field] = {f.name: f for f in (
+    Field("obs", None, "nested, policy-defined", "worker", ("inference", "trainer"), "the preprocessed observation"),
+    Field("action", None, "[A]", "inference", ("trainer",), "what the trainer evaluates; stored under the "
+                                                             "policy's action_key (e.g. action_token)"),
+    Field("logp", torch.float32, "[A] (or [1] per sequence)", "inference", ("trainer",), "behaviour log-prob"),
+    Field("value", torch.float32, "[]", "inference", ("advantage", "trainer"), "behaviour V(s); the value clip's anchor"),
+    Field("reward", torch.float32, "[]", "env", ("advantage",), "scaled; a time-limit cut adds gamma * V(next obs)"),
+    Field("done", torch.bool, "[]", "env", ("advantage",), "the episode ended (terminated or truncated) here"),
+    Field("policy_version", torch.int64, "[]", "inference", ("replay", "trainer"), "staleness filter, policy lag"),
+    Field("advantage", torch.float32, "[]", "advantage", ("trainer",), "only from estimators that run on the worker"),
+    Field("value_target", torch.float32, "[]", "advantage", ("trainer",), "only from estimators that run on the worker"),
+)}
+SEGMENT_FIELDS: dict[str, Field] = {f.name: f for f in (
+    Field("steps", None, "[T] step records", "worker", ("advantage", "trainer"), "rollout_local_buf consecutive steps"),
+    Field("bootstrap_obs", None, "nested, policy-defined", "worker", ("advantage",), "the observation after the last step"),
+)}
+# In an inference answer, never stored: what the environment receives.
+ENV_ACTION = Field("env_action", None, "[A]", "inference", ("worker",), "the action in the environment's units")
+
+Wire = dict  # nested dict of numpy arrays: what crosses Ray between actors
+
+
+def inference_keys(action_key: str, behaviour_stats: Sequence[str] = ()) -> tuple[str, ...]:
+    """The fields of a policy's ``act()`` answer that an inference actor ships (the rest is dropped)."""
+    return (action_key, ENV_ACTION.name, "logp", "value", *behaviour_stats)
+
+
+def _wire_dtype(path: tuple[str, ...], tensor: torch.Tensor) -> torch.dtype:
+    field = STEP_FIELDS.get(path[-1]) if len(path) == 1 or path[:-1] == ("steps",) else None
+    if field is not None and field.dtype is not None:
+        return field.dtype
+    return torch.float32 if tensor.is_floating_point() else tensor.dtype  # numpy has no bf16
+
+
+def to_wire(td: TensorDictBase, keys: Optional[Sequence[str]] = None) -> Wire:
+    """TensorDict -> nested dict of numpy arrays in the declared dtypes (pickles ~20x faster than a
+    TensorDict); ``keys`` keeps only those top-level fields."""
+
+    def convert(d: TensorDictBase, path: tuple[str, ...]) -> Wire:
+        out = {}
+        for key, value in d.items():
+            if keys is not None and not path and key not in keys:
+                continue
+            if isinstance(value, TensorDictBase):
+                out[key] = convert(value, (*path, key))
+            else:
+                value = value.detach().to("cpu", _wire_dtype((*path, key), value))
+                out[key] = value.numpy()
+        return out
+
+    return convert(td, ())
 
 
 def from_wire(wire: Wire, batch_dims: int = 1) -> TensorDict:
@@ -53,83 +106,30 @@ def split_wire(wire: Wire, sizes: list[int]) -> list[Wire]:
     return [piece(wire, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def step_record(
-    obs: TensorDict, policy_out: TensorDict, reward: float, done: bool, task_id: int
-) -> TensorDict:
-    """One step: the inference answer (minus the env action) plus what the env returned."""
-    record = policy_out.exclude("env_action")
+def step_record(obs: TensorDict, policy_out: TensorDict, reward: float, done: bool) -> TensorDict:
+    """One step: the inference answer (minus the env action) plus the observation and what the env returned."""
+    record = policy_out.exclude(ENV_ACTION.name)
     record["obs"] = obs
-    record["reward"] = torch.tensor(reward, dtype=torch.float32)
-    record["done"] = torch.tensor(done, dtype=torch.bool)
-    record["task_id"] = torch.tensor(task_id, dtype=torch.int64)
+    record["reward"] = torch.tensor(reward, dtype=STEP_FIELDS["reward"].dtype)
+    record["done"] = torch.tensor(done, dtype=STEP_FIELDS["done"].dtype)
     return record
 
 
-def with_gae(steps: list[TensorDict], bootstrap_value: float, gamma: float, lam: float) -> TensorDict:
-    """Stack a trajectory piece and add ``advantage`` and ``value_target`` (GAE, worker side)."""
-    traj = torch.stack(steps)
-    advantages, returns = gae(
-        traj["reward"], traj["value"], traj["done"], torch.tensor(bootstrap_value, dtype=traj["value"].dtype), gamma, lam
-    )
-    traj["advantage"] = advantages
-    traj["value_target"] = returns
-    return traj
+def segment(steps: list[TensorDict], bootstrap_obs: TensorDict) -> TensorDict:
+    """A segment item of batch ``[1]``: ``steps`` [1, T] and ``bootstrap_obs`` [1]."""
+    return TensorDict({"steps": torch.stack(steps).unsqueeze(0), "bootstrap_obs": bootstrap_obs.unsqueeze(0)},
+                      batch_size=[1])
 
 
-def vtrace_segment(steps: list[TensorDict], bootstrap_obs: TensorDict) -> TensorDict:
-    """A fixed-length segment for V-trace: ``steps`` [1, T] and ``bootstrap_obs`` [1]."""
-    traj = torch.stack(steps).unsqueeze(0)
-    return TensorDict({"steps": traj, "bootstrap_obs": bootstrap_obs.unsqueeze(0)}, batch_size=[1])
+def is_segments(batch: TensorDictBase) -> bool:
+    return "steps" in batch.keys()
 
 
-class GaeSegmenter:
-    """Cuts a worker's stream of steps into GAE-processed pieces.
-
-    A terminal step closes a piece with bootstrap 0. When ``local_buf + 1`` steps wait, the
-    first ``local_buf`` go out bootstrapped from the value of the last one, which starts the
-    next piece (its value is the estimate of the state the cut-off piece leads to).
-    """
-
-    def __init__(self, local_buf: int, gamma: float, lam: float) -> None:
-        self.local_buf, self.gamma, self.lam = local_buf, gamma, lam
-        self.steps: list[TensorDict] = []
-
-    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]:
-        self.steps.append(record)
-        if bool(record["done"]):
-            piece, self.steps = with_gae(self.steps, 0.0, self.gamma, self.lam), []
-            return piece
-        if len(self.steps) == self.local_buf + 1:
-            return self.flush()
-        return None
-
-    def flush(self) -> Optional[TensorDict]:
-        """Cut now: all steps but the last go out, bootstrapped from the last one's value."""
-        if len(self.steps) < 2:
-            return None
-        piece = with_gae(self.steps[:-1], float(self.steps[-1]["value"]), self.gamma, self.lam)
-        self.steps = self.steps[-1:]
-        return piece
-
-
-class VtraceSegmenter:
-    """Cuts the stream into fixed-length segments (crossing episode ends) for V-trace."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-        self.steps: list[TensorDict] = []
-
-    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]:
-        self.steps.append(record)
-        if len(self.steps) < self.length:
-            return None
-        segment, self.steps = vtrace_segment(self.steps, next_obs), []
-        return segment
-
-    def flush(self) -> Optional[TensorDict]:
-        return None  # segments have a fixed length; a partial one waits
-
-
-def policy_versions(batch: TensorDict) -> torch.Tensor:
+def policy_versions(batch: TensorDictBase) -> torch.Tensor:
     """Policy version of every step in a batch of step records or segments."""
-    return batch["steps", "policy_version"] if "steps" in batch.keys() else batch["policy_version"]
+    return batch["steps", "policy_version"] if is_segments(batch) else batch["policy_version"]
+
+
+def env_steps(batch: TensorDictBase) -> int:
+    """How many environment steps a batch of step records or segments holds."""
+    return batch["steps"].numel() if is_segments(batch) else batch.numel()

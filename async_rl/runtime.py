@@ -94,7 +94,8 @@ def check_resources(cfg: Any, available_cpus: float) -> None:
             f"{cfg.num_inference_actors}x{cfg.inference_num_cpus:g}, workers {cfg.num_rollout_workers + cfg.num_eval_workers}"
             f"x{cfg.worker_num_cpus:g}) but {available_cpus:g} are available; lower the counts or the *_num_cpus keys"
         )
-    plan_gpus(cfg)
+    if not getattr(cfg, "ray_address", None):  # a cluster's GPUs are not this host's: placement checks them
+        plan_gpus(cfg)
 
 
 async def wait_for(awaitable: Awaitable[T], timeout_s: float, who: str, what: str) -> T:

@@ -26,7 +26,7 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,12 @@ __all__ = [
     "first_signature_difference",
     "check_signature",
     "find_free_port",
+    "host_store",
+    "connect_store",
+    "interface_of",
     "nccl_available",
+    "choose_transport",
+    "device_report",
 ]
 
 Signature = list[tuple[str, tuple[int, ...], str]]
@@ -93,10 +98,11 @@ def check_signature(ours: Iterable[Sequence[Any]], theirs: Iterable[Sequence[Any
 
 
 # --------------------------------------------------------------------------- helpers
-def find_free_port() -> int:
-    """A TCP port that was free a moment ago (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
+def find_free_port(addr: str = "") -> int:
+    """A TCP port that was free on ``addr`` (default: every interface) a moment ago (another
+    process may still take it). Call it on the host that will listen on the port."""
+    with socket.socket(_family(addr), socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
         return int(s.getsockname()[1])
 
 
@@ -113,13 +119,106 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def host_loopback_store(addr: str, port: int, world_size: int | None, timeout: datetime.timedelta) -> dist.TCPStore:
-    """The master side of a TCPStore that listens on loopback ``addr`` only: TCPStore alone listens
-    on every interface, so it is handed a socket bound to ``addr`` (it takes the descriptor over)."""
-    listen = socket.create_server((addr, port), backlog=128)
+def _family(addr: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
+def interface_of(addr: str) -> str:
+    """Name of this host's network interface that holds ``addr`` (e.g. for GLOO_SOCKET_IFNAME)."""
+    import psutil  # noqa: PLC0415 (a dependency of ray[default]; only multi-node runs need it)
+
+    if is_loopback(addr):
+        return "lo"
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == addr for a in addrs):
+            return name
+    raise ConfigError(f"no network interface of this host holds {addr}; start Ray with --node-ip-address "
+                      "set to one of this host's addresses")
+
+
+def host_store(addr: str, port: int, world_size: int | None, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The master side of a TCPStore that listens on ``addr`` only (loopback for a local run, the
+    node's own address on a cluster): TCPStore alone listens on every interface, so it is handed a
+    socket bound to ``addr`` (it takes the descriptor over)."""
+    listen = socket.create_server((addr, port), family=_family(addr), backlog=128)
     store = dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=listen.fileno())
     listen.detach()
     return store
+
+
+def connect_store(addr: str, port: int, world_size: int | None, timeout_s: float, who: str, host: str) -> dist.TCPStore:
+    """The client side of ``host``'s store at ``addr:port``. Waits for the master's socket itself
+    (TCPStore's own connect retries overshoot the timeout 2-3x and log a C++ stack trace each try);
+    raises ActorTimeoutError naming ``who`` and ``host`` if it is not reachable within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=max(min(1.0, deadline - time.monotonic()), 0.05)):
+                break
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise ActorTimeoutError(f"{who}: {host} did not open its store at {addr}:{port} within "
+                                        f"{timeout_s:g} s ({e})") from None
+            time.sleep(_POLL_S)
+    try:
+        return dist.TCPStore(addr, port, world_size, False, _td(max(deadline - time.monotonic(), 1.0)))
+    except RuntimeError as e:
+        raise ActorTimeoutError(f"{who}: could not connect to the store of {host} at {addr}:{port}: {e}") from e
+
+
+# --------------------------------------------------------------------------- transport choice
+def _member_device(device: torch.device | str | None) -> torch.device:
+    """The device a member's tensors live on; by default the current GPU where NCCL can be used."""
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+    return torch.device("cuda", torch.cuda.current_device()) if nccl_available() else torch.device("cpu")
+
+
+def device_report(device: torch.device | str | None) -> dict[str, Any]:
+    """What a member tells rank 0 about where its tensors live: ``{"device": "cpu"}``, or
+    ``{"device": "cuda", "gpu": <the GPU's UUID>, "nccl": <this torch has NCCL>}``."""
+    device = _member_device(device)
+    if device.type != "cuda":
+        return {"device": device.type}
+    return {"device": "cuda", "gpu": str(torch.cuda.get_device_properties(device).uuid),
+            "nccl": _ProcessGroupNCCL is not None}
+
+
+def choose_transport(reports: Sequence[Mapping[str, Any]], names: Sequence[str], requested: str = "auto") -> tuple[str, str]:
+    """(backend, the reason in words) for members reporting ``reports`` (``device_report``, rank order).
+
+    NCCL only where every member holds its tensors on a GPU of its own and has NCCL: NCCL refuses
+    two ranks on one device and cannot reach a CPU. Anything else goes over gloo through host
+    memory (GPU tensors staged through CPU buffers). ``requested`` "nccl" that cannot work is a
+    ConfigError naming the members in the way.
+    """
+    on_cpu = [n for n, r in zip(names, reports) if r["device"] != "cuda"]
+    by_gpu: dict[str, list[str]] = {}
+    for name, report in zip(names, reports):
+        if report["device"] == "cuda":
+            by_gpu.setdefault(str(report["gpu"]), []).append(name)
+    shared = next(((gpu, members) for gpu, members in by_gpu.items() if len(members) > 1), None)
+    no_nccl = [n for n, r in zip(names, reports) if r["device"] == "cuda" and not r.get("nccl")]
+    if len(on_cpu) == len(names):
+        problem = "every member holds its weights on the CPU"
+    elif on_cpu:
+        problem = f"{', '.join(on_cpu)} on the CPU, the others on GPUs"
+    elif shared is not None:
+        problem = f"{' and '.join(shared[1])} share one GPU ({shared[0]}); NCCL needs one GPU per rank"
+    elif no_nccl:
+        problem = f"no NCCL in the torch build of {', '.join(no_nccl)}"
+    else:
+        problem = None
+    if requested == "gloo":
+        return "gloo", "gloo over host memory (requested)"
+    if problem is None:
+        return "nccl", "nccl: every member on a GPU of its own"
+    if requested == "nccl":
+        raise ConfigError(f"backend 'nccl' cannot serve this group: {problem}; use backend 'gloo' or 'auto'")
+    return "gloo", f"gloo over host memory: {problem}"
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -134,9 +233,12 @@ def _nbytes(t: torch.Tensor) -> int:
 class WeightSyncGroup:
     """Sender (rank 0) + receivers (ranks 1..N), on a TCPStore hosted by rank 0.
 
-    ``backend``: "gloo", "nccl" or "auto". With "auto", rank 0 picks nccl when CUDA and NCCL are
-    available, else gloo, and publishes its choice in the store; receivers with "auto" adopt it.
-    An explicit backend that differs from rank 0's raises ConfigError.
+    ``backend``: "gloo", "nccl" or "auto". Every member reports its ``device`` (where its tensors
+    live; default: the current GPU if NCCL is usable, else CPU). With "auto", rank 0 picks nccl
+    only when every member is on a GPU of its own, else gloo over host memory (two members on one
+    GPU, a CPU member beside GPU ones), and publishes the choice with its reason (``transport``,
+    for the log); receivers adopt it. An explicit backend that cannot work or differs from rank
+    0's raises ConfigError.
 
     ``store``: optional existing store to share (for several groups); keys are prefixed with
     ``group_name``, so group names must be unique per store. Without it, rank 0 hosts a new
@@ -146,6 +248,10 @@ class WeightSyncGroup:
     most this size (a larger single tensor is sent alone), with at most two buckets in flight.
     The group keeps two staging buffers of this size on its device (CPU for gloo, GPU for nccl)
     between broadcasts; a single contiguous tensor already on that device is sent in place.
+
+    ``local_addr``: the address this member's gloo pairs listen on (its node's IP on a cluster);
+    default 127.0.0.1 when ``master_addr`` is loopback, else gloo's default (GLOO_SOCKET_IFNAME).
+    Rank 0's store listens on ``master_addr`` only, never on every interface.
     """
 
     def __init__(
@@ -161,6 +267,8 @@ class WeightSyncGroup:
         member_names: list[str] | None = None,
         store: dist.Store | None = None,
         bucket_mb: float = 64.0,
+        local_addr: str | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         if world_size < 1:
             raise ConfigError(f"weight-sync group '{group_name}': world_size must be >= 1, got {world_size}")
@@ -183,6 +291,7 @@ class WeightSyncGroup:
         self.world_size = world_size
         self.master_addr = master_addr
         self.master_port = int(master_port)
+        self.local_addr = local_addr
         self.timeout_s = float(timeout_s)
         self.group_name = group_name
         self.member_names = list(member_names)
@@ -200,9 +309,9 @@ class WeightSyncGroup:
         self._owns_store = store is None
         self._base_store = store if store is not None else self._open_store(deadline)
         self._store = dist.PrefixStore(group_name, self._base_store)
-        self.backend = self._agree_on_backend(backend, deadline)
-        self.device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
-                       else torch.device("cpu"))
+        self.backend, self.transport = self._agree_on_backend(backend, device, deadline)
+        # gloo moves host memory: a GPU member's tensors are staged through CPU buffers.
+        self.device = _member_device(device) if self.backend == "nccl" else torch.device("cpu")
         self._store.set(f"seq/{rank}", "0")
         self._store.set(f"joined/{rank}", self.member_names[rank])
         self._wait_for_members(deadline)
@@ -220,51 +329,32 @@ class WeightSyncGroup:
         addr, port = self.master_addr, self.master_port
         if self.rank == 0:
             try:
-                if is_loopback(addr):
-                    return host_loopback_store(addr, port, None, _td(self.timeout_s))
-                return dist.TCPStore(addr, port, None, True, _td(self.timeout_s), wait_for_workers=False)
+                return host_store(addr, port, None, _td(self.timeout_s))
             except (RuntimeError, OSError) as e:
                 raise ConfigError(f"{self._who}: cannot host the store on {addr}:{port} ({e}); "
-                                  "pick a free port, e.g. weight_sync.find_free_port()") from e
-        # Wait for the master's socket ourselves: TCPStore's own connect retries overshoot the
-        # timeout by 2-3x and log a C++ stack trace on each try.
-        while True:
-            try:
-                with socket.create_connection((addr, port), timeout=max(min(1.0, deadline - time.monotonic()), 0.05)):
-                    break
-            except OSError:
-                if time.monotonic() >= deadline:
-                    raise ActorTimeoutError(
-                        f"{self._who}: {self.member_names[0]} (rank 0) did not open the store at "
-                        f"{addr}:{port} within {self.timeout_s:g}s; members: {self._members_str()}"
-                    ) from None
-                time.sleep(_POLL_S)
-        try:
-            return dist.TCPStore(addr, port, None, False, _td(max(deadline - time.monotonic(), 1.0)))
-        except RuntimeError as e:
-            raise ActorTimeoutError(f"{self._who}: could not connect to the store of "
-                                    f"{self.member_names[0]} at {addr}:{port}: {e}") from e
+                                  "pick a port free on this node, e.g. weight_sync.find_free_port(addr)") from e
+        return connect_store(addr, port, None, max(deadline - time.monotonic(), 0.05), self._who,
+                             f"{self.member_names[0]} (rank 0; members: {self._members_str()})")
 
-    def _agree_on_backend(self, requested: str, deadline: float) -> str:
+    def _agree_on_backend(self, requested: str, device: torch.device | str | None, deadline: float) -> tuple[str, str]:
+        """Every member reports its device; rank 0 picks the transport (``choose_transport``) and
+        publishes it with the reason. Returns (backend, reason)."""
+        self._store.set(f"device/{self.rank}", json.dumps(device_report(device)))
         if self.rank == 0:
-            if requested == "auto":
-                chosen = "nccl" if nccl_available() else "gloo"
-            else:
-                chosen = requested
-            if chosen == "nccl" and not nccl_available():
-                raise ConfigError(f"{self._who}: backend 'nccl' needs CUDA and a torch build with NCCL; "
-                                  "use backend='gloo' or 'auto'")
-            self._store.set("backend", chosen)
-            return chosen
+            self._wait_keys([f"device/{r}" for r in range(self.world_size)], deadline, what="join")
+            reports = [json.loads(self._store.get(f"device/{r}")) for r in range(self.world_size)]
+            try:
+                chosen, why = choose_transport(reports, self.member_names, requested)
+            except ConfigError as e:
+                raise ConfigError(f"{self._who}: {e}") from None
+            self._store.set("backend", json.dumps([chosen, why]))
+            return chosen, why
         self._wait_keys(["backend"], deadline, what="publish the backend")
-        chosen = self._store.get("backend").decode()
+        chosen, why = json.loads(self._store.get("backend"))
         if requested != "auto" and requested != chosen:
             raise ConfigError(f"{self._who}: backend '{requested}' here but {self.member_names[0]} "
-                              f"chose '{chosen}'; use the same backend (or 'auto') on every member")
-        if chosen == "nccl" and not nccl_available():
-            raise ConfigError(f"{self._who}: {self.member_names[0]} chose backend 'nccl' but this "
-                              "member has no CUDA/NCCL; use backend='gloo' on every member")
-        return chosen
+                              f"chose '{chosen}' ({why}); use the same backend (or 'auto') on every member")
+        return chosen, why
 
     def _missing(self, keys: list[str]) -> list[str]:
         return [k for k in keys if not self._store.check([k])]
@@ -300,11 +390,13 @@ class WeightSyncGroup:
                 opts.is_high_priority_stream = False
                 opts._timeout = timeout
                 return _ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
-            if is_loopback(self.master_addr):
-                # Everyone is on this host: skip hostname resolution, bind loopback.
+            local = self.local_addr or ("127.0.0.1" if is_loopback(self.master_addr) else None)
+            if local is not None:
+                # This member's pairs listen on its own address (loopback on one host), not on
+                # whatever the hostname resolves to (in a container or netns: maybe unreachable).
                 opts = dist.ProcessGroupGloo._Options()
                 opts._timeout = timeout
-                opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+                opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local)]
                 return dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, opts)
             # Default device (honours GLOO_SOCKET_IFNAME).
             return dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, timeout)

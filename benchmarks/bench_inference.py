@@ -53,7 +53,8 @@ def policy_and_observation(config: Path, seed: int) -> tuple[Callable[[], Any], 
     """(the driver's policy factory for ``config``, one preprocessed real observation as a one-row
     wire dict, the policy's name)."""
     from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import Runtime, prepare  # noqa: PLC0415
+    from async_rl.driver import prepare  # noqa: PLC0415
+    from async_rl.orchestration.runtime import Runtime  # noqa: PLC0415
     from async_rl.experience import to_wire  # noqa: PLC0415
 
     cfg = load_config(["--seed", str(seed)], str(config))

@@ -31,7 +31,7 @@ CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "lib
 def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root: Path,
             extra: list[str]) -> dict[str, Any]:
     """The system's steps/s for ``minutes``, then the raw env's with as many processes."""
-    from async_rl.driver import obs_spec_of  # noqa: PLC0415
+    from async_rl.orchestration.runtime import obs_spec_of  # noqa: PLC0415
     from async_rl.policies import build_policy  # noqa: PLC0415
 
     log_dir = log_root / env

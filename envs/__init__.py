@@ -1,74 +1,53 @@
 """Environment registry: a new environment is one file in ``envs/`` plus one config.
 
-An env module registers a TaskSet factory with ``@register_env("name")``. Env modules must not
+An env module registers a TaskSet factory with ``@register_env("name")``, optionally with a
+``final_evaluation`` the runtime runs on the final weights after training. Env modules must not
 import their (optional, heavy) simulator package at module level; they import it inside the
 factory, so that ``import envs`` and the discovery of env modules stay cheap and never fail
 because some other environment's package is missing.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+import numpy as np
 
 from async_rl.errors import ConfigError, unknown_key_message
+from async_rl.registry import Registry
 from envs.base import TaskEnv, TaskSet
 
-__all__ = ["ENV_BUILDERS", "TaskEnv", "TaskSet", "available_envs", "make_task_set", "register_env"]
+__all__ = ["ENVS", "FinalEvaluation", "TaskEnv", "TaskSet", "available_envs", "final_evaluation_for", "make_task_set",
+           "register_env"]
 
-ENV_BUILDERS: dict[str, Callable[..., TaskSet]] = {}
+# fn(task_set, act, preprocess, seed) -> report. ``act(obs_batch, deterministic) -> env actions
+# [B, action_dim]`` runs the current policy on a batch of preprocessed observations (a TensorDict);
+# ``preprocess(obs, task_name)`` is the policy's preprocessor. The report holds ``scalars``
+# ({"eval/...": float}), ``text`` (printable), ``files`` ({name: JSON-able}) and any raw fields.
+FinalEvaluation = Callable[[TaskSet, Callable[[Any, bool], np.ndarray], Callable[..., Any], int], dict]
 
-_NOT_ENV_MODULES = {"base"}
-_discovered = False
-_broken_modules: dict[str, str] = {}
-
-
-def register_env(name: str) -> Callable[[Callable[..., TaskSet]], Callable[..., TaskSet]]:
-    """Decorator: register ``fn(**kwargs) -> TaskSet`` under ``name``."""
-
-    def deco(fn: Callable[..., TaskSet]) -> Callable[..., TaskSet]:
-        existing = ENV_BUILDERS.get(name)
-        if existing is not None and existing is not fn:
-            raise ValueError(f"environment '{name}' is registered twice")
-        ENV_BUILDERS[name] = fn
-        return fn
-
-    return deco
+ENVS: Registry[Callable[..., TaskSet]] = Registry("environment", package=__name__, skip=("base",))
 
 
-def _discover() -> None:
-    """Import every env module in this package once, so each one registers itself."""
-    global _discovered
-    if _discovered:
-        return
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name in _NOT_ENV_MODULES:
-            continue
-        try:
-            importlib.import_module(f"{__name__}.{info.name}")
-        except ImportError as exc:  # a module that breaks the lazy-import rule; keep the others usable
-            _broken_modules[info.name] = f"{exc.__class__.__name__}: {exc}"
-    _discovered = True
+def register_env(name: str, final_evaluation: Optional[FinalEvaluation] = None
+                 ) -> Callable[[Callable[..., TaskSet]], Callable[..., TaskSet]]:
+    """Decorator: register ``fn(**kwargs) -> TaskSet`` under ``name`` (and its final evaluation)."""
+    return ENVS.register(name, final_evaluation=final_evaluation)
 
 
 def available_envs() -> list[str]:
     """Sorted names of all registered environments (discovers env modules on first call)."""
-    _discover()
-    return sorted(ENV_BUILDERS)
+    return ENVS.names()
+
+
+def final_evaluation_for(name: str) -> Optional[FinalEvaluation]:
+    """The final evaluation environment ``name`` registered, or None; unknown names raise ConfigError."""
+    return ENVS.entry(name).meta.get("final_evaluation")
 
 
 def make_task_set(name: str, **kwargs: Any) -> TaskSet:
-    """Build the TaskSet of environment ``name``; unknown names raise ConfigError."""
-    if name not in ENV_BUILDERS:
-        _discover()
-    if name not in ENV_BUILDERS:
-        msg = unknown_key_message(name, ENV_BUILDERS, "environment")
-        if _broken_modules:
-            broken = "; ".join(f"envs/{m}.py: {err}" for m, err in sorted(_broken_modules.items()))
-            msg += f" (env modules that failed to import: {broken})"
-        raise ConfigError(msg)
-    builder = ENV_BUILDERS[name]
+    """Build the TaskSet of environment ``name``; unknown names and options raise ConfigError."""
+    builder = ENVS.get(name)
     params = inspect.signature(builder).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         for key in kwargs:

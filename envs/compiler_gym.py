@@ -450,7 +450,7 @@ def _split_dir(files: list[str], eval_fraction: float) -> tuple[list[str], list[
     return files[n_eval:], files[:n_eval]
 
 
-@register_env("compiler_gym")
+# Registered as "compiler_gym", with its final evaluation, at the end of this module.
 def compiler_gym_task_set(
     mode: str = "per_step",
     max_steps: int = 16,
@@ -645,41 +645,16 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def held_out_evaluation(runtime: Any, random_trials: int = 1) -> dict[str, Any]:
-    """After training (the driver's ``inspect`` hook): evaluate the latest weights through an
-    inference actor on the held-out programs, print the table and log ``eval/...`` scalars."""
-    import ray  # noqa: PLC0415
-    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
-
-    from async_rl.experience import from_wire, to_wire  # noqa: PLC0415
-
-    cfg = runtime.cfg
-    actor = next(iter(runtime.inference.values()))
-    # Free the cores (and the inference actor) from rollouts while evaluating.
-    ray.get([w.pause.remote() for w in runtime.workers.values()], timeout=cfg.actor_timeout_s)
-
-    def policy(obs: Any, deterministic: bool) -> np.ndarray:
-        wire = ray.get(actor.request.remote(to_wire(obs), deterministic), timeout=cfg.actor_timeout_s)
-        return from_wire(wire)["env_action"].numpy()
-
-    result = evaluate_programs(runtime.task_set, policy, runtime.preprocessor_factory(), random_trials, cfg.seed)
-    print(format_table(result), file=sys.stderr)
-    scalars = {"eval/geomean_reduction_vs_oz": result["geomean_reduction_vs_oz"],
-               "eval/sampled_geomean_reduction_vs_oz": result["sampled_geomean_reduction_vs_oz"],
-               "eval/random_search_geomean_vs_oz": result["random_search_geomean_vs_oz"]}
-    writer = SummaryWriter(cfg.log_dir)
-    for tag, value in scalars.items():
-        writer.add_scalar(tag, value, runtime.epoch)
-    writer.close()
-    Path(cfg.log_dir, "eval_programs.json").write_text(json.dumps(result, indent=1))
-    return {**result, **scalars}
+def held_out_evaluation(task_set: CompilerGymTaskSet, act: Any, preprocess: Any, seed: int,
+                        random_trials: int = 1) -> dict[str, Any]:
+    """The env's final evaluation (``envs.final_evaluation_for("compiler_gym")``): ``evaluate_programs``
+    with ``act(obs_batch, deterministic) -> env actions``, as a report: ``scalars`` (eval/ geometric
+    means), ``text`` (the per-program table), ``files`` (``eval_programs.json``) and the raw result."""
+    result = evaluate_programs(task_set, act, preprocess, random_trials, seed)
+    scalars = {f"eval/{key}": result[key] for key in
+               ("geomean_reduction_vs_oz", "sampled_geomean_reduction_vs_oz", "random_search_geomean_vs_oz")}
+    return {**result, "scalars": scalars, "text": format_table(result), "files": {"eval_programs.json": result}}
 
 
-def policy_from_argv(argv: Sequence[str], default: str = "mlp") -> str:
-    """The ``--policy`` of a command line (picks the launch script's default config); unknown
-    policies fall back to ``default`` so that the config system reports them."""
-    for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--policy=") else argv[i + 1] if arg == "--policy" and i + 1 < len(argv) else None
-        if value is not None:
-            return "passformer" if value == "passformer" else default
-    return default
+# Registered here, below the evaluation it names.
+register_env("compiler_gym", final_evaluation=held_out_evaluation)(compiler_gym_task_set)

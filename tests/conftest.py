@@ -1,4 +1,5 @@
 """Shared fixtures and helpers of the test suite."""
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -12,18 +13,26 @@ from async_rl.runtime import pythonpath_with
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """A local 2-CPU Ray for one test module; its workers can import async_rl and the test modules."""
+@contextlib.contextmanager
+def child_pythonpath(*paths: Path):
+    """``paths`` ahead of PYTHONPATH while processes started in the block inherit it (Ray's
+    workers, a forkserver); the test process gets its own value back."""
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = pythonpath_with(TESTS.parent, TESTS)
+    os.environ["PYTHONPATH"] = pythonpath_with(*paths)
     try:
-        ray.init(num_cpus=2, include_dashboard=False, address="local", log_to_driver=False)
-    finally:  # workers inherit the raylet's environment, fixed at init; the test process gets its own back
+        yield
+    finally:
         if old is None:
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = old
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local 2-CPU Ray for one test module; its workers can import async_rl and the test modules."""
+    with child_pythonpath(TESTS.parent, TESTS):  # workers inherit the raylet's environment, fixed at init
+        ray.init(num_cpus=2, include_dashboard=False, address="local", log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -248,3 +248,83 @@ def test_group_baselines_random_and_no_grad(fn):
 def test_group_baselines_reject_bad_shapes(fn, shape):
     with pytest.raises(ValueError, match=r"\[G, n\]"):
         fn(torch.zeros(shape))
+
+
+# ----------------------------------------------------------------------------------------
+# The estimator registry (--advantage)
+# ----------------------------------------------------------------------------------------
+GROUPS = [[1.0, 2.0, 3.0], [0.0, 0.0, 1.0], [5.0, 5.0, 5.0]]
+# grpo: (r - mean) / (unbiased std + 1e-6); group 2: mean 1/3, std sqrt(1/3); group 3: std 0 -> 0.
+S3 = math.sqrt(1.0 / 3.0)
+GROUPS_GRPO = [[-1.0 / (1 + 1e-6), 0.0, 1.0 / (1 + 1e-6)],
+               [(-1 / 3) / (S3 + 1e-6), (-1 / 3) / (S3 + 1e-6), (2 / 3) / (S3 + 1e-6)], [0.0, 0.0, 0.0]]
+# rloo: r_i - mean of the two others.
+GROUPS_RLOO = [[-1.5, 0.0, 1.5], [-0.5, -0.5, 1.0], [0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("name, expected", [("grpo", GROUPS_GRPO), ("rloo", GROUPS_RLOO)])
+def test_group_estimators_on_synthetic_groups(name, expected):
+    from async_rl.algo import advantage_estimator
+
+    est = advantage_estimator(name)
+    assert (est.where, est.unit, est.needs_critic, est.needs_group_rollouts) == ("worker", "step", False, True)
+    returns = t(GROUPS).requires_grad_(True)
+    adv = est.group_advantages(returns)
+    torch.testing.assert_close(adv, t(expected), rtol=1e-12, atol=1e-12)
+    assert not adv.requires_grad  # no_grad: advantages are targets, not part of the graph
+    torch.testing.assert_close(adv.sum(dim=1), t([0.0, 0.0, 0.0]), rtol=0, atol=1e-9)  # zero-mean per group
+
+
+def test_registry_says_where_each_estimator_runs_and_refuses_what_cannot_run():
+    from async_rl.algo import ESTIMATORS, advantage_estimator, check_advantage
+    from async_rl.errors import ConfigError
+
+    assert {"gae", "vtrace", "grpo", "rloo"} <= set(ESTIMATORS.names())
+    gae_, vt = advantage_estimator("gae"), advantage_estimator("vtrace")
+    assert (gae_.where, gae_.unit, gae_.needs_critic) == ("worker", "step", True)
+    assert (vt.where, vt.unit, vt.needs_critic) == ("trainer", "segment", True)
+    assert check_advantage("vtrace") == "vtrace"
+    with pytest.raises(ConfigError, match=r"^advantage 'grpo' needs group rollouts \(issue 16\).*gae, vtrace$"):
+        check_advantage("grpo")
+    with pytest.raises(ConfigError, match="unknown advantage estimator 'gea' \\(did you mean 'gae'\\?\\)"):
+        advantage_estimator("gea")
+    from async_rl.config import load_config
+
+    for name in ("grpo", "rloo"):  # refused before Ray starts, in one line
+        with pytest.raises(ConfigError, match=f"^config key 'advantage' = '{name}': advantage '{name}' needs group "
+                                              r"rollouts \(issue 16\), which are not available yet; use one of: gae, vtrace$"):
+            load_config(["--advantage", name])
+    assert load_config(["--advantage", "vtrace"]).advantage == "vtrace"
+
+
+def test_vtrace_estimator_matches_vtrace_per_segment():
+    """The trainer-side V-trace: flattening [B, T] segments and going time-major changes nothing."""
+    from types import SimpleNamespace
+
+    from tensordict import TensorDict
+
+    from async_rl.algo import TrainModel, advantage_estimator
+
+    g = torch.Generator().manual_seed(3)
+    b, T, a = 2, 4, 3
+    steps = TensorDict({"obs": TensorDict({"x": torch.randn(b, T, 1, generator=g)}, [b, T]),
+                        "action": torch.randn(b, T, a, generator=g), "logp": torch.randn(b, T, a, generator=g),
+                        "value": torch.randn(b, T, generator=g), "reward": torch.randn(b, T, generator=g),
+                        "done": torch.tensor([[False, True, False, False], [False, False, False, True]])}, [b, T])
+    mb = TensorDict({"steps": steps, "bootstrap_obs": TensorDict({"x": torch.randn(b, 1, generator=g)}, [b])}, [b])
+    logp_now = torch.randn(b * T, a, generator=g)
+    values_now = torch.randn(b * T, generator=g)
+    model = TrainModel(evaluate=lambda obs, action: (logp_now, torch.zeros_like(logp_now), values_now),
+                       value=lambda obs: obs["x"].squeeze(-1), action_key="action")
+    cfg = SimpleNamespace(gamma=0.9, vtrace_clip_rho=1.0, vtrace_clip_c=0.8, vtrace_clip_pg_rho=1.2,
+                          normalize_advantages=False)
+    got = advantage_estimator("vtrace").loss_inputs(mb, model, cfg)
+    for i in range(b):
+        rows = slice(i * T, (i + 1) * T)
+        vs, adv = vtrace((logp_now[rows] - steps["logp"][i]).sum(-1, keepdim=True),
+                         0.9 * (1.0 - steps["done"][i].float()).unsqueeze(-1), steps["reward"][i].unsqueeze(-1),
+                         values_now[rows].unsqueeze(-1), mb["bootstrap_obs", "x"][i], 1.0, 0.8, 1.2)
+        torch.testing.assert_close(got.advantage[rows], adv.squeeze(-1))
+        torch.testing.assert_close(got.value_target[rows], vs.squeeze(-1))
+    torch.testing.assert_close(got.logp_old, steps["logp"].reshape(b * T, a))
+    torch.testing.assert_close(got.value_old, steps["value"].reshape(b * T))

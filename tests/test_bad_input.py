@@ -24,6 +24,8 @@ CASES = [
     ("no_gpu", ["--device", "cuda"], "GPU(s) visible"),
     ("missing_extra", ["--block-module", "metaworld"], "MetaWorld is not installed"),
     ("policy_kwarg", ["--policy-kwargs", "{d_model: 64}"], "policy 'mlp' does not fit this env and policy_kwargs"),
+    ("base_missing", ["--config", "{tmp}/preset.yaml"], "{tmp}/preset.yaml: base nowhere.yaml: no such file"),
+    ("key_in_wrong_section", ["--config", "{tmp}/sections.yaml"], "config key 'gamma' belongs to section 'objective', not 'scale'"),
 ]
 
 # Runs the launch script as __main__ with one module made unimportable (a missing optional extra).
@@ -44,6 +46,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, argv, mess
     work = tmp_path / "cwd"
     work.mkdir()
     (tmp_path / "bad.yaml").write_text("replay_capcity: 10\n")
+    (tmp_path / "preset.yaml").write_text("base: nowhere.yaml\nseed: 1\n")
+    (tmp_path / "sections.yaml").write_text("scale: {gamma: 0.9}\n")
     (tmp_path / "empty").mkdir()
     log_dir = tmp_path / "run"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]

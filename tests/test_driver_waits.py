@@ -5,7 +5,7 @@ import threading
 import pytest
 import ray
 
-from async_rl.driver import get_named
+from async_rl.orchestration.actor_group import get_named
 from async_rl.errors import ActorFailedError, ActorTimeoutError
 
 

@@ -1,6 +1,8 @@
 """Real runs on CompilerGym: local Ray, a DeepSpeed trainer, an inference actor, 2 rollout workers
-each driving CompilerGym server processes; 2 epochs per policy, then the held-out evaluation
-against random search, its TensorBoard scalars, and no server process left behind."""
+each driving CompilerGym server processes; 2 epochs per policy, then the env's final evaluation
+(held-out programs against -Oz and random search) in the summary, its TensorBoard scalars and
+eval_programs.json, and no server process left behind."""
+import json
 import math
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from async_rl.config import load_config
 from async_rl.driver import run
-from envs.compiler_gym import compiler_gym_unavailable_reason, held_out_evaluation
+from envs.compiler_gym import compiler_gym_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 UNAVAILABLE = compiler_gym_unavailable_reason()
@@ -34,9 +36,12 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                  "--log-interval-seconds", "0.01", "--updates-per-epoch", "1", "--train-batch-size", "4",
                  "--accumulation-steps", "2", "--super-batch-size", "8", "--replay-capacity", "64",
                  "--rollout-local-buf", "4"]
-    cfg = load_config(overrides, str(ROOT / "configs" / f"compilergym_{policy}.yaml"))
-    summary = run(cfg, inspect=held_out_evaluation)
-    result = summary["inspect"]
+    # The launch script's config; --policy passformer picks the Passformer's settings (its variant).
+    cfg = load_config(overrides, str(ROOT / "configs" / "compilergym_mlp.yaml"))
+    assert ("d_model" in cfg.policy_kwargs) == (policy == "passformer") and cfg.actor_timeout_s == (
+        600 if policy == "passformer" else 120)
+    summary = run(cfg)
+    result = summary["final_evaluation"]
 
     assert summary["epochs"] == 2 and summary["sync/policy_version"] == 2
     assert math.isfinite(summary["train/policy_loss"]) and math.isfinite(summary["train/value_loss"])
@@ -54,6 +59,10 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
     assert result["random_search_geomean_vs_oz"] > 0
     sampled = [r["sampled_vs_oz"] for r in result["rows"]]
     assert result["sampled_geomean_reduction_vs_oz"] == pytest.approx(math.sqrt(sampled[0] * sampled[1]))
+    for key in ("geomean_reduction_vs_oz", "sampled_geomean_reduction_vs_oz", "random_search_geomean_vs_oz"):
+        assert summary[f"eval/{key}"] == pytest.approx(result[key])
+        assert result["scalars"][f"eval/{key}"] == pytest.approx(result[key])
+    assert "geomean" in result["text"]
 
     events = EventAccumulator(str(log_dir)).Reload()
     tags = events.Tags()["scalars"]
@@ -62,7 +71,8 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                 "rollout/episode_return", "env/skipped_build_failed", "env/skipped_oz_above_o0", "env/unknown_passes"):
         assert tag in tags, tag
     assert events.Scalars("env/skipped_build_failed")[-1].value == 0  # csmith programs build
-    assert (log_dir / "eval_programs.json").is_file()
+    written = json.loads((log_dir / "eval_programs.json").read_text())
+    assert [r["policy_sequence"] for r in written["rows"]] == [r["policy_sequence"] for r in result["rows"]]
 
     # Every server process (and with it its CompilerGym service) is gone after the run.
     deadline = time.monotonic() + 30

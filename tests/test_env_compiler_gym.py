@@ -1,5 +1,6 @@
 """CompilerGym env: reward maths, tokenisation, and the real server (offline, csmith programs)."""
 from contextlib import closing
+import json
 import os
 import signal
 import time
@@ -12,7 +13,7 @@ from async_rl.tokens import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from envs import make_task_set
 from envs.compiler_gym import (
     CompilerGymServerError, PassVocab, RewardConfig,
-    compiler_gym_unavailable_reason, policy_from_argv, tokenize_ir,
+    compiler_gym_unavailable_reason, held_out_evaluation, tokenize_ir,
 )
 
 UNAVAILABLE = compiler_gym_unavailable_reason()
@@ -69,11 +70,12 @@ def test_ir_tokens_are_deterministic_and_ignore_value_numbering():
     assert (tokenize_ir(ir_a * 20, 512, 32) > 0).all()  # truncated to the configured length
 
 
-def test_policy_from_argv_picks_the_default_config():
-    assert policy_from_argv([]) == "mlp"
-    assert policy_from_argv(["--policy", "passformer", "--seed", "1"]) == "passformer"
-    assert policy_from_argv(["--policy=passformer"]) == "passformer"
-    assert policy_from_argv(["--policy", "categorical_mlp"]) == "mlp"
+def test_compiler_gym_registers_its_final_evaluation():
+    from envs import final_evaluation_for
+
+    assert final_evaluation_for("compiler_gym") is held_out_evaluation
+    with pytest.raises(ConfigError, match="unknown environment 'compiler_gim'"):
+        final_evaluation_for("compiler_gim")
 
 
 def test_bad_options_are_config_errors(tmp_path):
@@ -229,3 +231,35 @@ def test_benchmark_dir_split_holds_out_a_fraction_and_says_when_it_cannot(capsys
     assert capsys.readouterr().err == ""
     assert _split_dir(["only.c"], 0.2) == (["only.c"], ["only.c"])
     assert "not held out" in capsys.readouterr().err
+
+
+@needs_server
+def test_held_out_evaluation_reports_greedy_sampled_and_random_search():
+    import torch
+    from tensordict import TensorDict
+
+    ts = make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[0, 1], eval_seeds=[1000002, 1])
+    greedy, sampled = ts.flags.index("-mem2reg"), ts.flags.index("-instcombine")
+    calls = []
+
+    def act(obs, deterministic):  # a fixed pass per mode; the evaluation hands it a preprocessed batch
+        calls.append((tuple(obs.batch_size), obs["autophase"].shape[-1], deterministic))
+        return np.full((obs.batch_size[0], 1), greedy if deterministic else sampled)
+
+    def preprocess(obs, task_name):
+        assert task_name == "compiler_gym"
+        return TensorDict({"autophase": torch.as_tensor(obs["autophase"])}, [])
+
+    report = held_out_evaluation(ts, act, preprocess, seed=0)
+    [row] = report["rows"]
+    assert row["benchmark"] == SMALL_PROGRAM and calls == [((1,), 56, True)] * 3 + [((1,), 56, False)] * 3
+    assert row["policy_sequence"] == ["-mem2reg"] * 3 and row["sampled_sequence"] == ["-instcombine"] * 3
+    assert row["policy_passes"] == 3 and 0 < row["policy_count"] < row["o0_count"]  # mem2reg shrinks -O0 code
+    assert row["policy_vs_oz"] == pytest.approx(row["oz_count"] / row["policy_count"])
+    assert row["random_vs_oz"] == pytest.approx(row["oz_count"] / row["random_count"])
+    assert report["scalars"] == {"eval/geomean_reduction_vs_oz": pytest.approx(row["policy_vs_oz"]),
+                                 "eval/sampled_geomean_reduction_vs_oz": pytest.approx(row["sampled_vs_oz"]),
+                                 "eval/random_search_geomean_vs_oz": pytest.approx(row["random_vs_oz"])}
+    assert SMALL_PROGRAM[-20:] in report["text"] and "geomean" in report["text"]
+    written = json.loads(json.dumps(report["files"]["eval_programs.json"]))  # what the driver writes
+    assert written["rows"][0]["policy_sequence"] == row["policy_sequence"] and written["skipped"] == report["skipped"]

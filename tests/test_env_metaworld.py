@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("metaworld")
 
 from async_rl.errors import ConfigError  # noqa: E402
-from envs import ENV_BUILDERS, TaskEnv, TaskSet, available_envs, make_task_set  # noqa: E402
+from envs import ENVS, TaskEnv, TaskSet, available_envs, final_evaluation_for, make_task_set  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,8 @@ def _actions(n: int, seed: int = 123) -> np.ndarray:
 
 def test_registry_lists_metaworld():
     assert "metaworld" in available_envs()
-    assert "metaworld" in ENV_BUILDERS
+    assert "metaworld" in ENVS
+    assert final_evaluation_for("metaworld") is None  # it registers no final evaluation
 
 
 def test_import_envs_does_not_import_metaworld():

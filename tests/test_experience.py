@@ -1,4 +1,4 @@
-"""Worker-side GAE pieces, V-trace segments, the replay buffer and the task sampler."""
+"""The record's wire format, worker-side GAE pieces, V-trace segments, the replay buffer and the task sampler."""
 import numpy as np
 import pytest
 import torch
@@ -6,7 +6,8 @@ from tensordict import TensorDict
 
 from async_rl.actors.replay_buffer import ReplayStorage
 from async_rl.actors.rollout_worker import FailureWeightedTaskSampler
-from async_rl.experience import GaeSegmenter, VtraceSegmenter, step_record
+from async_rl.algo.estimators import GaeSegmenter, VtraceSegmenter
+from async_rl.experience import from_wire, inference_keys, step_record, to_wire
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -15,7 +16,47 @@ def _record(t: int, value: float, reward: float, done: bool = False, version: in
     out = TensorDict({"action": torch.zeros(2), "env_action": torch.zeros(2), "logp": torch.zeros(2),
                       "value": torch.tensor(value), "policy_version": torch.tensor(version)}, batch_size=[])
     obs = TensorDict({"state": torch.tensor([float(t)])}, batch_size=[])
-    return step_record(obs, out, reward, done, task_id=0)
+    return step_record(obs, out, reward, done)
+
+
+def test_wire_ships_declared_dtypes_and_float32_for_bf16():
+    """bf16 tensors cannot become numpy: the wire carries float32, integers and bools as declared."""
+    out = TensorDict({"action": torch.rand(3, 2, dtype=torch.bfloat16), "env_action": torch.rand(3, 2),
+                      "logp": torch.randn(3, 2, dtype=torch.bfloat16), "value": torch.randn(3, dtype=torch.float64),
+                      "mu": torch.zeros(3, 2), "policy_version": torch.tensor([1, 1, 1], dtype=torch.int32),
+                      "obs": TensorDict({"pixels": torch.zeros(3, 4, dtype=torch.uint8),
+                                         "state": torch.ones(3, 5, dtype=torch.bfloat16)}, [3])}, [3])
+    wire = to_wire(out, keys=(*inference_keys("action"), "policy_version", "obs"))
+    assert "mu" not in wire  # not declared by the policy: not shipped
+    back = from_wire(wire)
+    dtypes = {k: v.dtype for k, v in back.items(True, True)}
+    assert dtypes == {"action": torch.float32, "env_action": torch.float32, "logp": torch.float32,
+                      "value": torch.float32, "policy_version": torch.int64, ("obs", "pixels"): torch.uint8,
+                      ("obs", "state"): torch.float32}
+    torch.testing.assert_close(back["logp"], out["logp"].float())
+    steps = TensorDict({"reward": torch.ones(1, 4, dtype=torch.float64), "done": torch.zeros(1, 4, dtype=torch.int64)}, [1, 4])
+    seg = from_wire(to_wire(TensorDict({"steps": steps}, [1])))  # declared dtypes inside segments too
+    assert seg["steps", "reward"].dtype == torch.float32 and seg["steps", "done"].dtype == torch.bool
+
+
+def test_a_bf16_policy_answer_ships_as_float32_with_only_the_declared_fields():
+    """What the inference actor does with ``act()``: keep the declared fields, then ``to_wire``."""
+    from async_rl.policies import build_policy
+
+    policy = build_policy("mlp", {"state_dim": 39}, 4).to(torch.bfloat16)
+    out = policy.act(TensorDict({"state": torch.randn(3, 39)}, [3]))
+    assert {"mu", "log_std"} <= set(out.keys())  # act() returns them; training does not read them
+    wire = to_wire(out.select(*inference_keys(policy.action_key, policy.behaviour_stats)))
+    assert set(wire) == {"action", "env_action", "logp", "value"}
+    assert {k: str(v.dtype) for k, v in wire.items()} == dict.fromkeys(wire, "float32")
+
+
+def test_step_record_keeps_what_the_trainer_reads():
+    out = TensorDict({"action": torch.zeros(2), "env_action": torch.ones(2), "logp": torch.zeros(2),
+                      "value": torch.tensor(0.5), "policy_version": torch.tensor(3)}, batch_size=[])
+    record = step_record(TensorDict({"state": torch.zeros(1)}, []), out, 1.5, True)
+    assert set(record.keys()) == {"action", "logp", "value", "policy_version", "obs", "reward", "done"}
+    assert record["reward"].dtype == torch.float32 and record["done"].dtype == torch.bool
 
 
 def _manual_gae(rewards, values, bootstrap):

@@ -1,5 +1,7 @@
-"""The inference actor's batching loop: by size, by timeout, errors, atomic weight swap."""
+"""The inference actor's batching loop: by size, by timeout, errors, atomic weight swap, and a
+loop that dies taking its actor with it (Ray restarts it)."""
 import asyncio
+import os
 import time
 
 import pytest
@@ -152,3 +154,106 @@ def test_forward_runs_on_the_loop_or_in_a_thread_with_the_same_answers(in_thread
     answers, loop_thread = run(main())
     assert answers == [0.0, 2.0, 4.0, 6.0]
     assert all((t != loop_thread) == in_thread for t in threads), (threads, loop_thread)
+
+
+def test_a_batch_that_cannot_be_served_fails_its_callers_and_the_loop_goes_on():
+    """Observations that do not stack, an output of the wrong size: that batch's callers get the
+    error; the loop serves the next batch (it used to die and answer nothing more)."""
+    def forward(obs, det):
+        rows = obs.batch_size[0] + (1 if obs["state"][0, 0] < 0 else 0)  # a negative input: one row too many
+        return TensorDict({"y": torch.zeros(rows)}, batch_size=[rows])
+
+    async def main():
+        server = BatchingServer(forward, batch_size=2, timeout_s=0.05)
+        odd = TensorDict({"other": torch.zeros(1, 1)}, batch_size=[1])
+        mixed = await asyncio.gather(server.submit(_obs(1)), server.submit(odd), return_exceptions=True)
+        wrong = await asyncio.gather(server.submit(_obs(-1)), return_exceptions=True)
+        return mixed, wrong, await server.submit(_obs(3))
+
+    mixed, wrong, after = run(main())
+    assert all(isinstance(r, Exception) for r in [*mixed, *wrong]), (mixed, wrong)
+    assert after["y"].item() == 0.0 and after["policy_version"].item() == 0
+
+
+def test_batches_failing_in_a_row_end_the_loop_and_report_it():
+    reported = []
+
+    def forward(obs, det):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")  # sticky: every batch fails
+
+    async def main():
+        server = BatchingServer(forward, batch_size=1, timeout_s=0.01, max_failed_batches=3, on_fatal=reported.append)
+        failures = [await asyncio.gather(server.submit(_obs(i)), return_exceptions=True) for i in range(3)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(RuntimeError, match="inference loop is dead"):
+            await server.submit(_obs(0))
+        return failures
+
+    failures = run(main())
+    assert all("illegal memory access" in str(f[0]) for f in failures)
+    assert len(reported) == 1 and "3 batches in a row failed" in str(reported[0])
+
+
+def test_a_failed_staged_weight_swap_ends_the_loop_and_fails_its_callers():
+    reported = []
+
+    async def main():
+        server = BatchingServer(Recorder(), batch_size=1, timeout_s=0.01, on_fatal=reported.append)
+
+        def apply():
+            raise RuntimeError("copy failed half-way")
+
+        server.stage_weights(apply, version=1)
+        with pytest.raises(RuntimeError, match="copy failed"):
+            await server.submit(_obs(0))
+        await asyncio.sleep(0.05)
+
+    run(main())
+    assert [str(e) for e in reported] == ["copy failed half-way"]
+
+
+def flaky_mlp(broken_file: str) -> torch.nn.Module:
+    """A real MLP policy whose forward raises while ``broken_file`` exists (a device gone bad)."""
+    from async_rl.policies import build_policy
+
+    policy = build_policy("mlp", {"state_dim": 1}, 1, hidden_sizes=[8])
+    act = policy.act
+
+    def flaky_act(obs, deterministic):
+        if os.path.exists(broken_file):
+            raise RuntimeError("injected forward failure")
+        return act(obs, deterministic)
+
+    policy.act = flaky_act
+    return policy
+
+
+def test_an_inference_actor_whose_loop_dies_is_restarted_and_callers_get_errors(ray_local, tmp_path):
+    import functools
+
+    import ray
+
+    from async_rl.actors.inference import InferenceActor
+    from async_rl.experience import to_wire
+
+    broken = tmp_path / "broken"
+    broken.touch()
+    actor = InferenceActor.options(num_cpus=0, max_restarts=1, max_task_retries=0).remote(
+        0, functools.partial(flaky_mlp, str(broken)), 1, 1.0, forward_in_thread=False, weights_timeout_s=30)
+    ray.get(actor.serve_built_weights.remote(), timeout=60)
+    pid = ray.get(actor.pid.remote(), timeout=60)
+    for _ in range(3):  # errors, never a hang; the third in a row ends the loop (MAX_FAILED_BATCHES)
+        with pytest.raises(ray.exceptions.RayError):
+            ray.get(actor.request.remote(to_wire(_obs(1))), timeout=30)
+    broken.unlink()
+    deadline, new_pid = time.monotonic() + 60, pid
+    while new_pid == pid:  # the dead loop took its process with it, and Ray started a new one
+        assert time.monotonic() < deadline, "the inference actor was not replaced although its batches kept failing"
+        try:
+            new_pid = ray.get(actor.pid.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            time.sleep(0.2)
+    ray.get(actor.serve_built_weights.remote(), timeout=60)
+    answer = ray.get(actor.request.remote(to_wire(_obs(4))), timeout=30)
+    assert answer["value"].shape == (1,) and answer["policy_version"].tolist() == [0]
+    ray.kill(actor)

@@ -12,16 +12,9 @@ from async_rl.errors import ConfigError
 from async_rl.experience import from_wire, to_wire
 from async_rl.policies import build_policy, build_preprocessor, prepare_policy
 from async_rl.policies.lora import apply_lora, merged_named_tensors
-from async_rl.policies.vla import (
-    NUM_BINS,
-    ActionNormalizer,
-    build_tiny_vla,
-    check_model_dir,
-    load_backbone,
-    normalized_to_tokens,
-    tiny_vla_components,
-    tokens_to_normalized,
-)
+from async_rl.policies.vla_heads import NUM_BINS, ActionNormalizer, normalized_to_tokens, tokens_to_normalized
+from async_rl.policies.vla_loading import check_model_dir, load_backbone
+from async_rl.policies.vla_tiny import build_tiny_vla, tiny_vla_components
 from async_rl.weight_sync import first_signature_difference, tensor_signature
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """StatsAggregator: running totals, env counters, checkpoint state, and the logged scalar names."""
 from async_rl.actors.stats import StatsAggregator
-from async_rl.driver import snapshot_scalars
+from async_rl.orchestration.metrics import snapshot_scalars
 from async_rl.logger import mean_metrics
 
 

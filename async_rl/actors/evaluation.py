@@ -1,12 +1,19 @@
 """EvaluationWorkerActor: episodes with the latest weights; never writes to the replay buffer."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import asyncio
+import os
+from typing import Any, Callable, Optional
 
+import numpy as np
 import ray
 import torch
+from tensordict import TensorDict
 
-from async_rl.actors.rollout_worker import EnvPool, PolicyClient
+import envs
+
+from async_rl.actors.rollout_worker import EnvPool, EnvThread, PolicyClient
+from async_rl.experience import from_wire, to_wire
 from async_rl.runtime import configure_torch
 
 
@@ -24,6 +31,7 @@ class EvaluationWorkerActor:
         self.parallel = cfg.envs_per_worker
         self.task_names = list(task_set.task_names)
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
+        self._env_thread = EnvThread(f"eval-{index}-env")
 
     def _env(self, slot: int, task: int) -> Any:
         while len(self.pools) <= slot:
@@ -32,20 +40,32 @@ class EvaluationWorkerActor:
 
     async def _run_episodes(self, episodes: list[int], deterministic: bool, versions: set[int]) -> list[tuple[bool, float]]:
         """(success, return) of one episode of each task in ``episodes``, stepped together."""
-        envs = [self._env(slot, task) for slot, task in enumerate(episodes)]
-        obs = [self.preprocess(env.reset(), self.task_names[task]) for env, task in zip(envs, episodes)]
+        def start() -> tuple[list, list]:  # in the env thread, as every env call
+            made = [self._env(slot, task) for slot, task in enumerate(episodes)]
+            return made, [self.preprocess(env.reset(), self.task_names[task]) for env, task in zip(made, episodes)]
+
+        def step(running: list[int], actions: np.ndarray) -> list[tuple]:
+            """(next observation, or None at the episode's end; reward; info) of each running env."""
+            stepped = []
+            for row, k in enumerate(running):
+                raw, reward, terminated, truncated, info = envs[k].step(actions[row])
+                end = terminated or truncated
+                stepped.append((None if end else self.preprocess(raw, self.task_names[episodes[k]]), reward, info))
+            return stepped
+
+        envs, obs = await self._env_thread.call(start)
         success, returns = [False] * len(envs), [0.0] * len(envs)
         running = list(range(len(envs)))
         while running:
             out = await self.policy.act(torch.stack([obs[k] for k in running]), deterministic)
             versions.update(int(v) for v in out["policy_version"])
+            results = await self._env_thread.call(step, running, out["env_action"].numpy())
             still = []
-            for row, k in enumerate(running):
-                raw, reward, terminated, truncated, info = envs[k].step(out["env_action"][row].numpy())
+            for k, (next_obs, reward, info) in zip(running, results):
                 success[k] = success[k] or bool(info.get("success", False))
                 returns[k] += reward
-                if not (terminated or truncated):
-                    obs[k] = self.preprocess(raw, self.task_names[episodes[k]])
+                if next_obs is not None:
+                    obs[k] = next_obs
                     still.append(k)
             running = still
         return list(zip(success, returns))
@@ -63,6 +83,26 @@ class EvaluationWorkerActor:
             per_task[name] = {"success_rate": sum(s for s, _ in mine) / len(mine), "return": sum(r for _, r in mine) / len(mine)}
         return {"tasks": per_task, "policy_versions": sorted(versions)}
 
-    def shutdown(self) -> None:
+    async def final_evaluation(self, env_name: str, seed: int) -> Optional[dict[str, Any]]:
+        """The evaluation ``env_name`` registers for the end of a run (e.g. CompilerGym's held-out
+        programs against -Oz), with the latest weights; None if it registers none. Its report:
+        ``scalars``, ``text`` and ``files`` (written under the run's log dir by the driver)."""
+        evaluate = envs.final_evaluation_for(env_name)
+        if evaluate is None:
+            return None
+        inference, timeout = self.policy.inference, self.policy.timeout_s
+
+        def act(obs: TensorDict, deterministic: bool) -> np.ndarray:
+            wire = ray.get(inference.request.remote(to_wire(obs), deterministic), timeout=timeout)
+            return from_wire(wire)["env_action"].numpy()
+
+        # A thread: the evaluation blocks on env steps and on requests (ray.get), not the event loop.
+        return await asyncio.to_thread(evaluate, self.task_set, act, self.preprocess, seed)
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def shutdown(self) -> None:
         for pool in self.pools:
-            pool.close()
+            await self._env_thread.call(pool.close)
+        self._env_thread.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,14 +20,17 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.errors import ActorTimeoutError
-from async_rl.experience import Wire, from_wire, split_wire, to_wire
+from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
 from async_rl.runtime import configure_torch, resolve_device, use_bf16
-from async_rl.weight_sync import WeightSyncGroup, tensor_signature
+from async_rl.weight_sync import WeightSyncGroup, is_loopback, tensor_signature
 
 ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
 # Auto mode runs the forward on the event loop for CPU models up to this size (the MetaWorld MLP
 # has 0.15 M parameters, the tiny VLA 0.2 M); bigger ones, and any GPU model, get a thread.
 INLINE_FORWARD_MAX_PARAMETERS = 20_000_000
+# A batch that raises fails only its callers; this many in a row end the batching loop (and with
+# it the inference actor, so that Ray starts a fresh process).
+MAX_FAILED_BATCHES = 3
 
 
 @dataclass
@@ -40,8 +44,13 @@ class _Request:
 class BatchingServer:
     """The batching loop, independent of Ray (tested directly)."""
 
-    def __init__(self, forward: ForwardFn, batch_size: int, timeout_s: float, forward_in_thread: bool = True) -> None:
+    def __init__(self, forward: ForwardFn, batch_size: int, timeout_s: float, forward_in_thread: bool = True,
+                 max_failed_batches: int = MAX_FAILED_BATCHES,
+                 on_fatal: Optional[Callable[[BaseException], None]] = None) -> None:
+        """``on_fatal(error)`` runs if the loop ends (staged weights failed to apply, or
+        ``max_failed_batches`` batches in a row raised); the callers waiting then get an error."""
         self._forward = forward
+        self.max_failed_batches, self.on_fatal = max_failed_batches, on_fatal
         # A thread keeps the loop taking requests during a long forward; for a small model the
         # hand-off costs more than the forward itself (profiled: ~2.5x for the MetaWorld MLP).
         self.forward_in_thread = forward_in_thread
@@ -116,39 +125,56 @@ class BatchingServer:
         return sum(r.obs.batch_size[0] for r in self._pending)
 
     async def _loop(self) -> None:
+        failed = 0  # batches in a row that raised
         while True:
             batch = await self._next_batch()
-            self.apply_staged()
-            version = self.version
-            sizes = [r.obs.batch_size[0] for r in batch]
-            obs = torch.cat([r.obs for r in batch])
-            deterministic = torch.tensor([r.deterministic for r, n in zip(batch, sizes) for _ in range(n)])
-            start = time.perf_counter()
             try:
-                if self.forward_in_thread:
-                    out = await asyncio.to_thread(self._forward, obs, deterministic)
-                else:
-                    out = self._forward(obs, deterministic)
-            except Exception as exc:  # every caller of this batch gets the error
+                self.apply_staged()
+            except BaseException as exc:  # half-copied weights: serving on would be wrong, so the loop ends
+                self._fail(batch, exc)
+                raise
+            try:
+                await self._serve(batch)
+                failed = 0
+            except Exception as exc:  # e.g. observations that do not stack, a failed forward
                 traceback.print_exc()
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
-                continue
-            self._stats["batches"] += 1
-            self._stats["requests"] += sum(sizes)
-            self._stats["forward_seconds"] += time.perf_counter() - start
-            out["policy_version"] = torch.full((sum(sizes),), version, dtype=torch.int64)
-            for r, rows in zip(batch, split_wire(to_wire(out), sizes)):
-                if not r.future.done():
-                    r.future.set_result(rows)
+                self._fail(batch, exc)
+                failed += 1
+                if failed >= self.max_failed_batches:  # e.g. a sticky device error: no batch will pass
+                    raise RuntimeError(f"{failed} batches in a row failed, the last with {exc!r}") from exc
+
+    async def _serve(self, batch: list[_Request]) -> None:
+        """One forward pass for ``batch``; every caller gets its own rows."""
+        version = self.version
+        sizes = [r.obs.batch_size[0] for r in batch]
+        obs = torch.cat([r.obs for r in batch])
+        deterministic = torch.tensor([r.deterministic for r, n in zip(batch, sizes) for _ in range(n)])
+        start = time.perf_counter()
+        if self.forward_in_thread:
+            out = await asyncio.to_thread(self._forward, obs, deterministic)
+        else:
+            out = self._forward(obs, deterministic)
+        out["policy_version"] = torch.full((sum(sizes),), version, dtype=torch.int64)
+        answers = split_wire(to_wire(out), sizes)
+        self._stats["batches"] += 1
+        self._stats["requests"] += sum(sizes)
+        self._stats["forward_seconds"] += time.perf_counter() - start
+        for r, rows in zip(batch, answers, strict=True):
+            if not r.future.done():
+                r.future.set_result(rows)
+
+    @staticmethod
+    def _fail(batch: list[_Request], exc: BaseException) -> None:
+        for r in batch:
+            if not r.future.done():
+                r.future.set_exception(exc)
 
     def _on_loop_done(self, task: asyncio.Task) -> None:
         self._fatal = task.exception() if not task.cancelled() else asyncio.CancelledError()
-        for r in self._pending:
-            if not r.future.done():
-                r.future.set_exception(RuntimeError(f"inference loop stopped: {self._fatal!r}"))
+        self._fail(self._pending, RuntimeError(f"inference loop stopped: {self._fatal!r}"))
         self._pending.clear()
+        if self.on_fatal is not None and not task.cancelled():
+            self.on_fatal(self._fatal)
 
 
 @ray.remote
@@ -163,10 +189,13 @@ class InferenceActor:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         configure_torch(seed + 10_000 * (index + 1), torch_threads)
         self.name = f"inference-{index}"
-        self.device = resolve_device("cpu" if gpu_id is None else "cuda")
+        # A GPU named by hand (gpu_id) or given by Ray for this actor's num_gpus.
+        self.device = resolve_device("cuda" if gpu_id is not None or ray.get_gpu_ids() else "cpu")
         # Same dtype as the trainers' module, so the broadcast signatures match.
         dtype = torch.bfloat16 if use_bf16(precision, self.device) else torch.float32
         self.model = policy_factory().to(self.device, dtype).eval()
+        # Only what the experience record keeps leaves this actor (to_wire ships it as float32).
+        self._shipped = inference_keys(self.model.action_key, self.model.behaviour_stats)
         self._batch_size, self._timeout_s = batch_size, timeout_ms / 1000.0
         if forward_in_thread is None:
             forward_in_thread = self.device.type == "cuda" or self.num_parameters() > INLINE_FORWARD_MAX_PARAMETERS
@@ -181,12 +210,20 @@ class InferenceActor:
 
     def _forward(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
         with torch.inference_mode():
-            return self.model.act(obs.to(self.device), deterministic.to(self.device)).to("cpu")
+            return self.model.act(obs.to(self.device), deterministic.to(self.device)).select(*self._shipped).to("cpu")
 
     def _server_ready(self) -> BatchingServer:
         if self._server is None:  # created lazily: it needs the actor's running event loop
-            self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s, self.forward_in_thread)
+            self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s, self.forward_in_thread,
+                                          on_fatal=self._exit)
         return self._server
+
+    def _exit(self, error: BaseException) -> None:
+        """The batching loop ended: end the process rather than stay alive serving nothing; Ray
+        restarts the actor (``max_restarts``) and the driver rejoins it to the weight sync."""
+        print(f"{self.name}: the batching loop stopped ({error!r}); exiting so that Ray restarts this actor",
+              file=sys.stderr, flush=True)
+        os._exit(1)
 
     def _weights_event(self) -> asyncio.Event:
         if self._has_weights is None:
@@ -225,7 +262,8 @@ class InferenceActor:
         if self._sync is not None:  # rebuilding the group after a member failed
             self._sync.close()
         self._sync = await asyncio.to_thread(
-            WeightSyncGroup, rank, world_size, addr, port, timeout_s=timeout_s, member_names=member_names
+            WeightSyncGroup, rank, world_size, addr, port, timeout_s=timeout_s, member_names=member_names,
+            local_addr=None if is_loopback(addr) else ray.util.get_node_ip_address(), device=self.device,
         )
 
     async def receive_weights(self, version: int) -> int:

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.checkpoint import load_tensordict, save_tensordict
+from async_rl.checkpoint import complete_checkpoints, load_tensordict, save_tensordict
 from async_rl.experience import policy_versions
 
 
@@ -116,12 +118,40 @@ class ReplayStorage:
         self._generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 
 
+def _restarted() -> bool:
+    """Whether Ray restarted this actor (the property reads a deprecated attribute of Ray's own)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
 @ray.remote
 class ReplayBufferActor:
     """Remote face of ReplayStorage; Ray runs one call at a time, so no locking is needed."""
 
-    def __init__(self, capacity: int, seed: int = 0) -> None:
+    def __init__(self, capacity: int, seed: int = 0, checkpoint_root: Optional[str] = None) -> None:
         self._store = ReplayStorage(capacity, seed)
+        self._restored_from: Optional[str] = None
+        # Restarted by Ray after a crash: continue from the newest complete checkpoint's items.
+        if checkpoint_root is not None and _restarted():
+            found = complete_checkpoints(Path(checkpoint_root))
+            if found:
+                self._store.load(found[-1] / "replay.safetensors")
+                self._restored_from = str(found[-1])
+        # What the restore brought back (the supervisor counts the difference as lost).
+        self._restored = {"restored_items": self._store.size(), "restored_added": self._store.counters["added"]}
+
+    def restored_from(self) -> Optional[str]:
+        """The checkpoint this buffer reloaded after a restart (None: first start, or none existed)."""
+        return self._restored_from
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def status(self) -> dict[str, Any]:
+        """Process id, the checkpoint reloaded after a restart, and the counters (one call)."""
+        return {"pid": os.getpid(), "restored_from": self._restored_from,
+                "counters": {**self.counters(), **(self._restored if self._restored_from else {})}}
 
     def add_batch(self, batch: TensorDict) -> int:
         return self._store.add_batch(batch)

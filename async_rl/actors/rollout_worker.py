@@ -1,26 +1,29 @@
 """RolloutWorkerActor: an environment and its preprocessing, never model weights.
 
-Loop: preprocess obs -> await the inference actor -> step the env -> keep the step locally.
-With GAE the worker computes advantages and value targets itself (bootstrap 0 on a terminal
-step, the next step's value on a buffer cut) and pushes finished pieces to the replay buffer;
-with V-trace it pushes fixed-length segments for the trainer to correct off-policy.
+Loop: preprocess obs -> await the inference actor -> step the env -> hand the step record to the
+advantage estimator's segmenter, which returns replay items to push: GAE pieces with advantages
+and value targets computed here, or fixed-length segments that the trainer corrects (V-trace).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.experience import GaeSegmenter, VtraceSegmenter, from_wire, step_record, to_wire
+from async_rl.algo import advantage_estimator
+from async_rl.experience import env_steps, from_wire, step_record, to_wire
+from async_rl.actors.peers import peer
 from async_rl.runtime import configure_torch, wait_for
 
 
@@ -66,6 +69,28 @@ class EnvPool:
         self._envs.clear()
 
 
+class EnvThread:
+    """The one thread that makes, resets, steps and closes an actor's environments (and runs the
+    preprocessing): off the event loop, so health pings and weight-sync calls are answered during
+    a slow step, and always the same thread, since MuJoCo/EGL render contexts belong to the thread
+    that made them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=self.name)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        """End the thread once its last call returned (the envs it made must be closed first)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+
 class PolicyClient:
     """A worker's view of its inference actor: one awaited request with a timeout."""
 
@@ -105,27 +130,36 @@ class _EnvSlot:
     started: float = 0.0
 
 
+class WorkerPeers(NamedTuple):
+    """Names of the actors a rollout worker talks to (see async_rl/actors/peers.py: a restartable
+    actor finds its peers by name)."""
+
+    task_set: str  # a SharedValue holding the task set
+    inference: str
+    replay: str
+    stats: str
+
+
 @ray.remote
 class RolloutWorkerActor:
     """Steps ``envs_per_worker`` environments in lock-step; one inference request per step of all."""
 
-    def __init__(self, index: int, task_set: Any, preprocessor_factory: Callable[[], Any], inference: Any,
-                 inference_name: str, replay: Any, stats: Any, cfg: Any) -> None:
+    def __init__(self, index: int, peers: WorkerPeers, preprocessor_factory: Callable[[], Any], cfg: Any) -> None:
         configure_torch(cfg.seed + 1000 * (index + 1), 1)
-        self.index, self.cfg = index, cfg
+        inference, inference_name = peer(peers.inference), peers.inference.rsplit(":", 1)[-1]
+        replay, stats = peer(peers.replay), peer(peers.stats)
+        self.index, self.cfg, self._task_set_holder = index, cfg, peer(peers.task_set)
         self.preprocess = preprocessor_factory()
-        self.task_names = list(task_set.task_names)
-        self.sampler = FailureWeightedTaskSampler(len(self.task_names), cfg.task_failure_window,
-                                                  np.random.default_rng(cfg.seed + index))
-        self.slots = [
-            _EnvSlot(EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1) + 7_777 * k), self._segmenter())
-            for k in range(cfg.envs_per_worker)
-        ]
+        self.estimator = advantage_estimator(cfg.advantage)  # what a pushed item is (steps or segments)
+        self.task_names: list[str] = []
+        self.slots: list[_EnvSlot] = []  # made by run(), once the task set has arrived
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
         self.replay, self.stats = replay, stats
         self._stopped = False
         self._push_ref: Optional[ray.ObjectRef] = None
+        self._push_batch: Optional[TensorDict] = None  # what _push_ref carries (pushed again if the buffer died)
         self.env_steps = 0
+        self._env_thread = EnvThread(f"worker-{index}-env")
         self._resume = asyncio.Event()  # cleared by pause() (synchronous mode)
         self._resume.set()
         self._paused = asyncio.Event()  # set while the loop waits at a step boundary
@@ -154,23 +188,34 @@ class RolloutWorkerActor:
         return os.getpid()
 
     def _segmenter(self) -> Any:
-        cfg = self.cfg
-        if cfg.advantage == "vtrace":
-            return VtraceSegmenter(cfg.rollout_local_buf)
-        return GaeSegmenter(cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+        return self.estimator.segmenter(self.cfg)
 
     def _start_episode(self, slot: _EnvSlot) -> None:
-        slot.task = self.sampler.sample()
-        slot.env = slot.envs.get(slot.task)
-        slot.obs = self.preprocess(slot.env.reset(), self.task_names[slot.task])
+        """Pick the slot's next task; ``_reset_envs`` makes / resets its env before the next step."""
+        slot.task, slot.env, slot.obs = self.sampler.sample(), None, None
         slot.episode_return, slot.episode_length, slot.success, slot.started = 0.0, 0, False, time.monotonic()
+
+    def _reset_in_thread(self, slots: list[_EnvSlot]) -> None:
+        for slot in slots:
+            slot.env = slot.envs.get(slot.task)
+            slot.obs = self.preprocess(slot.env.reset(), self.task_names[slot.task])
+
+    async def _reset_envs(self) -> None:
+        """Start the episodes ``_start_episode`` picked (in the env thread)."""
+        starting = [slot for slot in self.slots if slot.obs is None]
+        if starting:
+            await self._env_thread.call(self._reset_in_thread, starting)
+
+    def _step_in_thread(self, env_actions: np.ndarray) -> tuple[list[tuple], list[TensorDict]]:
+        results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
+        return results, [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
 
     def _end_episode(self, slot: _EnvSlot) -> None:
         self.sampler.record(slot.task, slot.success)
         self.stats.record_episode.remote(self.task_names[slot.task], slot.episode_return, slot.episode_length,
                                          slot.success, time.monotonic() - slot.started)
-        self._start_episode(slot)
         self._report_env_counters(slot.env)
+        self._start_episode(slot)
 
     def _report_env_counters(self, env: Any) -> None:
         """Send what the env counted since the last report (envs with a ``counters()`` method:
@@ -196,19 +241,45 @@ class RolloutWorkerActor:
 
     async def _push(self, batch: TensorDict) -> None:
         # At most one push in flight: bounds memory and surfaces replay errors here.
-        if self._push_ref is not None:
-            await wait_for(self._push_ref, self.cfg.actor_timeout_s, "replay buffer", "add_batch")
-        self._push_ref = self.replay.add_batch.remote(batch)
+        await self._settle_push()
+        self._push_ref, self._push_batch = self.replay.add_batch.remote(batch), batch
+
+    async def _settle_push(self) -> None:
+        """Wait for the push in flight. If the buffer died meanwhile, Ray restarts it from the last
+        checkpoint, which lacks this batch: push it again (for at most ``actor_timeout_s``)."""
+        deadline = time.monotonic() + self.cfg.actor_timeout_s
+        while self._push_ref is not None:
+            try:
+                await wait_for(self._push_ref, max(deadline - time.monotonic(), 0.001), "replay buffer", "add_batch")
+                self._push_ref = self._push_batch = None
+            except ray.exceptions.RayActorError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.5)
+                self._push_ref = self.replay.add_batch.remote(self._push_batch)
 
     async def _push_and_count(self, batch: TensorDict) -> None:
-        """Push to the replay buffer and count its env steps (GAE rows, or V-trace segment steps)."""
+        """Push to the replay buffer and count its env steps (step records, or the steps of segments)."""
         await self._push(batch)
-        self.stats.record_steps.remote(f"worker-{self.index}", batch.numel() if "steps" not in batch.keys()
-                                       else batch["steps"].numel())
+        self.stats.record_steps.remote(f"worker-{self.index}", env_steps(batch))
+
+    async def _make_slots(self) -> None:
+        """The task set (awaited: the constructor of an async actor must not block on it) and the envs."""
+        cfg, index = self.cfg, self.index
+        task_set = await wait_for(self._task_set_holder.get.remote(), cfg.actor_timeout_s, "task-set holder", "get")
+        self.task_names = list(task_set.task_names)
+        self.sampler = FailureWeightedTaskSampler(len(self.task_names), cfg.task_failure_window,
+                                                  np.random.default_rng(cfg.seed + index))
+        self.slots = [
+            _EnvSlot(EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1) + 7_777 * k), self._segmenter())
+            for k in range(cfg.envs_per_worker)
+        ]
 
     async def run(self) -> int:
         """Collect until ``stop``; returns the number of env steps taken."""
         cfg = self.cfg
+        if not self.slots:
+            await self._make_slots()
         for slot in self.slots:
             self._start_episode(slot)
         while not self._stopped:
@@ -217,17 +288,16 @@ class RolloutWorkerActor:
                 pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
                 if pieces:
                     await self._push_and_count(torch.cat(pieces))
-                if self._push_ref is not None:
-                    await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
+                await self._settle_push()
                 self._paused.set()
                 await self._resume.wait()
                 self._paused.clear()
                 continue
+            await self._reset_envs()
             out = await self.policy.act(torch.stack([slot.obs for slot in self.slots]))
             env_actions = out["env_action"].numpy()
-            results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
+            results, next_obs = await self._env_thread.call(self._step_in_thread, env_actions)
             # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
-            next_obs = [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
             broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and is_finite_obs(next_obs[k]))}
             # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
             cut = [k for k, r in enumerate(results) if r[3] and not r[2] and k not in broken]
@@ -242,7 +312,7 @@ class RolloutWorkerActor:
                     continue
                 done = terminated or truncated
                 learn_reward = reward * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
-                piece = slot.segmenter.add(step_record(slot.obs, out[k], learn_reward, done, slot.task), next_obs[k])
+                piece = slot.segmenter.add(step_record(slot.obs, out[k], learn_reward, done), next_obs[k])
                 if piece is not None:
                     pieces.append(piece)
                 slot.episode_return += reward
@@ -258,8 +328,8 @@ class RolloutWorkerActor:
             if self._pause_at is not None and self.env_steps >= self._pause_at:
                 self._pause_at = None
                 self._resume.clear()
-        if self._push_ref is not None:
-            await wait_for(self._push_ref, cfg.actor_timeout_s, "replay buffer", "add_batch")
+        await self._settle_push()
         for slot in self.slots:
-            slot.envs.close()
+            await self._env_thread.call(slot.envs.close)
+        self._env_thread.close()
         return self.env_steps

@@ -1,39 +1,40 @@
 """TrainerActor: one data-parallel rank under DeepSpeed ZeRO-2.
 
 A background coroutine prefetches the next super-batch from the replay buffer while the
-current one trains (double buffering); the epoch itself runs in a thread so the actor's event
-loop keeps serving the prefetch and the weight broadcast.
+current one trains (``prefetch_batches``, default 1); the epoch itself runs in a thread so the
+actor's event loop keeps serving the prefetch and the weight broadcast.
 """
 from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.algo import (
-    compute_policy_loss,
-    distributed_normalize,
-    kl_penalty,
-    ratio_guard,
-    resolve_policy_loss_params,
-    value_loss,
-    vtrace,
-)
+from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator
 from async_rl import checkpoint as ckpt
-from async_rl.errors import ActorTimeoutError
+from async_rl.actors.prefetch import Prefetcher, poll, sample_once
 from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
 from async_rl.policies.lora import apply_lora
-from async_rl.runtime import configure_torch, resolve_device, use_bf16, wait_for
-from async_rl.weight_sync import WeightSyncGroup, host_loopback_store, is_loopback, tensor_signature
+from async_rl.runtime import configure_torch, resolve_device, use_bf16
+from async_rl.weight_sync import (
+    WeightSyncGroup,
+    connect_store,
+    find_free_port,
+    host_store,
+    interface_of,
+    is_loopback,
+    tensor_signature,
+)
 
 
 def warmup_cosine(warmup: int, decay_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -65,38 +66,62 @@ def deepspeed_config(cfg: Any, bf16: bool) -> dict:
 
 @ray.remote
 class TrainerActor:
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: Any,
+    def __init__(self, rank: int, world_size: int, master_addr: Optional[str], master_port: Optional[int], cfg: Any,
                  policy_factory: Callable[[], torch.nn.Module], replay: Any, gpu_id: Optional[int] = None) -> None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        """``master_addr``/``master_port`` may be None and given to ``setup`` instead (rank 0's
+        ``rendezvous_endpoint`` chooses them on its node). ``gpu_id`` pins a GPU by hand (explicit
+        ids); None keeps the CUDA_VISIBLE_DEVICES Ray gave this actor for its ``num_gpus``."""
+        # LOCAL_RANK 0: every rank sees only its own GPU(s) as cuda:0.
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        self._set_master(master_addr, master_port)
         if gpu_id is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         configure_torch(cfg.seed + rank, cfg.torch_threads)
         self.rank, self.world_size, self.cfg = rank, world_size, cfg
         self.name = f"trainer-{rank}"
         self.policy_factory, self.replay = policy_factory, replay
-        self.loss_params = resolve_policy_loss_params(cfg.clip_mode, cfg.clip_params)
+        self.objective = Objective.from_config(cfg)  # clip params resolved here, once
+        self.estimator = advantage_estimator(cfg.advantage)
+        self.skipped_minibatches = 0  # this rank's minibatches left out (ratio guard, non-finite loss)
+        self._window_useful = 0  # minibatches of the current accumulation window that this rank used
         self.engine = None
-        self._ready: Optional[asyncio.Queue] = None
-        self._prefetch: Optional[asyncio.Task] = None
+        self._prefetch: Optional[Prefetcher] = None  # created on the actor's event loop
         self._sync: Optional[WeightSyncGroup] = None
         self.global_step = 0
         self.skipped_updates = 0
         self.next_version = 0  # the policy version the next train_epoch will be called with
         self._restored: list[TensorDict] = []  # super-batches from a checkpoint, trained on first
-        self._held: Optional[TensorDict] = None  # sampled, waiting for room in the prefetch queue
-        self._fetching: Optional[asyncio.Lock] = None  # held while a sample is in flight
 
     # ---- set-up -------------------------------------------------------------------------
-    def setup(self) -> dict[str, int]:
-        """Initialise torch.distributed (training group) and the DeepSpeed engine."""
+    @staticmethod
+    def _set_master(addr: Optional[str], port: Optional[int]) -> None:
+        if addr is not None and port is not None:
+            os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
+
+    def rendezvous_endpoint(self, loopback: bool) -> tuple[str, int]:
+        """(address, port) for a store this actor will host: 127.0.0.1 for a run on one host,
+        else this node's IP as Ray knows it; the port is free on that address of this node."""
+        addr = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        return addr, find_free_port(addr)
+
+    def where(self) -> dict[str, Any]:
+        """Node, process and devices of this rank (placement checks and error messages)."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def setup(self, master_addr: Optional[str] = None, master_port: Optional[int] = None) -> dict[str, int]:
+        """Initialise torch.distributed (training group) and the DeepSpeed engine; the master
+        address/port (rank 0's, from its ``rendezvous_endpoint``) if not given at construction."""
         import deepspeed  # heavy; only trainers need it
 
+        self._set_master(master_addr, master_port)
+        if "MASTER_ADDR" not in os.environ:
+            raise ValueError(f"{self.name}: no training-group master address; pass rank 0's rendezvous_endpoint()")
         device = resolve_device(self.cfg.device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        if backend == "gloo" and is_loopback(os.environ["MASTER_ADDR"]):
-            self._init_loopback_training_group()
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts a group made above
+        self._init_training_group(backend)
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group made above
         bf16 = use_bf16(self.cfg.precision, device)
         model = self.policy_factory()
         if self.cfg.lora_rank > 0:
@@ -118,17 +143,25 @@ class TrainerActor:
         self.device = self.engine.device
         return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
 
-    def _init_loopback_training_group(self) -> None:
-        """Every rank on this host: the training group's store and gloo pairs listen on loopback only
-        (torch's defaults listen on every interface)."""
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    def _init_training_group(self, backend: str) -> None:
+        """The training group on rank 0's store at MASTER_ADDR:MASTER_PORT. The store listens on that
+        address only and gloo's pairs on this node's own (loopback on one host, the node IP Ray
+        reports on a cluster); torch's defaults listen on every interface and resolve the
+        hostname, which another node may not reach. Waits at most ``collective_timeout_s``."""
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_s)
+        local = addr if is_loopback(addr) else ray.util.get_node_ip_address()
+        if is_loopback(addr):
+            os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        else:  # a user's choice of interface on a cluster wins
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(local))
+        timeout_s = self.cfg.collective_timeout_s
+        timeout = datetime.timedelta(seconds=timeout_s)
         if self.rank == 0:
-            store = host_loopback_store(addr, port, self.world_size, timeout)
+            store = host_store(addr, port, self.world_size, timeout)
         else:
-            store = torch.distributed.TCPStore(addr, port, self.world_size, False, timeout)
-        torch.distributed.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size,
+            store = connect_store(addr, port, self.world_size, timeout_s, self.name,
+                                  f"trainer-0 (training-group master; this rank is on {local})")
+        torch.distributed.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
                                              timeout=timeout)
 
     # ---- data ---------------------------------------------------------------------------
@@ -137,44 +170,28 @@ class TrainerActor:
         lag = self.cfg.max_policy_lag
         return None if lag is None else self.next_version - lag
 
+    def _ask(self, n: Optional[int] = None) -> Awaitable[Optional[TensorDict]]:
+        """One ask of the replay buffer for a super-batch (or ``n`` items): None while it holds too few."""
+        cfg = self.cfg
+        return sample_once(self.replay, n or cfg.super_batch_size, cfg.replay_sampling == "consume", self._min_version(),
+                           cfg.actor_timeout_s, self.name)
+
     async def _sample(self, n: Optional[int] = None) -> TensorDict:
-        """A super-batch (or ``n`` items) from the replay buffer, polling while it holds too little."""
-        while True:
-            batch = await wait_for(self.replay.sample.remote(n or self.cfg.super_batch_size, self.cfg.replay_sampling == "consume",
-                                                             self._min_version()),
-                                   self.cfg.actor_timeout_s, "replay buffer", f"sample for {self.name}")
-            if batch is not None:
-                return batch
-            await asyncio.sleep(0.2)
+        """A super-batch (or ``n`` items), polling while the buffer holds too little; ActorTimeoutError
+        naming the buffer after ``actor_timeout_s``."""
+        n = n or self.cfg.super_batch_size
+        return await poll(functools.partial(self._ask, n), n, self.cfg.actor_timeout_s, self.name)
 
-    def _lock(self) -> asyncio.Lock:
-        if self._fetching is None:  # created on the actor's event loop
-            self._fetching = asyncio.Lock()
-        return self._fetching
-
-    async def _prefetch_loop(self) -> None:
-        while True:
-            async with self._lock():  # a checkpoint waits for a sample in flight to land
-                self._held = await self._sample()
-            await self._ready.put(self._held)  # put blocks while the previous one is unconsumed
-            self._held = None
+    def _prefetcher(self) -> Prefetcher:
+        if self._prefetch is None:  # needs the actor's running event loop
+            depth = 0 if self.cfg.sync else self.cfg.prefetch_batches  # sync: what was collected after the broadcast
+            self._prefetch = Prefetcher(self._ask, self.cfg.super_batch_size, depth, self.cfg.actor_timeout_s, self.name)
+        return self._prefetch
 
     async def _next_super_batch(self) -> TensorDict:
         if self._restored:
             return self._restored.pop(0)
-        if self.cfg.sync:  # no prefetch: train on what was collected after the last broadcast
-            return await asyncio.wait_for(self._sample(), self.cfg.actor_timeout_s)
-        if self._ready is None:
-            self._ready = asyncio.Queue(maxsize=1)
-            self._prefetch = asyncio.get_running_loop().create_task(self._prefetch_loop())
-        get = asyncio.ensure_future(self._ready.get())
-        done, _ = await asyncio.wait([get, self._prefetch], timeout=self.cfg.actor_timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        if get not in done:
-            get.cancel()
-            if self._prefetch.done():
-                raise self._prefetch.exception()
-            raise ActorTimeoutError(f"{self.name}: no super-batch from the replay buffer within {self.cfg.actor_timeout_s:g} s")
-        return get.result()
+        return await self._prefetcher().next()
 
     async def _drop_stale(self, batch: TensorDict) -> TensorDict:
         """A prefetched batch may have aged past ``max_policy_lag`` while it waited: replace
@@ -202,21 +219,16 @@ class TrainerActor:
     def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, float]:
         start = time.perf_counter()
         lag = (policy_version - policy_versions(batch)).float()
-        batch = batch.to(self.device)
+        batch = self.estimator.prepare(batch.to(self.device), self.cfg)
+        module = self.engine.module
+        model = TrainModel(evaluate=self.engine, value=module.value, action_key=module.action_key)
         mb = self.cfg.train_batch_size
         rows = []
+        self._window_useful = 0
         for _ in range(self.cfg.updates_per_epoch):
             order = torch.randperm(batch.batch_size[0], device=self.device)
-            if self.cfg.advantage == "gae":
-                adv_all = batch["advantage"]
-                if self.cfg.normalize_advantages:
-                    adv_all = distributed_normalize(adv_all)
             for i in range(0, len(order), mb):
-                idx = order[i : i + mb]
-                if self.cfg.advantage == "gae":
-                    rows.append(self._gae_step(batch[idx], adv_all[idx]))
-                else:
-                    rows.append(self._vtrace_step(batch[idx]))
+                rows.append(self._loss_and_step(self.estimator.loss_inputs(batch[order[i : i + mb]], model, self.cfg)))
         metrics = mean_metrics(rows)
         self.skipped_updates = self.engine.skipped_steps
         metrics.update({
@@ -227,58 +239,56 @@ class TrainerActor:
             "lr_value": self.scheduler.get_last_lr()[1],
             "global_step": self.global_step,
             "skipped_updates": self.skipped_updates,
+            "skipped_minibatches": self.skipped_minibatches,
             "epoch_seconds": time.perf_counter() - start,
         })
         return metrics
 
-    def _loss_and_step(self, logp, logp_old, entropy, value, value_old, value_target, adv) -> dict[str, float]:
-        cfg = self.cfg
-        policy_loss, metrics = compute_policy_loss(cfg.clip_mode, logp, logp_old, adv.unsqueeze(-1), params=self.loss_params)
-        v_loss = value_loss(value, value_old, value_target, cfg.value_clip_eps)
-        entropy_mean = entropy.sum(-1).mean()
-        loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * entropy_mean
-        if cfg.kl_coef > 0:
-            loss = loss + cfg.kl_coef * kl_penalty(logp, logp_old.detach(), "k3").mean()
-        loss, guarded = ratio_guard(loss, metrics["ratio_mean"], cfg.ratio_threshold)
+    def _loss_and_step(self, inputs: LossInputs) -> dict[str, float]:
+        """Backward and step one minibatch. ZeRO-2's backward and step hold collectives, so every rank
+        makes the same calls: a skipped minibatch backs a stand-in loss whose gradient is 0 (this
+        rank adds nothing to the update), and at the end of an accumulation window that no rank
+        used, NaN, so that DeepSpeed's overflow check skips the optimiser step on every rank (no
+        weight decay, no momentum step, no scheduler step; counted in skipped_updates)."""
+        out = self.objective(inputs)
+        self._window_useful += out.skip is None
+        step_wanted = True
+        if self.engine.is_gradient_accumulation_boundary():
+            step_wanted = self._any_rank(self._window_useful > 0)
+            self._window_useful = 0
+        loss = out.loss
+        if out.skip is not None:
+            self.skipped_minibatches += 1
+            loss = self._stand_in_loss(0.0 if step_wanted else float("nan"))
         self.engine.backward(loss)
         self.engine.step()
         self.global_step = self.engine.global_steps
-        metrics.update(policy_loss=policy_loss.item(), value_loss=v_loss.item(), entropy=entropy_mean.item(),
-                       loss=loss.item(), ratio_guard_skipped=float(guarded))
-        return metrics
+        return out.terms
 
-    def _gae_step(self, mb: TensorDict, adv: torch.Tensor) -> dict[str, float]:
-        logp, entropy, value = self.engine(mb["obs"], mb[self.engine.module.action_key])
-        return self._loss_and_step(logp, mb["logp"], entropy, value, mb["value"], mb["value_target"], adv)
+    def _stand_in_loss(self, grad: float) -> torch.Tensor:
+        """A loss whose gradient is ``grad`` for every trainable parameter."""
+        return sum((p * grad).sum() for p in self.engine.module.parameters() if p.requires_grad)
 
-    def _vtrace_step(self, mb: TensorDict) -> dict[str, float]:
-        cfg, steps = self.cfg, mb["steps"]
-        b, t = steps.batch_size
-        flat = steps.reshape(b * t)
-        logp, entropy, value = self.engine(flat["obs"], flat[self.engine.module.action_key])
-        with torch.no_grad():
-            bootstrap = self.engine.module.value(mb["bootstrap_obs"])
-        time_major = lambda x: x.reshape(b, t).transpose(0, 1)  # noqa: E731
-        log_rhos = time_major((logp.detach() - flat["logp"]).sum(-1))
-        discounts = cfg.gamma * (1.0 - time_major(flat["done"].to(value.dtype)))
-        vs, pg_adv = vtrace(log_rhos, discounts, time_major(flat["reward"]), time_major(value.detach()), bootstrap,
-                            cfg.vtrace_clip_rho, cfg.vtrace_clip_c, cfg.vtrace_clip_pg_rho)
-        flat_major = lambda x: x.transpose(0, 1).reshape(b * t)  # noqa: E731
-        adv = flat_major(pg_adv)
-        if cfg.normalize_advantages:
-            adv = distributed_normalize(adv)
-        return self._loss_and_step(logp, flat["logp"], entropy, value, flat["value"], flat_major(vs), adv)
+    def _any_rank(self, flag: bool) -> bool:
+        """``flag`` OR-ed over the training group (one small all-reduce)."""
+        t = torch.tensor([float(flag)], device=self.device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
 
     # ---- weights ------------------------------------------------------------------------
     def weight_signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         return tensor_signature(self.engine.module.inference_tensors())
 
-    async def join_weight_sync(self, world_size: int, addr: str, port: int, timeout_s: float, member_names: list[str]) -> None:
+    async def join_weight_sync(self, world_size: int, addr: str, port: int, timeout_s: float, member_names: list[str]) -> str:
+        """Form the weight-sync group as its rank 0; returns the transport chosen and why (for the log)."""
         if self._sync is not None:  # rebuilding the group after a member failed
             self._sync.close()
         self._sync = await asyncio.to_thread(
-            WeightSyncGroup, 0, world_size, addr, port, timeout_s=timeout_s, member_names=member_names
+            WeightSyncGroup, 0, world_size, addr, port, timeout_s=timeout_s, member_names=member_names,
+            local_addr=None if is_loopback(addr) else ray.util.get_node_ip_address(), device=self.device,
         )
+        return self._sync.transport
 
     async def broadcast_weights(self) -> float:
         """Rank 0 sends the inference tensors to every inference actor; returns seconds taken."""
@@ -291,24 +301,19 @@ class TrainerActor:
     async def hold_prefetch(self) -> int:
         """Freeze the prefetch (a sample in flight lands first) until ``save_checkpoint``;
         returns how many fetched super-batches wait untrained."""
-        try:  # the prefetch holds the lock while it waits for a short buffer to fill
-            await asyncio.wait_for(self._lock().acquire(), self.cfg.actor_timeout_s)
-        except asyncio.TimeoutError:
-            raise ActorTimeoutError(f"{self.name}: the prefetch did not let go within actor_timeout_s="
-                               f"{self.cfg.actor_timeout_s:g} s (replay buffer short of a super-batch?)") from None
+        await self._prefetcher().hold()
         return len(self._pending())
 
     def _pending(self) -> list[TensorDict]:
-        queued = list(self._ready._queue) if self._ready is not None else []  # noqa: SLF001 (a snapshot, not a get)
-        return [*self._restored, *queued, *([self._held] if self._held is not None else [])]
+        return [*self._restored, *(self._prefetch.pending() if self._prefetch is not None else [])]
 
     async def save_checkpoint(self, directory: str) -> None:
         """Write this rank's part of a checkpoint (rank 0 also the weights); releases the hold."""
         try:
             await asyncio.to_thread(self._write_checkpoint, Path(directory))
         finally:
-            if self._fetching is not None and self._fetching.locked():
-                self._fetching.release()
+            if self._prefetch is not None:
+                self._prefetch.release()
 
     def _write_checkpoint(self, directory: Path) -> None:
         zero = self.engine.optimizer
@@ -352,14 +357,15 @@ class TrainerActor:
         return os.getpid()
 
     def status(self) -> dict[str, int]:
-        return {"rank": self.rank, "global_step": self.global_step, "skipped_updates": self.skipped_updates}
+        return {"rank": self.rank, "global_step": self.global_step, "skipped_updates": self.skipped_updates,
+                "skipped_minibatches": self.skipped_minibatches}
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.engine.module.inference_tensors()}
 
     def shutdown(self) -> None:
         if self._prefetch is not None:
-            self._prefetch.cancel()
+            self._prefetch.close()
         if self._sync is not None:
             self._sync.close()
         if torch.distributed.is_initialized():

@@ -1,5 +1,12 @@
 """The maths of the system: policy losses, advantage estimators and loss pieces."""
 from async_rl.algo.advantages import gae, grpo_advantages, rloo_advantages, vtrace
+from async_rl.algo.estimators import (
+    ESTIMATORS,
+    AdvantageEstimator,
+    TrainModel,
+    advantage_estimator,
+    check_advantage,
+)
 from async_rl.algo.functional import (
     categorical_entropy,
     distributed_normalize,
@@ -13,6 +20,7 @@ from async_rl.algo.functional import (
 )
 from async_rl.algo.losses import (
     LossTerms,
+    PolicyLoss,
     PolicyLossParams,
     compute_policy_loss,
     load_clip_config,
@@ -20,11 +28,21 @@ from async_rl.algo.losses import (
     register_policy_loss,
     resolve_policy_loss_params,
 )
+from async_rl.algo.objective import LossInputs, Objective, ObjectiveOut
 
 __all__ = [
+    "ESTIMATORS",
+    "AdvantageEstimator",
+    "LossInputs",
     "LossTerms",
+    "Objective",
+    "ObjectiveOut",
+    "PolicyLoss",
     "PolicyLossParams",
+    "TrainModel",
+    "advantage_estimator",
     "categorical_entropy",
+    "check_advantage",
     "compute_policy_loss",
     "distributed_normalize",
     "gae",

@@ -53,8 +53,11 @@ def categorical_entropy(logits: Tensor) -> Tensor:
 
 
 def tanh_gaussian_log_prob(mu: Tensor, log_std: Tensor, action: Tensor, eps: float = 1e-6) -> Tensor:
-    """Per-dimension log-density of ``action = tanh(u)``, ``u ~ N(mu, exp(log_std))``."""
-    action = action.clamp(-1.0 + eps, 1.0 - eps)
+    """Per-dimension log-density of ``action = tanh(u)``, ``u ~ N(mu, exp(log_std))``; at least float32."""
+    # In bf16, 1 - eps rounds to 1 and atanh(1) is inf: clamp and compute in (at least) float32.
+    dtype = torch.promote_types(torch.promote_types(mu.dtype, log_std.dtype), torch.float32)
+    mu, log_std = mu.to(dtype), log_std.to(dtype)
+    action = action.to(dtype).clamp(-1.0 + eps, 1.0 - eps)
     pre_tanh = torch.atanh(action)
     normal_logp = -0.5 * ((pre_tanh - mu) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2.0 * math.pi)
     # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)): exact, unlike log1p(-a^2 + eps).
@@ -86,11 +89,12 @@ def kl_penalty(logp: Tensor, logp_ref: Tensor, kind: str = "k3") -> Tensor:
     raise ValueError(f"unknown KL estimator '{kind}'; valid: k1, k3")
 
 
-def ratio_guard(loss: Tensor, ratio_mean: float, threshold: Optional[float]) -> tuple[Tensor, bool]:
-    """Zero the loss of an update whose mean ratio exceeds ``threshold``; returns (loss, skipped)."""
-    if threshold is not None and ratio_mean > threshold:
-        return loss * 0.0, True
-    return loss, False
+def ratio_guard(ratio_mean: float, threshold: Optional[float]) -> bool:
+    """Whether an update whose mean ratio is ``ratio_mean`` is skipped (above ``threshold``; None: never).
+
+    A skipped update must not reach the optimiser at all: a zeroed loss still steps it (AdamW's
+    decoupled weight decay and its momentum move the weights)."""
+    return threshold is not None and ratio_mean > threshold
 
 
 @torch.no_grad()
@@ -100,12 +104,13 @@ def distributed_normalize(
     group: Optional["dist.ProcessGroup"] = None,
     eps: float = 1e-8,
 ) -> Tensor:
-    """Whiten ``x`` with mean and std over every rank's valid elements.
+    """Whiten ``x`` with mean and std over every rank's valid, finite elements.
 
     All-reduces (sum, sum of squares, count); with torch.distributed not initialised it is
-    the local whitening.
+    the local whitening. A non-finite element stays non-finite but does not poison the others
+    (nor, through the all-reduce, the other ranks): only its own minibatch is then skipped.
     """
-    valid = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.bool()
+    valid = torch.isfinite(x) if mask is None else mask.bool() & torch.isfinite(x)
     x64 = torch.where(valid, x.to(torch.float64), 0.0)
     totals = torch.stack([x64.sum(), (x64**2).sum(), valid.sum().to(torch.float64)])
     if dist.is_available() and dist.is_initialized():

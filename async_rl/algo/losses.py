@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from async_rl.errors import ConfigError
+from async_rl.registry import Registry
 from async_rl.validation import validate_model
 
 Tensor = torch.Tensor
@@ -86,7 +87,7 @@ class _ModeSpec:
     dual_clip: bool
 
 
-_REGISTRY: dict[str, _ModeSpec] = {}
+_REGISTRY: Registry[_ModeSpec] = Registry("clip mode")  # modes and aliases
 _CANONICAL: dict[str, str] = {}  # every name (mode or alias) -> canonical mode
 
 
@@ -105,9 +106,7 @@ def register_policy_loss(
 
     def wrap(fn: LossFn) -> LossFn:
         for mode_name, fixed in {name: {}, **alias_map}.items():
-            if mode_name in _REGISTRY:
-                raise ValueError(f"policy loss '{mode_name}' is registered twice")
-            _REGISTRY[mode_name] = _ModeSpec(fn=fn, fixed=fixed, dual_clip=dual_clip)
+            _REGISTRY.add(mode_name, _ModeSpec(fn=fn, fixed=fixed, dual_clip=dual_clip))  # twice: ValueError
             _CANONICAL[mode_name] = name
         return fn
 
@@ -116,16 +115,13 @@ def register_policy_loss(
 
 def policy_loss_modes() -> list[str]:
     """Every valid ``clip_mode`` (modes and aliases)."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def _mode_spec(clip_mode: str) -> _ModeSpec:
-    try:
-        return _REGISTRY[clip_mode]
-    except KeyError:
-        raise ConfigError(
-            f"unknown clip mode '{clip_mode}'; valid modes and aliases: {', '.join(policy_loss_modes())}"
-        ) from None
+    if clip_mode not in _REGISTRY:  # all names listed: there are more than unknown_key_message lists
+        raise ConfigError(f"unknown clip mode '{clip_mode}'; valid modes and aliases: {', '.join(policy_loss_modes())}")
+    return _REGISTRY.get(clip_mode)
 
 
 def resolve_policy_loss_params(
@@ -151,7 +147,7 @@ def resolve_policy_loss_params(
             raise
         raise ConfigError(f"{exc}; valid keys: {', '.join(PolicyLossParams.model_fields)}") from None
     if resolved.dual_clip_c is not None and not spec.dual_clip:
-        dual_modes = sorted({_CANONICAL[m] for m, s in _REGISTRY.items() if s.dual_clip})
+        dual_modes = sorted({_CANONICAL[m] for m in _REGISTRY.names() if _REGISTRY.get(m).dual_clip})
         raise ConfigError(
             f"clip param 'dual_clip_c' does not apply to clip mode '{clip_mode}'; "
             f"it applies to: {', '.join(dual_modes)}; remove it from the clip config"
@@ -266,37 +262,37 @@ def _masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-def compute_policy_loss(
-    clip_mode: str,
-    logp: Tensor,
-    logp_old: Tensor,
-    advantages: Tensor,
-    mask: Optional[Tensor] = None,
-    params: Mapping[str, Any] | PolicyLossParams | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """Policy loss of ``clip_mode`` and its diagnostics.
+class PolicyLoss:
+    """A clip mode with its params resolved once (at construction); calling it is the loss and its
+    diagnostics of one minibatch."""
 
-    ``logp``/``logp_old``: log-probs of the taken actions (any shape); ``advantages``
-    broadcasts to that shape; ``mask`` (shape of ``logp``) marks valid elements. Gradients
-    flow through ``logp`` only. Returns the masked mean loss and a dict of floats.
-    """
-    spec = _mode_spec(clip_mode)
-    p = resolve_policy_loss_params(clip_mode, params)
-    log_ratio = logp - logp_old.detach()
-    ratio = torch.exp(log_ratio)
-    adv = advantages.detach().to(ratio.dtype)
-    try:
-        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
-    except RuntimeError:
-        shape = None
-    if shape != ratio.shape:
-        raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(ratio.shape)}")
-    if mask is not None and mask.shape != ratio.shape:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} must have logp's shape {tuple(ratio.shape)}")
-    adv = adv.expand(shape)
-    terms = spec.fn(ratio, adv, p)
-    loss = _masked_mean(terms.loss, mask)
+    def __init__(self, clip_mode: str, params: Mapping[str, Any] | PolicyLossParams | None = None) -> None:
+        self.clip_mode = clip_mode
+        self._spec = _mode_spec(clip_mode)
+        self.params = resolve_policy_loss_params(clip_mode, params)
 
+    def __call__(
+        self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, dict[str, float]]:
+        """See ``compute_policy_loss``."""
+        log_ratio = logp - logp_old.detach()
+        ratio = torch.exp(log_ratio)
+        adv = advantages.detach().to(ratio.dtype)
+        try:
+            shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+        except RuntimeError:
+            shape = None
+        if shape != ratio.shape:
+            raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(ratio.shape)}")
+        if mask is not None and mask.shape != ratio.shape:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} must have logp's shape {tuple(ratio.shape)}")
+        adv = adv.expand(shape)
+        terms = self._spec.fn(ratio, adv, self.params)
+        return _masked_mean(terms.loss, mask), _diagnostics(ratio, log_ratio, terms, mask)
+
+
+def _diagnostics(ratio: Tensor, log_ratio: Tensor, terms: LossTerms, mask: Optional[Tensor]) -> dict[str, float]:
+    """Clip fractions, ratio statistics, k3 KL and the mode's own diagnostics (one device sync)."""
     with torch.no_grad():
         r = ratio.detach()
         valid = torch.ones_like(r, dtype=torch.bool) if mask is None else mask.bool()
@@ -318,4 +314,22 @@ def compute_policy_loss(
             stats[key] = torch.where(valid, value.to(torch.float64), 0.0).sum() / n
         names = list(stats)
         values = torch.stack([stats[k].to(torch.float64).reshape(()) for k in names]).tolist()  # one device sync
-    return loss, dict(zip(names, values))
+    return dict(zip(names, values))
+
+
+def compute_policy_loss(
+    clip_mode: str,
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Optional[Tensor] = None,
+    params: Mapping[str, Any] | PolicyLossParams | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Policy loss of ``clip_mode`` and its diagnostics (validates ``params`` on every call: a loop
+    builds a ``PolicyLoss`` once instead).
+
+    ``logp``/``logp_old``: log-probs of the taken actions (any shape); ``advantages``
+    broadcasts to that shape; ``mask`` (shape of ``logp``) marks valid elements. Gradients
+    flow through ``logp`` only. Returns the masked mean loss and a dict of floats.
+    """
+    return PolicyLoss(clip_mode, params)(logp, logp_old, advantages, mask)

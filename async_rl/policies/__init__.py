@@ -1,21 +1,19 @@
-"""Policies (actor-critics) and their worker-side preprocessors, by name."""
+"""Policies (actor-critics) and their worker-side preprocessors, by name.
+
+A new policy is one module in this package that calls ``register_policy``; modules are discovered
+on the first lookup of an unknown name. They import heavy packages (transformers, peft) inside
+functions, so that discovering every policy stays cheap.
+"""
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Optional
 
 from async_rl.errors import ConfigError
 from async_rl.policies.base import ActorCritic, ObsSpec, Preprocessor
+from async_rl.registry import Registry
 
-# name -> module that registers it; imported on first use so heavy deps load only when needed.
-_POLICY_MODULES = {
-    "mlp": "async_rl.policies.mlp",
-    "vla": "async_rl.policies.vla",
-    "vla_discrete": "async_rl.policies.vla",
-    "categorical_mlp": "async_rl.policies.categorical_mlp",
-    "passformer": "async_rl.policies.passformer",
-}
-POLICY_BUILDERS: dict[str, tuple[Callable[..., ActorCritic], Callable[..., Preprocessor], Optional[Callable[..., dict]]]] = {}
+# lora.py is the trainers' LoRA helper (it imports peft), not a policy.
+POLICIES: Registry[Callable[..., ActorCritic]] = Registry("policy", package=__name__, skip=("base", "lora"))
 
 
 def register_policy(name: str, preprocessor: Callable[..., Preprocessor], prepare: Optional[Callable[..., dict]] = None):
@@ -26,19 +24,17 @@ def register_policy(name: str, preprocessor: Callable[..., Preprocessor], prepar
     before Ray starts: it checks the kwargs and ``model_path`` (ConfigError) and returns the
     kwargs both factories receive.
     """
-
-    def wrap(factory: Callable[..., ActorCritic]) -> Callable[..., ActorCritic]:
-        POLICY_BUILDERS[name] = (factory, preprocessor, prepare)
-        return factory
-
-    return wrap
+    return POLICIES.register(name, preprocessor=preprocessor, prepare=prepare)
 
 
-def _entry(name: str):
-    if name not in _POLICY_MODULES:
-        raise ConfigError(f"unknown policy '{name}'; valid: {', '.join(sorted(_POLICY_MODULES))}")
-    importlib.import_module(_POLICY_MODULES[name])
-    return POLICY_BUILDERS[name]
+def available_policies() -> list[str]:
+    """Sorted names of every registered policy (discovers the policy modules)."""
+    return POLICIES.names()
+
+
+def _entry(name: str) -> tuple[Callable[..., ActorCritic], Callable[..., Preprocessor], Optional[Callable[..., dict]]]:
+    entry = POLICIES.entry(name)
+    return entry.obj, entry.meta["preprocessor"], entry.meta["prepare"]
 
 
 def build_policy(name: str, obs_spec: ObsSpec, action_dim: int, **kwargs: Any) -> ActorCritic:
@@ -69,8 +65,9 @@ def prepare_policy(name: str, obs_spec: ObsSpec, action_dim: int, model_path: Op
             raise  # a bug in the policy, not a bad kwarg: keep its traceback
         detail = f"missing observation field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
         raise ConfigError(f"policy '{name}' does not fit this env and policy_kwargs ({detail}); fix --policy-kwargs "
-                          f"or pick a policy for this env (valid: {', '.join(sorted(_POLICY_MODULES))})") from None
+                          f"or pick a policy for this env (valid: {', '.join(available_policies())})") from None
     return dict(kwargs)
 
 
-__all__ = ["ActorCritic", "ObsSpec", "Preprocessor", "build_policy", "build_preprocessor", "prepare_policy", "register_policy"]
+__all__ = ["POLICIES", "ActorCritic", "ObsSpec", "Preprocessor", "available_policies", "build_policy", "build_preprocessor",
+           "prepare_policy", "register_policy"]

@@ -20,11 +20,14 @@ class ActorCritic(torch.nn.Module):
 
     ``act`` returns, per sample: ``action`` (the normalised action that is trained on),
     ``env_action`` (what the environment receives), ``logp`` (behaviour log-prob per action
-    dimension), ``value`` and the behaviour statistics the policy needs to recompute
-    ``logp`` (e.g. ``mu``/``log_std`` or ``logits``).
+    dimension), ``value`` and possibly behaviour statistics (e.g. ``mu``/``log_std`` or ``logits``).
     """
 
     action_key = "action"  # the experience key the trainer passes to ``evaluate`` (e.g. "action_token")
+    # Behaviour statistics of ``act`` that training reads, so they are shipped and stored in the
+    # experience record (async_rl/experience.py); the rest of ``act``'s answer is dropped by the
+    # inference actor. None today: the ratio uses the stored ``logp``.
+    behaviour_stats: tuple[str, ...] = ()
 
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
         """Sample (or, where ``deterministic`` [B] is true, take the mode of) actions for a batch."""

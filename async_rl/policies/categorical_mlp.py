@@ -7,9 +7,8 @@ action is the pass index, shaped ``[B, 1]`` like its log-prob and entropy.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -17,34 +16,8 @@ from torch import nn
 from async_rl.algo import categorical_entropy
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
-from async_rl.policies.mlp import _mlp
-
-EXTRA_FEATURES = 2  # log instruction count, episode progress
-
-
-def compiler_features(obs: Any, obs_spec: ObsSpec) -> torch.Tensor:
-    """Autophase / instruction count, log1p(count) / 10 and step / max_steps, float32."""
-    autophase = np.asarray(obs["autophase"], dtype=np.float32)
-    if autophase.shape != (int(obs_spec["autophase_dim"]),):
-        raise ValueError(f"Autophase of shape {autophase.shape}, expected ({obs_spec['autophase_dim']},)")
-    count = float(obs["ir_count"])
-    progress = float(obs.get("step", 0.0)) / max(float(obs_spec.get("max_steps", 1)), 1.0)
-    extra = np.array([np.log1p(count) / 10.0, progress], dtype=np.float32)
-    return torch.from_numpy(np.concatenate([autophase / max(count, 1.0), extra]))
-
-
-def feature_dim(obs_spec: ObsSpec) -> int:
-    return int(obs_spec["autophase_dim"]) + EXTRA_FEATURES
-
-
-class AutophasePreprocessor:
-    """CompilerGym observation -> ``{"features": float32 [autophase_dim + 2]}``."""
-
-    def __init__(self, obs_spec: ObsSpec, **_policy_kwargs: Any) -> None:
-        self.obs_spec = dict(obs_spec)
-
-    def __call__(self, obs: Any, task_name: str) -> TensorDict:
-        return TensorDict({"features": compiler_features(obs, self.obs_spec)}, batch_size=[])
+from async_rl.policies.features import AutophasePreprocessor, feature_dim
+from async_rl.policies.nets import cast_inputs, mlp
 
 
 class CategoricalMLPActorCritic(ActorCritic):
@@ -55,11 +28,11 @@ class CategoricalMLPActorCritic(ActorCritic):
         if action_dim != 1:
             raise ValueError(f"a categorical policy picks one action per step, got action_dim={action_dim}")
         n_in, n_actions = feature_dim(obs_spec), int(obs_spec["num_actions"])
-        self.policy_net = _mlp([n_in, *hidden_sizes, n_actions], out_gain=0.01)
-        self.value_net = _mlp([n_in, *hidden_sizes, 1], out_gain=1.0)
+        self.policy_net = mlp([n_in, *hidden_sizes, n_actions], out_gain=0.01)
+        self.value_net = mlp([n_in, *hidden_sizes, 1], out_gain=1.0)
 
     def _logits(self, obs: TensorDict) -> torch.Tensor:
-        return self.policy_net(obs["features"])
+        return self.policy_net(cast_inputs(obs["features"], self)).float()
 
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
         logits = self._logits(obs)
@@ -76,7 +49,7 @@ class CategoricalMLPActorCritic(ActorCritic):
         return logp, categorical_entropy(logits).reshape(-1, 1), self.value(obs)
 
     def value(self, obs: TensorDict) -> torch.Tensor:
-        return self.value_net(obs["features"]).squeeze(-1)
+        return self.value_net(cast_inputs(obs["features"], self)).squeeze(-1).float()
 
     def value_parameters(self) -> list[nn.Parameter]:
         return list(self.value_net.parameters())

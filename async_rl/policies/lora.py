@@ -1,11 +1,14 @@
-"""LoRA (peft) on any policy, and the merged weights the inference copy receives."""
+"""LoRA (peft) on any policy, and the merged weights the inference copy receives.
+
+peft (which imports transformers, seconds) is imported inside the functions, and only where a
+model can hold LoRA layers: a plain policy's weight sync never loads it.
+"""
 from __future__ import annotations
 
+import sys
 from typing import Optional, Sequence
 
 import torch
-from peft import LoraConfig, inject_adapter_in_model
-from peft.tuners.lora import LoraLayer
 
 ADAPTER = "default"
 
@@ -19,6 +22,8 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float =
     Only adapter weights and parameters whose name starts with one of ``trainable`` stay
     trainable (e.g. a value head that has no pretrained weights).
     """
+    from peft import LoraConfig, inject_adapter_in_model  # noqa: PLC0415
+
     if target_modules is None:
         target_modules = [name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules if isinstance(target_modules, str) else list(target_modules))
@@ -34,7 +39,10 @@ def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
     Without LoRA layers this is ``named_parameters`` + ``named_buffers``. The result never
     aliases a trainable tensor, so the trainer can keep training while it is sent.
     """
-    lora_layers = {name: mod for name, mod in model.named_modules() if isinstance(mod, LoraLayer)}
+    # A LoRA layer exists only once peft's lora module is loaded: without it there is nothing to merge.
+    peft_lora = sys.modules.get("peft.tuners.lora")
+    lora_layers = {} if peft_lora is None else \
+        {name: mod for name, mod in model.named_modules() if isinstance(mod, peft_lora.LoraLayer)}
     if not lora_layers:
         return [*model.named_parameters(), *model.named_buffers()]
     out: list[tuple[str, torch.Tensor]] = []

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -11,30 +10,9 @@ from torch import nn
 from async_rl.algo import tanh_gaussian_entropy, tanh_gaussian_log_prob
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
-
-
-class StatePreprocessor:
-    """Float32 state vector as ``{"state": tensor}``."""
-
-    def __init__(self, obs_spec: ObsSpec, **_policy_kwargs: Any) -> None:
-        self.state_dim = int(obs_spec["state_dim"])
-
-    def __call__(self, obs: Any, task_name: str) -> TensorDict:
-        state = torch.as_tensor(np.asarray(obs, dtype=np.float32))
-        if state.shape != (self.state_dim,):
-            raise ValueError(f"observation of shape {tuple(state.shape)} from task {task_name}, expected ({self.state_dim},)")
-        return TensorDict({"state": state}, batch_size=[])
-
-
-def _mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        linear = nn.Linear(n_in, n_out)
-        last = i == len(sizes) - 2
-        nn.init.orthogonal_(linear.weight, gain=out_gain if last else np.sqrt(2.0))
-        nn.init.zeros_(linear.bias)
-        layers += [linear] if last else [linear, nn.Tanh()]
-    return nn.Sequential(*layers)
+from async_rl.policies.categorical_mlp import CategoricalMLPActorCritic
+from async_rl.policies.features import AutophasePreprocessor, StatePreprocessor
+from async_rl.policies.nets import cast_inputs, mlp
 
 
 class MLPActorCritic(ActorCritic):
@@ -51,14 +29,14 @@ class MLPActorCritic(ActorCritic):
     ) -> None:
         super().__init__()
         state_dim = int(obs_spec["state_dim"])
-        self.policy_net = _mlp([state_dim, *hidden_sizes, action_dim], out_gain=0.01)
+        self.policy_net = mlp([state_dim, *hidden_sizes, action_dim], out_gain=0.01)
         self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
-        self.value_net = _mlp([state_dim, *hidden_sizes, 1], out_gain=1.0)
+        self.value_net = mlp([state_dim, *hidden_sizes, 1], out_gain=1.0)
         self.min_log_std, self.max_log_std = min_log_std, max_log_std
 
     def _dist(self, obs: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
-        mu = self.policy_net(obs["state"])
-        log_std = self.log_std.clamp(self.min_log_std, self.max_log_std).expand_as(mu)
+        mu = self.policy_net(cast_inputs(obs["state"], self)).float()
+        log_std = self.log_std.float().clamp(self.min_log_std, self.max_log_std).expand_as(mu)
         return mu, log_std
 
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
@@ -85,7 +63,7 @@ class MLPActorCritic(ActorCritic):
         return tanh_gaussian_log_prob(mu, log_std, action), tanh_gaussian_entropy(mu, log_std), value
 
     def value(self, obs: TensorDict) -> torch.Tensor:
-        return self.value_net(obs["state"]).squeeze(-1)
+        return self.value_net(cast_inputs(obs["state"], self)).squeeze(-1).float()
 
     def value_parameters(self) -> list[nn.Parameter]:
         return list(self.value_net.parameters())
@@ -94,16 +72,12 @@ class MLPActorCritic(ActorCritic):
 def _mlp_policy(obs_spec: ObsSpec, action_dim: int, **kwargs: Any) -> ActorCritic:
     """``mlp``: tanh-Gaussian for continuous actions; Categorical where the env declares ``num_actions``."""
     if "num_actions" in obs_spec:
-        from async_rl.policies.categorical_mlp import CategoricalMLPActorCritic  # noqa: PLC0415
-
         return CategoricalMLPActorCritic(obs_spec, action_dim, **kwargs)
     return MLPActorCritic(obs_spec, action_dim, **kwargs)
 
 
 def _mlp_preprocessor(obs_spec: ObsSpec, **_policy_kwargs: Any) -> Any:
     if "num_actions" in obs_spec:
-        from async_rl.policies.categorical_mlp import AutophasePreprocessor  # noqa: PLC0415
-
         return AutophasePreprocessor(obs_spec)
     return StatePreprocessor(obs_spec)
 

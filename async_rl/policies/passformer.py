@@ -22,7 +22,8 @@ from async_rl.algo import categorical_entropy
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
-from async_rl.policies.categorical_mlp import compiler_features, feature_dim
+from async_rl.policies.features import compiler_features, feature_dim
+from async_rl.policies.nets import cast_inputs
 from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -101,14 +102,14 @@ class PassformerActorCritic(ActorCritic):
         ir = obs["ir_tokens"]
         embed = self.seq2seq.get_encoder().embed_tokens
         ir_embeds = embed(torch.where(ir > 0, ir + self.num_pass_tokens, torch.full_like(ir, PAD_ID)))
-        feat = self.feature_proj(obs["features"]).unsqueeze(1)
+        feat = self.feature_proj(cast_inputs(obs["features"], self.feature_proj)).unsqueeze(1)
         mask = torch.cat([torch.ones_like(ir[:, :1]), (ir > 0).long()], dim=1)
         states = self.seq2seq.get_encoder()(inputs_embeds=torch.cat([feat, ir_embeds], 1), attention_mask=mask)
         return states.last_hidden_state, mask
 
     def _pooled_value(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m = mask.unsqueeze(-1).to(states.dtype)
-        return self.value_head((states * m).sum(1) / m.sum(1)).squeeze(-1)
+        return self.value_head((states * m).sum(1) / m.sum(1)).squeeze(-1).float()
 
     def _decode(self, states: torch.Tensor, mask: torch.Tensor, decoder_ids: torch.Tensor,
                 cache: Any = None, use_cache: bool = False) -> tuple[torch.Tensor, Any]:

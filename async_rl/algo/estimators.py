@@ -1,0 +1,230 @@
+"""Advantage estimators, chosen by name (``--advantage``).
+
+Each estimator owns where it runs and what a replay item is:
+
+=======  =======  =======  ======  ==================================================================
+name     where    unit     critic  how
+=======  =======  =======  ======  ==================================================================
+gae      worker   step     yes     the worker cuts its stream into pieces and adds advantage and
+                                   value_target to each step record (``segmenter``)
+vtrace   trainer  segment  yes     the worker ships segments of rollout_local_buf steps; the trainer
+                                   corrects them off-policy with its current weights (``loss_inputs``)
+grpo     worker   step     no      group-relative advantages over n rollouts of one start state
+rloo     worker   step     no      leave-one-out baseline over the same groups
+=======  =======  =======  ======  ==================================================================
+
+grpo and rloo need group rollouts, which the workers do not make yet (issue 16): the config refuses
+them (``check_advantage``), their maths (``group_advantages``) is here and tested.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+import torch
+from tensordict import TensorDict
+
+from async_rl.algo.advantages import gae, grpo_advantages, rloo_advantages, vtrace
+from async_rl.algo.functional import distributed_normalize
+from async_rl.algo.objective import LossInputs
+from async_rl.errors import ConfigError
+from async_rl.experience import segment
+from async_rl.registry import Registry
+
+Tensor = torch.Tensor
+
+
+class Segmenter(Protocol):
+    """Worker side: turns a stream of step records into replay items."""
+
+    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]: ...
+
+    def flush(self) -> Optional[TensorDict]:
+        """Hand over what can go out now (the worker pauses); None if nothing can."""
+
+
+@dataclass(frozen=True)
+class TrainModel:
+    """What a trainer-side estimator may call on the model being trained."""
+
+    evaluate: Callable[[TensorDict, Tensor], tuple[Tensor, Tensor, Tensor]]  # (obs, action) -> logp, entropy, value
+    value: Callable[[TensorDict], Tensor]  # obs -> V(obs)
+    action_key: str
+
+
+class AdvantageEstimator:
+    """Base: the advantage travels in the step records (computed on the worker)."""
+
+    name: str
+    where: str = "worker"  # "worker" | "trainer"
+    unit: str = "step"  # a replay item: "step" (one step record) | "segment" (rollout_local_buf steps)
+    needs_critic: bool = True
+    needs_group_rollouts: bool = False
+
+    def segmenter(self, cfg: Any) -> Segmenter:
+        raise NotImplementedError
+
+    def prepare(self, batch: TensorDict, cfg: Any) -> TensorDict:
+        """Trainer side, once per super-batch (every rank calls it: it may hold a collective)."""
+        if not cfg.normalize_advantages:
+            return batch
+        batch = batch.copy()
+        batch["advantage"] = distributed_normalize(batch["advantage"])
+        return batch
+
+    def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: Any) -> LossInputs:
+        """Trainer side, per minibatch: the current policy's outputs next to the stored fields."""
+        logp, entropy, value = model.evaluate(mb["obs"], mb[model.action_key])
+        target = mb["value_target"] if self.needs_critic else None
+        return LossInputs(logp, mb["logp"], entropy, value, mb["value"], target, mb["advantage"])
+
+
+ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry("advantage estimator")
+
+
+def register_estimator(cls: type[AdvantageEstimator]) -> type[AdvantageEstimator]:
+    ESTIMATORS.add(cls.name, cls)
+    return cls
+
+
+def advantage_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as ``name`` (ConfigError naming the valid ones if none)."""
+    return ESTIMATORS.get(name)()
+
+
+def check_advantage(name: str) -> str:
+    """``name`` if a run can use it; otherwise a one-line ConfigError."""
+    if advantage_estimator(name).needs_group_rollouts:
+        raise ConfigError(_no_group_rollouts(name))
+    return name
+
+
+def _no_group_rollouts(name: str) -> str:
+    usable = ", ".join(n for n in ESTIMATORS.names() if not ESTIMATORS.get(n).needs_group_rollouts)
+    return f"advantage '{name}' needs group rollouts (issue 16), which are not available yet; use one of: {usable}"
+
+
+# ---- gae ----------------------------------------------------------------------------------------
+def with_gae(steps: list[TensorDict], bootstrap_value: float, gamma: float, lam: float) -> TensorDict:
+    """Stack a trajectory piece and add ``advantage`` and ``value_target``."""
+    traj = torch.stack(steps)
+    bootstrap = torch.tensor(bootstrap_value, dtype=traj["value"].dtype)
+    traj["advantage"], traj["value_target"] = gae(traj["reward"], traj["value"], traj["done"], bootstrap, gamma, lam)
+    return traj
+
+
+class GaeSegmenter:
+    """Cuts a worker's stream of steps into GAE-processed pieces.
+
+    A terminal step closes a piece with bootstrap 0. When ``local_buf + 1`` steps wait, the
+    first ``local_buf`` go out bootstrapped from the value of the last one, which starts the
+    next piece (its value is the estimate of the state the cut-off piece leads to).
+    """
+
+    def __init__(self, local_buf: int, gamma: float, lam: float) -> None:
+        self.local_buf, self.gamma, self.lam = local_buf, gamma, lam
+        self.steps: list[TensorDict] = []
+
+    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]:
+        self.steps.append(record)
+        if bool(record["done"]):
+            piece, self.steps = with_gae(self.steps, 0.0, self.gamma, self.lam), []
+            return piece
+        if len(self.steps) == self.local_buf + 1:
+            return self.flush()
+        return None
+
+    def flush(self) -> Optional[TensorDict]:
+        """Cut now: all steps but the last go out, bootstrapped from the last one's value."""
+        if len(self.steps) < 2:
+            return None
+        piece = with_gae(self.steps[:-1], float(self.steps[-1]["value"]), self.gamma, self.lam)
+        self.steps = self.steps[-1:]
+        return piece
+
+
+@register_estimator
+class Gae(AdvantageEstimator):
+    name = "gae"
+
+    def segmenter(self, cfg: Any) -> Segmenter:
+        return GaeSegmenter(cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+
+
+# ---- vtrace -------------------------------------------------------------------------------------
+class VtraceSegmenter:
+    """Cuts the stream into fixed-length segments (crossing episode ends) for V-trace."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.steps: list[TensorDict] = []
+
+    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]:
+        self.steps.append(record)
+        if len(self.steps) < self.length:
+            return None
+        item, self.steps = segment(self.steps, next_obs), []
+        return item
+
+    def flush(self) -> Optional[TensorDict]:
+        return None  # segments have a fixed length; a partial one waits
+
+
+@register_estimator
+class Vtrace(AdvantageEstimator):
+    name = "vtrace"
+    where = "trainer"
+    unit = "segment"
+
+    def segmenter(self, cfg: Any) -> Segmenter:
+        return VtraceSegmenter(cfg.rollout_local_buf)
+
+    def prepare(self, batch: TensorDict, cfg: Any) -> TensorDict:
+        return batch  # advantages come per minibatch, from the current weights
+
+    def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: Any) -> LossInputs:
+        steps = mb["steps"]
+        b, t = steps.batch_size
+        flat = steps.reshape(b * t)
+        logp, entropy, value = model.evaluate(flat["obs"], flat[model.action_key])
+        with torch.no_grad():
+            bootstrap = model.value(mb["bootstrap_obs"]).float()
+        # Targets and advantages in float32 whatever the model's precision (vtrace computes in the values' dtype).
+        time_major = lambda x: x.reshape(b, t).transpose(0, 1).float()  # noqa: E731
+        log_rhos = time_major((logp.detach().float() - flat["logp"]).sum(-1))
+        discounts = cfg.gamma * (1.0 - time_major(flat["done"]))
+        vs, pg_adv = vtrace(log_rhos, discounts, time_major(flat["reward"]), time_major(value.detach()), bootstrap,
+                            cfg.vtrace_clip_rho, cfg.vtrace_clip_c, cfg.vtrace_clip_pg_rho)
+        flat_major = lambda x: x.transpose(0, 1).reshape(b * t)  # noqa: E731
+        adv = flat_major(pg_adv)
+        if cfg.normalize_advantages:  # a collective: every rank calls it once per minibatch
+            adv = distributed_normalize(adv)
+        return LossInputs(logp, flat["logp"], entropy, value, flat["value"], flat_major(vs), adv)
+
+
+# ---- group-relative (need group rollouts, issue 16) ---------------------------------------------
+class GroupEstimator(AdvantageEstimator):
+    """No critic: the advantage of a rollout compares its return with the others of its group."""
+
+    needs_critic = False
+    needs_group_rollouts = True
+
+    @staticmethod
+    def group_advantages(returns: Tensor) -> Tensor:
+        """Returns ``[G, n]`` (G groups of n rollouts) -> advantages ``[G, n]``."""
+        raise NotImplementedError
+
+    def segmenter(self, cfg: Any) -> Segmenter:
+        raise ConfigError(_no_group_rollouts(self.name))  # the workers make no groups yet
+
+
+@register_estimator
+class Grpo(GroupEstimator):
+    name = "grpo"
+    group_advantages = staticmethod(grpo_advantages)
+
+
+@register_estimator
+class Rloo(GroupEstimator):
+    name = "rloo"
+    group_advantages = staticmethod(rloo_advantages)

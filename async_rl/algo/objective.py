@@ -1,0 +1,78 @@
+"""The training objective, built once from the config: policy loss (clip mode), value loss, entropy
+bonus, optional behaviour KL, and the guards that skip a minibatch (ratio guard, non-finite loss).
+
+Every term and diagnostic comes back by name, so whatever a loss reports reaches the logs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+
+from async_rl.algo.functional import kl_penalty, ratio_guard, value_loss
+from async_rl.algo.losses import PolicyLoss, PolicyLossParams
+
+Tensor = torch.Tensor
+
+SKIP_REASONS = ("ratio_guard", "nonfinite_loss")
+
+
+@dataclass
+class LossInputs:
+    """One minibatch as the objective reads it (an advantage estimator fills it in)."""
+
+    logp: Tensor  # [B, A] current policy, with gradient
+    logp_old: Tensor  # [B, A] behaviour policy
+    entropy: Tensor  # [B, A] current policy, with gradient
+    value: Tensor  # [B] current critic, with gradient
+    value_old: Tensor  # [B] behaviour critic (anchor of the value clip)
+    value_target: Optional[Tensor]  # [B]; None: no critic is trained
+    advantage: Tensor  # [B]
+
+
+@dataclass
+class ObjectiveOut:
+    loss: Tensor
+    terms: dict[str, float]  # every term and diagnostic, by name
+    skip: Optional[str]  # one of SKIP_REASONS: this minibatch must not reach the optimiser
+
+
+class Objective:
+    """``objective(inputs)`` -> total loss, named terms, and whether to skip the minibatch."""
+
+    def __init__(self, clip_mode: str, clip_params: Mapping[str, Any] | PolicyLossParams | None = None, *,
+                 value_coef: float = 0.5, value_clip_eps: Optional[float] = None, entropy_coef: float = 0.0,
+                 kl_coef: float = 0.0, ratio_threshold: Optional[float] = None) -> None:
+        self.policy_loss = PolicyLoss(clip_mode, clip_params)  # clip params resolved here, once
+        self.value_coef, self.value_clip_eps = value_coef, value_clip_eps
+        self.entropy_coef, self.kl_coef, self.ratio_threshold = entropy_coef, kl_coef, ratio_threshold
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "Objective":
+        """From the objective keys of a config (``clip_mode``, ``clip_params``, ``*_coef``, ...)."""
+        return cls(cfg.clip_mode, cfg.clip_params, value_coef=cfg.value_coef, value_clip_eps=cfg.value_clip_eps,
+                   entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef, ratio_threshold=cfg.ratio_threshold)
+
+    def __call__(self, x: LossInputs) -> ObjectiveOut:
+        policy_loss, terms = self.policy_loss(x.logp, x.logp_old, x.advantage.unsqueeze(-1))
+        entropy = x.entropy.sum(-1).mean()
+        parts = {"policy_loss": policy_loss, "entropy": entropy}
+        loss = policy_loss - self.entropy_coef * entropy
+        if x.value_target is not None:
+            parts["value_loss"] = value_loss(x.value, x.value_old, x.value_target, self.value_clip_eps)
+            loss = loss + self.value_coef * parts["value_loss"]
+        if self.kl_coef > 0:  # k3 estimate of KL(current || behaviour) on the behaviour's samples
+            parts["kl"] = kl_penalty(x.logp, x.logp_old.detach(), "k3").mean()
+            loss = loss + self.kl_coef * parts["kl"]
+        parts["loss"] = loss
+        values = torch.stack([v.detach().to(torch.float64).reshape(()) for v in parts.values()]).tolist()
+        terms.update(zip(parts, values))
+        skip = None
+        if not math.isfinite(terms["loss"]):
+            skip = "nonfinite_loss"
+        elif ratio_guard(terms["ratio_mean"], self.ratio_threshold):
+            skip = "ratio_guard"
+        terms.update({f"{reason}_skipped": float(skip == reason) for reason in SKIP_REASONS})
+        return ObjectiveOut(loss, terms, skip)

@@ -1,0 +1,81 @@
+"""EvaluationPoller: periodic evaluations spread over every evaluator, none of which may end the run.
+
+An evaluation starts every ``eval_interval_epochs`` on an evaluator that is free (round robin), so
+a slow evaluation does not block the next one while another evaluator idles. An evaluator that
+dies or raises is replaced by a new actor (``health/evaluator_restarts``) and its evaluation is
+dropped; results come back in the order they finish."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import ray
+from rich.console import Console
+
+from async_rl.errors import ActorFailedError, ActorTimeoutError
+from async_rl.orchestration.actor_group import ActorGroup, failure_reason
+
+console = Console(stderr=True)
+
+
+class EvaluationPoller:
+    def __init__(self, evaluators: ActorGroup, interval_epochs: int, episodes: int, deterministic: bool) -> None:
+        self.evaluators = evaluators
+        self.interval, self.episodes, self.deterministic = interval_epochs, episodes, deterministic
+        self.in_flight: dict[str, ray.ObjectRef] = {}
+        self._next = 0  # round-robin position
+        self._last_started_epoch: Optional[int] = None
+
+    def poll(self, epoch: int) -> list[dict]:
+        """Finished evaluations' results; starts one if ``epoch`` is due and an evaluator is free."""
+        results = self._collect(timeout_s=0)
+        if epoch % self.interval == 0 and epoch != self._last_started_epoch:
+            name = self._free_evaluator()
+            if name is not None:
+                self.in_flight[name] = self.evaluators[name].evaluate.remote(self.episodes, self.deterministic)
+                self._last_started_epoch = epoch
+        return results
+
+    def finish(self, wait_s: float) -> list[dict]:
+        """Wait up to ``wait_s`` for the evaluations in flight; the late ones are abandoned (said so)."""
+        results = self._collect(timeout_s=wait_s)
+        for name in self.in_flight:
+            console.print(f"{name} did not finish its evaluation within {wait_s:.0f} s; the run ends without it",
+                          style="yellow", markup=False)
+        self.in_flight.clear()
+        return results
+
+    def _free_evaluator(self) -> Optional[str]:
+        names = self.evaluators.names()
+        if not names:
+            return None
+        for offset in range(len(names)):
+            name = names[(self._next + offset) % len(names)]
+            if name not in self.in_flight:
+                self._next = (self._next + offset + 1) % len(names)
+                return name
+        return None
+
+    def _replace(self, name: str, reason: str) -> None:
+        """A new evaluator for a failed one; past actor_max_restarts the run goes on without it."""
+        try:
+            self.evaluators.restart(name, reason)
+        except (ActorFailedError, ActorTimeoutError) as exc:
+            self.evaluators.remove(name)
+            console.print(f"{exc}; evaluating with the {len(self.evaluators)} other evaluator(s)", style="yellow",
+                          markup=False, soft_wrap=True)
+
+    def _collect(self, timeout_s: float) -> list[dict]:
+        if not self.in_flight:
+            return []
+        refs = list(self.in_flight.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        results = []
+        for name, ref in list(self.in_flight.items()):
+            if ref not in ready:
+                continue
+            del self.in_flight[name]
+            try:
+                results.append(ray.get(ref, timeout=0))
+            except ray.exceptions.RayError:
+                self._replace(name, failure_reason(ref))
+        return results

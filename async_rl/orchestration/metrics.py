@@ -1,0 +1,90 @@
+"""MetricsReporter: names what the actors report and hands it to TensorBoard / SwanLab.
+
+No whitelist: every number a trainer returns reaches TensorBoard under ``train/`` (a new loss
+diagnostic needs no change here); only the few keys that describe something else are routed
+to their own namespace."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from async_rl.logger import MetricsLogger
+
+# Trainer keys that are not training diagnostics: where they go instead of train/<key>.
+TRAINER_ROUTES = {
+    "policy_lag_mean": "rollout/policy_lag",
+    "policy_lag_max": "rollout/policy_lag_max",
+    "skipped_updates": "health/skipped_updates",
+    "broadcast_seconds": "sync/broadcast_seconds",
+}
+# Health counters shown from the start (as 0) so that a dashboard has them before anything fails.
+HEALTH_KEYS = ("worker_restarts", "inference_restarts", "evaluator_restarts", "replay_restarts", "dropped_episodes")
+STATUS_FIELDS = (("rollout/env_steps_per_sec", "{:.0f} steps/s"), ("rollout/success_rate", "success {:.2f}"),
+                 ("eval/success_rate", "eval {:.2f}"), ("rollout/episode_return", "return {:.1f}"),
+                 ("train/policy_loss", "pl {:.3f}"), ("rollout/policy_lag", "lag {:.1f}"))
+
+
+def training_scalars(metrics: Mapping[str, Any], policy_version: int) -> dict[str, float]:
+    """One epoch's trainer metrics (mean over ranks) as tags."""
+    out = {TRAINER_ROUTES.get(k, f"train/{k}"): v for k, v in metrics.items() if isinstance(v, (int, float))}
+    out.setdefault("health/skipped_updates", 0)
+    out["sync/policy_version"] = policy_version
+    return out
+
+
+def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
+    """Rollout statistics, replay counters, health, env counters and inference batching as tags."""
+    stats, out = snap["stats"], {}
+    out["rollout/env_steps_per_sec"] = stats["env_steps_per_sec"]
+    out["rollout/total_env_steps"] = stats["total_env_steps"]
+    for key in ("episode_return", "episode_length", "success_rate"):
+        if key in stats:
+            out[f"rollout/{key}"] = stats[key]
+    for task, row in stats["tasks"].items():
+        out[f"rollout_task/{task}/success_rate"] = row["success_rate"]
+        out[f"rollout_task/{task}/episode_return"] = row["episode_return"]
+    out.update({f"replay/{k}": v for k, v in snap["replay"].items() if isinstance(v, (int, float))})
+    health = {**dict.fromkeys(HEALTH_KEYS, 0), **stats.get("health", {})}
+    out.update({f"health/{k}": v for k, v in health.items()})
+    out.update({f"env/{k}": v for k, v in stats.get("env_counters", {}).items()})
+    out.update({f"inference/{k}": v for k, v in snap["inference"].items()})
+    return out
+
+
+def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:
+    """An evaluation's per-task and mean success rate and return."""
+    tasks = result["tasks"]
+    out = {f"eval_task/{t}/success_rate": r["success_rate"] for t, r in tasks.items()}
+    out["eval/success_rate"] = sum(r["success_rate"] for r in tasks.values()) / len(tasks)
+    out["eval/return"] = sum(r["return"] for r in tasks.values()) / len(tasks)
+    return out
+
+
+def status_line(s: Mapping[str, Any]) -> str:
+    parts = [f"v{int(s.get('sync/policy_version', 0))}"]
+    parts += [fmt.format(s[key]) for key, fmt in STATUS_FIELDS if key in s]
+    return "  ".join(parts)
+
+
+class MetricsReporter:
+    """Logs scalars by epoch and keeps the latest value of every tag (the run's summary)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.logger = MetricsLogger(cfg.log_dir, cfg.swanlab_mode, cfg.model_dump())
+        self.latest: dict[str, Any] = {}
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        self.logger.log(scalars, step)
+        self.latest.update(scalars)
+
+    def histogram(self, tag: str, values: Any, step: int) -> None:
+        self.logger.histogram(tag, values, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        """A text panel (e.g. an evaluation table; shown in TensorBoard's text tab as markdown)."""
+        self.logger.tb.add_text(tag, text, step)
+
+    def status(self) -> str:
+        return status_line(self.latest)
+
+    def close(self) -> None:
+        self.logger.close()

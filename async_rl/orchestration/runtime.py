@@ -1,0 +1,210 @@
+"""Runtime: every actor of one run, built once, and the few operations the loop composes
+(train an epoch, check the workers, snapshot, checkpoint, shut down)."""
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+
+import envs
+from async_rl.actors.evaluation import EvaluationWorkerActor
+from async_rl.actors.inference import InferenceActor
+from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
+from async_rl.actors.peers import SharedValue
+from async_rl.actors.stats import StatsActor
+from async_rl.actors.trainer import TrainerActor
+from async_rl.logger import mean_metrics
+from async_rl.orchestration.actor_group import ActorGroup, failure_reason, get_named
+from async_rl.orchestration.checkpointer import Checkpointer
+from async_rl.orchestration.evaluation import EvaluationPoller
+from async_rl.orchestration.placement import Placement
+from async_rl.orchestration.replay import ReplaySupervisor
+from async_rl.orchestration.weight_sync import WeightSyncCoordinator
+from async_rl.policies import build_policy, build_preprocessor
+
+
+SUPERVISE_INTERVAL_S = 2.0  # how often a wait on the trainers checks the workers and inference actors
+
+
+def _raised(ref: ray.ObjectRef) -> bool:
+    """Whether a finished task raised (its actor died or its method failed)."""
+    try:
+        ray.get(ref, timeout=0)
+        return False
+    except ray.exceptions.RayError:
+        return True
+
+
+def obs_spec_of(task_set: Any) -> dict[str, Any]:
+    return dict(getattr(task_set, "obs_spec", None) or {"state_dim": task_set.obs_dim})
+
+
+class Runtime:
+    """Actor groups ``trainers``, ``inference``, ``workers``, ``evaluators``; the replay buffer and
+    stats actor; the weight-sync coordinator, checkpointer and evaluation poller over them."""
+
+    def __init__(self, cfg: Any, task_set: Any) -> None:
+        self.cfg, self.task_set = cfg, task_set
+        obs_spec = obs_spec_of(task_set)
+        self.policy_factory = functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs)
+        self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec, **cfg.policy_kwargs)
+        self.policy_version = self.epoch = 0
+        self.tag = f"run-{uuid.uuid4().hex[:8]}"  # actor names are unique to this run
+        self.lag_values: list[int] = []  # behaviour-policy lag of every item of the last epoch
+
+    # ---- start-up -----------------------------------------------------------------------
+    def start(self) -> None:
+        cfg, timeout = self.cfg, self.cfg.actor_timeout_s
+        self.stats = StatsActor.options(num_cpus=0, name=self.named("stats")).remote()
+        count = lambda counter: self.stats.record_health.remote(counter)  # noqa: E731
+        self.replay_supervisor = ReplaySupervisor(cfg, self.named("replay"),
+                                                  lambda key, n: self.stats.record_health.remote(key, n))
+        self.replay = self.replay_supervisor.actor
+        self.placement = Placement(cfg)
+        # Ray restarts a killed worker or inference actor (the runtime re-joins / re-runs it);
+        # a trainer rank is never restarted: its ZeRO-2 partition would be gone.
+        restartable = {"max_restarts": cfg.actor_max_restarts, "max_task_retries": 0}
+        self.inference = ActorGroup("inference", {
+            f"inference-{i}": InferenceActor.options(**self.placement.inference_options(i), name=self.named(f"inference-{i}"),
+                                                         **restartable).remote(
+                i, self.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms, self.placement.inference_gpu(i),
+                cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread, cfg.actor_timeout_s)
+            for i in range(cfg.num_inference_actors)}, timeout, cfg.actor_max_restarts, on_restart=count)
+        self.trainers = ActorGroup("trainer", {
+            f"trainer-{r}": TrainerActor.options(**self.placement.trainer_options(r)).remote(
+                r, cfg.num_trainers, None, None, cfg, self.policy_factory, self.replay, self.placement.trainer_gpu(r))
+            for r in range(cfg.num_trainers)}, timeout)
+        self.placement.rank0 = self.trainers["trainer-0"]  # its node hosts the training and weight-sync stores
+        master = self.placement.training_master()
+        self.info = self.trainers.call("setup", *master, timeout_s=cfg.startup_timeout_s,
+                                       what="DeepSpeed set-up")["trainer-0"]
+        self.checkpointer = Checkpointer(cfg, self.trainers, self.replay_supervisor.call, self.stats)
+        if cfg.resume:
+            self.epoch, self.policy_version = self.checkpointer.restore(Path(cfg.resume))
+        self.weight_sync = WeightSyncCoordinator(self.trainers, self.inference, self.placement.weight_sync_rendezvous,
+                                                 cfg.collective_timeout_s, timeout)
+        self.weight_sync.join()
+        self.weight_sync.broadcast(self.policy_version)  # inference starts from the trainers' weights
+        self.evaluators = ActorGroup.create("eval", cfg.num_eval_workers, self._new_evaluator, timeout_s=timeout,
+                                            max_restarts=cfg.actor_max_restarts, restart_counter="evaluator_restarts",
+                                            on_restart=count)
+        self.eval_poller = EvaluationPoller(self.evaluators, cfg.eval_interval_epochs, cfg.eval_episodes,
+                                            cfg.eval_deterministic)
+        # Restartable workers find the task set and their peers by name (async_rl/actors/peers.py).
+        self.shared_task_set = SharedValue.options(name=self.named("task-set")).remote(self.task_set)
+        self.workers = ActorGroup("worker", {
+            f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, **restartable).remote(
+                i, WorkerPeers(self.named("task-set"), self.named(self._inference_for(i)[1]), self.named("replay"),
+                               self.named("stats")),
+                self.preprocessor_factory, cfg)
+            for i in range(cfg.num_rollout_workers)}, timeout, cfg.actor_max_restarts, on_restart=count)
+        self.worker_runs = self.workers.submit("run")
+        self.inference.record_pids()
+        self.workers.record_pids()
+        self.evaluators.record_pids()
+
+    def named(self, role: str) -> str:
+        return f"{self.tag}:{role}"
+
+    def _inference_for(self, i: int) -> tuple[Any, str]:
+        name = self.inference.names()[i % len(self.inference)]
+        return self.inference[name], name
+
+    def _new_evaluator(self, name: str) -> Any:
+        i = int(name.rsplit("-", 1)[1])
+        return EvaluationWorkerActor.options(num_cpus=self.cfg.worker_num_cpus).remote(
+            i, self.task_set, self.preprocessor_factory, *self._inference_for(i), self.cfg)
+
+    # ---- the loop's operations ----------------------------------------------------------
+    def train_epoch(self) -> dict[str, float]:
+        """Every rank trains on a super-batch, then rank 0's weights go to the inference actors."""
+        results = self._supervised(self.trainers.submit("train_epoch", self.policy_version),
+                                   self.cfg.actor_timeout_s + 60, f"train_epoch {self.epoch}")
+        self.policy_version += 1
+        seconds = self.weight_sync.broadcast(self.policy_version)
+        self.epoch += 1
+        rows = list(results.values())
+        self.lag_values = [v for r in rows for v in r.pop("policy_lag_values")]
+        metrics = mean_metrics(rows)
+        metrics["policy_lag_max"] = max(r["policy_lag_max"] for r in rows)  # the worst rank, not the mean
+        metrics["broadcast_seconds"] = seconds
+        return metrics
+
+    def _supervised(self, refs: dict[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
+        """get_named(refs) that keeps the trainers' data flowing while they wait for it: a worker
+        whose run ended is restarted, and an inference actor Ray restarted (e.g. its node died)
+        gets the current weights (else workers and trainers would wait on each other)."""
+        deadline, pending = time.monotonic() + timeout_s, list(refs.values())
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=len(pending),
+                                      timeout=min(SUPERVISE_INTERVAL_S, max(deadline - time.monotonic(), 0)))
+            if any(_raised(ref) for ref in ready):
+                break  # get_named names the failure
+            if pending:
+                self.check_workers()
+                self.weight_sync.heal(self.policy_version)
+        return get_named(refs, max(deadline - time.monotonic(), 0.1), what)
+
+    def check_workers(self) -> None:
+        """Restart a worker whose run ended (its env raised, or its process died) and run it again."""
+        for name, ref in list(self.worker_runs.items()):
+            if ray.wait([ref], timeout=0)[0]:
+                self.workers.restart(name, failure_reason(ref))
+                self.worker_runs[name] = self.workers[name].run.remote()
+
+    def snapshot(self) -> dict[str, Any]:
+        timeout = self.cfg.actor_timeout_s
+        stats = ray.get(self.stats.snapshot.remote(), timeout=timeout)
+        rows = [s for s in self.inference.call("stats", what="stats").values() if s.get("batches")]
+        inference = {k: sum(r[k] for r in rows) / len(rows) for k in ("batch_size", "forward_ms")} if rows else {}
+        return {"stats": stats, "replay": self.replay_supervisor.counters(), "inference": inference}
+
+    def save_checkpoint(self) -> Path:
+        restarts = {**self.inference.restarts, **self.workers.restarts, **self.evaluators.restarts}
+        return self.checkpointer.save(self.epoch, self.policy_version, {"restarts": restarts})
+
+    def final_evaluation(self) -> Optional[dict]:
+        """The env's registered final evaluation (e.g. CompilerGym's held-out programs) on an
+        evaluator, rollouts paused to free the cores; None if the env registers none."""
+        if envs.final_evaluation_for(self.cfg.env) is None:
+            return None
+        self.workers.call("pause", what="pause")
+        if len(self.evaluators):
+            evaluator = self.evaluators[self.evaluators.names()[0]]
+        else:  # no periodic evaluators: one for the end, on the CPUs the paused workers leave idle
+            evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(
+                0, self.task_set, self.preprocessor_factory, *self._inference_for(0), self.cfg)
+            self.evaluators.members["eval-final"] = evaluator  # shut down with the others
+        return ray.get(evaluator.final_evaluation.remote(self.cfg.env, self.cfg.seed), timeout=self.cfg.startup_timeout_s)
+
+    # ---- views kept for inspection (tests, benchmarks) ------------------------------------
+    @property
+    def pids(self) -> dict[str, int]:
+        return {**self.inference.pids, **self.workers.pids, **self.evaluators.pids}
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        return {**self.inference.restarts, **self.workers.restarts, **self.evaluators.restarts}
+
+    # ---- shut-down ----------------------------------------------------------------------
+    def shutdown(self) -> None:
+        timeout = self.cfg.actor_timeout_s
+        if hasattr(self, "workers"):
+            self.workers.submit("stop")
+            ray.wait(list(self.worker_runs.values()), num_returns=len(self.worker_runs), timeout=timeout)
+        for group in ("evaluators", "trainers", "inference"):
+            if hasattr(self, group):
+                refs = list(getattr(self, group).submit("shutdown").values())
+                ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for group in ("workers", "evaluators", "trainers", "inference"):
+            if hasattr(self, group):
+                getattr(self, group).kill_all()
+        for name in ("replay", "stats", "shared_task_set"):
+            if hasattr(self, name):
+                ray.kill(getattr(self, name))
+        if hasattr(self, "placement"):
+            self.placement.remove()

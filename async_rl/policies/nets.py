@@ -1,0 +1,43 @@
+"""Network building blocks shared by the policies, and their mixed-precision rules.
+
+Precision: a policy's weights may be bf16 (``precision: bf16``, or ``auto`` on CUDA): the
+inference actor casts its copy, DeepSpeed casts the trainer's. Inputs are therefore cast to
+the weights' dtype on the way in (``cast_inputs``) and every statistic a policy returns
+(log-probs, entropies, values, distribution parameters) is computed and returned in float32
+(``.float()`` on the head's output, which keeps gradients), so losses, advantages and the
+wire never see bf16.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:
+    """Tanh MLP ``sizes[0] -> ... -> sizes[-1]``: orthogonal init (gain sqrt 2, ``out_gain`` on the
+    last layer), zero biases, no activation after the last layer."""
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        linear = nn.Linear(n_in, n_out)
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(linear.weight, gain=out_gain if last else np.sqrt(2.0))
+        nn.init.zeros_(linear.bias)
+        layers += [linear] if last else [linear, nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def weight_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype of ``module``'s first floating-point parameter (float32 if it has none)."""
+    for param in module.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
+def cast_inputs(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """A floating-point input in ``module``'s weight dtype (integer inputs, e.g. token ids, unchanged)."""
+    return x.to(weight_dtype(module)) if x.is_floating_point() else x
+

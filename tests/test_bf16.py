@@ -1,0 +1,149 @@
+"""Mixed precision (``precision: bf16``, what ``auto`` picks on CUDA) for every policy, on CPU.
+
+Per policy: the bf16 model takes float32 inputs and returns float32 statistics (first, in
+process: cheap); then a real run (local Ray, DeepSpeed with bf16 on, inference actor in bf16,
+real env) trains for two epochs: finite losses, no skipped update, and the inference actor
+holding exactly trainer rank 0's bf16 weights after the last broadcast.
+"""
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+from tensordict import TensorDict
+
+from async_rl.algo import tanh_gaussian_log_prob
+from async_rl.policies import build_policy, build_preprocessor
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH = ["--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8", "--updates-per-epoch", "1"]
+COMPILER_GYM = ["--env-kwargs", "{train_seeds: [1, 1], eval_seeds: [1000001, 2], max_steps: 4}", "--envs-per-worker", "1",
+                "--replay-capacity", "64", "--rollout-local-buf", "4"]
+LIBERO = ["--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
+                          "settle_steps: 2}", "--rollout-local-buf", "8", "--max-minutes", "null"]
+# policy -> (launch config, overrides, what the env needs)
+RUNS = {
+    "mlp": ("metaworld_mt1_ppo.yaml", ["--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}",
+                                       "--envs-per-worker", "2", "--rollout-local-buf", "8"], "metaworld"),
+    "categorical_mlp": ("compilergym_mlp.yaml", ["--policy", "categorical_mlp", *COMPILER_GYM], "compiler_gym"),
+    "passformer": ("compilergym_passformer.yaml",
+                   [*COMPILER_GYM[:1], "{mode: sequence, seq_len: 6, ir_tokens: 64, train_seeds: [1, 1], "
+                                       "eval_seeds: [1000001, 2]}", *COMPILER_GYM[2:]], "compiler_gym"),
+    "vla": ("libero_ppo.yaml", LIBERO, "libero"),
+    "vla_discrete": ("libero_ppo_discrete.yaml", LIBERO, "libero"),
+}
+
+
+def _unavailable(env: str):
+    if env == "compiler_gym":
+        from envs.compiler_gym import compiler_gym_unavailable_reason
+
+        return compiler_gym_unavailable_reason()
+    if env == "libero":
+        try:
+            import libero  # noqa: F401
+        except ImportError:
+            return "LIBERO is not installed (make setup installs it)"
+    return None
+
+
+# ---- in process: the bf16 model itself ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def vla_path(tmp_path_factory):
+    from async_rl.policies.vla_tiny import build_tiny_vla
+
+    return str(build_tiny_vla(tmp_path_factory.mktemp("tiny_vla")))
+
+
+def _policy_and_obs(name, vla_path, **kwargs):
+    """A policy and a batch of 3 preprocessed observations shaped like its env's."""
+    rng = np.random.default_rng(0)
+    if name == "mlp":
+        return build_policy(name, {"state_dim": 39}, 4), TensorDict({"state": torch.randn(3, 39)}, [3])
+    if name in ("categorical_mlp", "passformer"):
+        spec = {"autophase_dim": 56, "num_actions": 12, "max_steps": 4, "ir_tokens": 24, "ir_vocab_size": 64,
+                "action_vocab": ["<pad>", "<bos>", "<eos>", "<unk>", *[f"-p{i}" for i in range(12)]]}
+        raw = [{"autophase": rng.integers(0, 50, 56).astype(np.float32), "ir_count": 300.0, "step": 1,
+                "ir_tokens": np.concatenate([rng.integers(2, 64, 16), np.zeros(8, np.int64)])} for _ in range(3)]
+        action_dim = 6 if name == "passformer" else 1
+    else:
+        spec = {"image_size": 64, "cameras": ["agentview"]}
+        raw = [{"agentview": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), "instruction": "open the drawer"}] * 3
+        return (build_policy(name, spec, 7, model_path=vla_path, **kwargs),
+                torch.stack([build_preprocessor(name, spec, model_path=vla_path)(o, "t") for o in raw]))
+    pre = build_preprocessor(name, spec)
+    return build_policy(name, spec, action_dim), torch.stack([pre(o, "t") for o in raw])
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_bf16_policy_returns_float32_statistics(name, vla_path):
+    torch.manual_seed(0)
+    policy, obs = _policy_and_obs(name, vla_path)
+    policy = policy.to(torch.bfloat16)
+    out = policy.act(obs)  # float32 observations into bf16 weights
+    floats = {k: v for k, v in out.items() if v.is_floating_point()}
+    assert {k: v.dtype for k, v in floats.items()} == {k: torch.float32 for k in floats}
+    assert all(torch.isfinite(v).all() for v in floats.values()), floats
+    logp, entropy, value = policy.evaluate(obs, out[policy.action_key])
+    for t in (logp, entropy, value):
+        assert t.dtype == torch.float32 and torch.isfinite(t).all()
+    # The trainer re-computes the behaviour log-prob from the same bf16 weights: same numbers.
+    torch.testing.assert_close(logp, out["logp"], atol=0.05, rtol=0.05)
+    (logp.sum() + entropy.sum() + value.sum()).backward()
+    grads = [p.grad for p in policy.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_tanh_gaussian_log_prob_is_finite_at_the_bounds_in_bf16():
+    mu = torch.zeros(4, dtype=torch.bfloat16)
+    action = torch.tensor([-1.0, -0.99999, 0.99999, 1.0], dtype=torch.bfloat16)  # bf16 rounds these to +-1
+    logp = tanh_gaussian_log_prob(mu, torch.zeros_like(mu), action)
+    assert logp.dtype == torch.float32 and torch.isfinite(logp).all(), logp
+
+
+# ---- real runs ---------------------------------------------------------------------------------
+def _inspect(runtime):
+    """After the last broadcast, before shut-down: both copies of the weights."""
+    rank0 = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
+    inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
+    status = ray.get(runtime.trainers["trainer-0"].status.remote(), timeout=60)
+    return {"rank0": rank0, "inference": inference, "status": status}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_bf16_run_trains_and_syncs_weights(tmp_path, name):
+    from async_rl.config import load_config  # noqa: PLC0415  (the runtime: only the real runs need it)
+    from async_rl.driver import run  # noqa: PLC0415
+
+    launch_config, overrides, env = RUNS[name]
+    reason = _unavailable(env)
+    if reason:
+        pytest.skip(str(reason))
+    cfg = load_config(["--precision", "bf16", "--log-dir", str(tmp_path / "run"), "--max-epochs", "2",
+                       "--swanlab-mode", "disabled", "--num-trainers", "1", "--num-rollout-workers", "1",
+                       "--num-eval-workers", "0", *BATCH, *overrides], str(ROOT / "configs" / launch_config))
+    summary = run(cfg, inspect=_inspect)
+    seen = summary["inspect"]
+
+    assert summary["epochs"] == 2 and summary["sync/policy_version"] == 2
+    for key in ("train/policy_loss", "train/value_loss", "train/entropy"):
+        assert math.isfinite(summary[key]), (key, summary[key])
+    assert seen["status"]["global_step"] == 2 and seen["status"]["skipped_updates"] == 0, seen["status"]
+    # The trainer trains in bf16 and the inference actor serves its exact weights.
+    rank0, inference = seen["rank0"], seen["inference"]
+    assert rank0.keys() == inference.keys()
+    assert {v.dtype for v in rank0.values() if v.is_floating_point()} == {torch.bfloat16}
+    for key, value in rank0.items():
+        torch.testing.assert_close(inference[key], value, rtol=0, atol=0, msg=key)
+
+
+def test_vla_with_a_bf16_backbone_and_float32_heads(vla_path):
+    """``policy_kwargs dtype: bfloat16`` loads only the backbone in bf16; the heads stay float32."""
+    mixed, obs = _policy_and_obs("vla", vla_path, dtype="bfloat16")
+    assert next(mixed.backbone.parameters()).dtype == torch.bfloat16
+    assert next(mixed.value_head.parameters()).dtype == torch.float32
+    out = mixed.act(obs)
+    logp, entropy, value = mixed.evaluate(obs, out["action"])
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in (out["logp"], logp, entropy, value))
