@@ -22,6 +22,13 @@ INSTALL_REQUIRES = [
     "tensorboard>=2.21,<3",
     "rich>=13.6",
     "numpy>=2,<3",
+    # The end-of-run report's plots (async_rl/report.py, Agg backend).
+    "matplotlib>=3.8",
+    # Episode videos: SummaryWriter.add_video imports moviepy.editor, which moviepy 2 removed;
+    # MP4 files are written by imageio with imageio-ffmpeg's own ffmpeg binary.
+    "moviepy>=1.0.3,<2",
+    "imageio>=2.30",
+    "imageio-ffmpeg>=0.5",
 ]
 
 EXTRAS_REQUIRE = {

@@ -51,6 +51,11 @@ class RunSection(_Section):
     eval_interval_epochs: Positive = 5
     eval_episodes: Positive = 2
     eval_deterministic: bool = True
+    video_interval_evals: pydantic.NonNegativeInt = 5
+    """record episode videos (TensorBoard eval_video/*, <log_dir>/videos/*.mp4) at the 1st, (N+1)th, ... evaluation; 0 = never"""
+    video_episodes: pydantic.NonNegativeInt = 1
+    """episodes recorded per such evaluation (the first of each task first)"""
+    video_fps: Positive = 20
 
 
 class EnvSection(_Section):

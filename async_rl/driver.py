@@ -20,12 +20,13 @@ from async_rl import checkpoint as ckpt
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.orchestration.actor_group import get_named  # noqa: F401 (the driver's fan-in, re-exported)
-from async_rl.orchestration.metrics import MetricsReporter, eval_scalars, snapshot_scalars, training_scalars
+from async_rl.orchestration.metrics import MetricsReporter, snapshot_scalars, training_scalars
 from async_rl.orchestration.placement import LOCALHOST, lost_node_note
 from async_rl.orchestration.progress import ProgressDisplay
 from async_rl.orchestration.runtime import Runtime, obs_spec_of
 from async_rl.orchestration.schedules import schedule_for, worker_share  # noqa: F401 (re-exported)
 from async_rl.policies import prepare_policy
+from async_rl.report import report_at_end
 from async_rl.runtime import check_resources, pythonpath_with
 
 console = Console(stderr=True)
@@ -99,6 +100,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
         reporter.close()
         runtime.shutdown()
         ray.shutdown()
+        report_at_end(cfg.log_dir, console)  # plots + report.md; a failure is one yellow line
 
 
 def _train(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> None:
@@ -115,7 +117,7 @@ def _train(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> None
             scalars = training_scalars(runtime.train_epoch(), runtime.policy_version)
             runtime.check_workers()
             for result in runtime.eval_poller.poll(runtime.epoch):
-                scalars.update(eval_scalars(result))
+                scalars.update(reporter.evaluation(result, runtime.epoch))  # scalars; videos logged
             if time.monotonic() - last_log >= cfg.log_interval_seconds:
                 scalars.update(snapshot_scalars(runtime.snapshot()))
                 last_log = time.monotonic()
@@ -135,7 +137,7 @@ def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> dic
     final = snapshot_scalars(runtime.snapshot())
     wait_s = min(cfg.actor_timeout_s, max(deadline - time.monotonic(), 0.0) + FINAL_EVAL_GRACE_S)
     for result in runtime.eval_poller.finish(wait_s):
-        final.update(eval_scalars(result))
+        final.update(reporter.evaluation(result, runtime.epoch))
     report = runtime.final_evaluation()
     if report is not None:
         final.update(report["scalars"])

@@ -31,12 +31,31 @@ def mean_metrics(rows: list[Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
+# TensorBoard's custom-scalars layout (the "Custom Scalars" tab), written once per run: the tags grouped
+# by namespace, several related tags on one chart. Patterns are regular expressions over tag names.
+TB_LAYOUT = {
+    "train": {"losses": ["Multiline", [r"train/.*loss$"]],
+              "clip, ratio, ESS": ["Multiline", [r"train/(clip_frac|ess|ratio_(mean|min|max)|approx_kl)$"]],
+              "entropy": ["Multiline", [r"train/entropy"]], "learning rates": ["Multiline", [r"train/lr_"]]},
+    "rollout": {"return": ["Multiline", [r"rollout/episode_return$", r"rollout_task/.*/episode_return"]],
+                "success": ["Multiline", [r"rollout/success_rate$", r"rollout_task/.*/success_rate"]],
+                "env steps/s": ["Multiline", [r"rollout/env_steps_per_sec"]],
+                "policy lag": ["Multiline", [r"rollout/policy_lag"]]},
+    "eval": {"success": ["Multiline", [r"eval/success_rate", r"eval_task/.*/success_rate"]],
+             "return": ["Multiline", [r"eval/return"]], "recording cost (s/episode)": ["Multiline", [r"eval/media_"]]},
+    "health": {"restarts, drops, skips": ["Multiline", [r"health/"]]},
+    "sync": {"broadcast seconds": ["Multiline", [r"sync/broadcast"]], "policy version": ["Multiline", [r"sync/policy_version"]]},
+    "replay": {"buffer": ["Multiline", [r"replay/"]]},
+}
+
+
 class MetricsLogger:
     def __init__(self, log_dir: str, swanlab_mode: str = "offline", config: Mapping[str, Any] | None = None,
                  project: str = "async_rl") -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.tb = SummaryWriter(str(self.log_dir))
+        self.tb.add_custom_scalars(TB_LAYOUT)
         self._swanlab = None
         if swanlab_mode != "disabled":
             import swanlab

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import ray
 
+from async_rl import checkpoint as ckpt
 from async_rl.config import load_config
 from async_rl.driver import run
 
@@ -64,6 +65,8 @@ def test_a_killed_evaluator_and_a_killed_replay_buffer_do_not_end_the_run(tmp_pa
     assert seen["results_after"] and all("tasks" in r for r in seen["results_after"])
     assert seen["restored_from"] is not None and Path(seen["restored_from"]).name.startswith("epoch-")
     assert seen["checkpoint"].is_dir()
+    curriculum = ckpt.read_meta(seen["checkpoint"])["curriculum"]  # every worker's task sampler is kept
+    assert set(curriculum) == {"worker-0", "worker-1"} and all(len(c["outcomes"]) == 1 for c in curriculum.values())
     health = seen["health"]
     assert health["evaluator_restarts"] == 1 and health["replay_restarts"] == 1, health
     assert "replay_items_lost" in health

@@ -16,21 +16,28 @@ from tensordict import TensorDict
 
 from async_rl.algo import tanh_gaussian_log_prob
 from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies.nets import cast_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = ["--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8", "--updates-per-epoch", "1"]
-COMPILER_GYM = ["--env-kwargs", "{train_seeds: [1, 1], eval_seeds: [1000001, 2], max_steps: 4}", "--envs-per-worker", "1",
-                "--replay-capacity", "64", "--rollout-local-buf", "4"]
+
+
+def _compiler_gym(env_kwargs: str) -> list[str]:
+    """Two small csmith programs, one env per worker (each env is a CompilerGym process)."""
+    return ["--env-kwargs", f"{{train_seeds: [1, 1], eval_seeds: [1000001, 2], {env_kwargs}}}", "--envs-per-worker", "1",
+            "--replay-capacity", "64", "--rollout-local-buf", "4"]
+
+
 LIBERO = ["--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
                           "settle_steps: 2}", "--rollout-local-buf", "8", "--max-minutes", "null"]
 # policy -> (launch config, overrides, what the env needs)
 RUNS = {
     "mlp": ("metaworld_mt1_ppo.yaml", ["--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}",
                                        "--envs-per-worker", "2", "--rollout-local-buf", "8"], "metaworld"),
-    "categorical_mlp": ("compilergym_mlp.yaml", ["--policy", "categorical_mlp", *COMPILER_GYM], "compiler_gym"),
-    "passformer": ("compilergym_passformer.yaml",
-                   [*COMPILER_GYM[:1], "{mode: sequence, seq_len: 6, ir_tokens: 64, train_seeds: [1, 1], "
-                                       "eval_seeds: [1000001, 2]}", *COMPILER_GYM[2:]], "compiler_gym"),
+    "categorical_mlp": ("compilergym_mlp.yaml", ["--policy", "categorical_mlp", *_compiler_gym("max_steps: 4")],
+                        "compiler_gym"),
+    "passformer": ("compilergym_passformer.yaml", _compiler_gym("mode: sequence, seq_len: 6, ir_tokens: 64"),
+                   "compiler_gym"),
     "vla": ("libero_ppo.yaml", LIBERO, "libero"),
     "vla_discrete": ("libero_ppo_discrete.yaml", LIBERO, "libero"),
 }
@@ -81,7 +88,7 @@ def _policy_and_obs(name, vla_path, **kwargs):
 def test_bf16_policy_returns_float32_statistics(name, vla_path):
     torch.manual_seed(0)
     policy, obs = _policy_and_obs(name, vla_path)
-    policy = policy.to(torch.bfloat16)
+    policy = cast_parameters(policy, torch.bfloat16)  # as DeepSpeed and the inference actor cast it
     out = policy.act(obs)  # float32 observations into bf16 weights
     floats = {k: v for k, v in out.items() if v.is_floating_point()}
     assert {k: v.dtype for k, v in floats.items()} == {k: torch.float32 for k in floats}

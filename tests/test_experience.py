@@ -191,3 +191,18 @@ def test_failure_weighted_task_sampling():
     for _ in range(4):
         sampler.record(0, success=True)  # the window forgets old failures
     np.testing.assert_allclose(sampler.probabilities(), [1 / 3] * 3)
+
+
+def test_task_sampler_state_survives_a_json_checkpoint():
+    """The curriculum a checkpoint keeps: recent outcomes and the RNG continue exactly after a resume."""
+    import json
+
+    sampler = FailureWeightedTaskSampler(3, window=4, rng=np.random.default_rng(5))
+    for task, success in [(0, False), (0, False), (2, True), (1, False)]:
+        sampler.record(task, success)
+    sampler.sample()
+    state = json.loads(json.dumps(sampler.state_dict()))  # as meta.json stores it
+    restored = FailureWeightedTaskSampler(3, window=4, rng=np.random.default_rng(99))
+    restored.load_state_dict(state)
+    np.testing.assert_allclose(restored.probabilities(), sampler.probabilities())
+    assert [restored.sample() for _ in range(50)] == [sampler.sample() for _ in range(50)]

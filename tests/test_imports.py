@@ -16,7 +16,7 @@ LAYERS = {
     "async_rl": 0,  # package docstring / version only
     "async_rl.errors": 0, "async_rl.validation": 0, "async_rl.registry": 0, "async_rl.tokens": 0,
     "async_rl.runtime": 0, "async_rl.logger": 0, "async_rl.checkpoint": 0, "async_rl.weight_sync": 0,
-    "async_rl.experience": 0,  # the record's schema and wire format; estimators (algo) build records
+    "async_rl.media": 0, "async_rl.experience": 0,  # the record's schema and wire format; estimators (algo) build records
     "async_rl.algo": 1,
     "async_rl.config": 2, "async_rl.policies": 2, "envs": 2,
     "async_rl.actors": 3, "async_rl.orchestration": 3, "async_rl.driver": 3, "async_rl.report": 3,

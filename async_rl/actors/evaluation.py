@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -14,6 +15,7 @@ import envs
 
 from async_rl.actors.rollout_worker import EnvPool, EnvThread, PolicyClient
 from async_rl.experience import from_wire, to_wire
+from async_rl.media import frame_of
 from async_rl.runtime import configure_torch
 
 
@@ -32,23 +34,39 @@ class EvaluationWorkerActor:
         self.task_names = list(task_set.task_names)
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
         self._env_thread = EnvThread(f"eval-{index}-env")
+        self.media_seconds = 0.0  # time spent rendering frames in the current evaluation
 
     def _env(self, slot: int, task: int) -> Any:
         while len(self.pools) <= slot:
             self.pools.append(EnvPool(self.task_set, seed=self.seed + 1_000_003 * len(self.pools)))
         return self.pools[slot].get(task)
 
-    async def _run_episodes(self, episodes: list[int], deterministic: bool, versions: set[int]) -> list[tuple[bool, float]]:
-        """(success, return) of one episode of each task in ``episodes``, stepped together."""
+    async def _run_episodes(self, episodes: list[int], deterministic: bool, versions: set[int],
+                            frames: Optional[dict[int, list]] = None) -> list[tuple[bool, float]]:
+        """(success, return) of one episode of each task in ``episodes``, stepped together;
+        ``frames[k]`` (episode media), where given, collects episode k's frames."""
+        frames = frames or {}
+
+        def grab(k: int, env: Any, raw: Any) -> Any:  # episode media: rendering runs in the env thread too
+            if k in frames:
+                began = time.perf_counter()
+                frame = frame_of(env, raw)
+                self.media_seconds += time.perf_counter() - began
+                if frame is not None:
+                    frames[k].append(frame)
+            return raw
+
         def start() -> tuple[list, list]:  # in the env thread, as every env call
             made = [self._env(slot, task) for slot, task in enumerate(episodes)]
-            return made, [self.preprocess(env.reset(), self.task_names[task]) for env, task in zip(made, episodes)]
+            return made, [self.preprocess(grab(k, env, env.reset()), self.task_names[task])
+                          for k, (env, task) in enumerate(zip(made, episodes))]
 
         def step(running: list[int], actions: np.ndarray) -> list[tuple]:
             """(next observation, or None at the episode's end; reward; info) of each running env."""
             stepped = []
             for row, k in enumerate(running):
                 raw, reward, terminated, truncated, info = envs[k].step(actions[row])
+                grab(k, envs[k], raw)
                 end = terminated or truncated
                 stepped.append((None if end else self.preprocess(raw, self.task_names[episodes[k]]), reward, info))
             return stepped
@@ -70,18 +88,26 @@ class EvaluationWorkerActor:
             running = still
         return list(zip(success, returns))
 
-    async def evaluate(self, episodes_per_task: int, deterministic: bool) -> dict[str, Any]:
-        """Success rate and mean return per task, and the policy versions that acted."""
+    async def evaluate(self, episodes_per_task: int, deterministic: bool, record: int = 0) -> dict[str, Any]:
+        """Success rate and mean return per task, and the policy versions that acted; with ``record``,
+        also ``videos`` (uint8 [T, H, W, 3] per episode: the first episode of each task first)."""
         episodes = [task for task in range(len(self.task_names)) for _ in range(episodes_per_task)]
         versions: set[int] = set()
         outcomes: list[tuple[bool, float]] = []
+        recorded = set(sorted(range(len(episodes)), key=lambda i: (i % episodes_per_task, i))[:record])
+        videos: dict[str, np.ndarray] = {}
+        self.media_seconds = 0.0
         for start in range(0, len(episodes), self.parallel):
-            outcomes += await self._run_episodes(episodes[start:start + self.parallel], deterministic, versions)
+            batch = episodes[start:start + self.parallel]
+            frames = {k: [] for k in range(len(batch)) if start + k in recorded}
+            outcomes += await self._run_episodes(batch, deterministic, versions, frames)
+            videos.update({f"{self.task_names[batch[k]]}-{start + k}": np.stack(f) for k, f in frames.items() if f})
         per_task = {}
         for task, name in enumerate(self.task_names):
             mine = [o for t, o in zip(episodes, outcomes) if t == task]
             per_task[name] = {"success_rate": sum(s for s, _ in mine) / len(mine), "return": sum(r for _, r in mine) / len(mine)}
-        return {"tasks": per_task, "policy_versions": sorted(versions)}
+        media = {"videos": videos, "media_seconds_per_episode": self.media_seconds / len(videos)} if videos else {}
+        return {"tasks": per_task, "policy_versions": sorted(versions), **media}
 
     async def final_evaluation(self, env_name: str, seed: int) -> Optional[dict[str, Any]]:
         """The evaluation ``env_name`` registers for the end of a run (e.g. CompilerGym's held-out

@@ -21,6 +21,7 @@ from tensordict import TensorDict
 
 from async_rl.errors import ActorTimeoutError
 from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
+from async_rl.policies.nets import cast_parameters
 from async_rl.runtime import configure_torch, resolve_device, use_bf16
 from async_rl.weight_sync import WeightSyncGroup, is_loopback, tensor_signature
 
@@ -191,9 +192,10 @@ class InferenceActor:
         self.name = f"inference-{index}"
         # A GPU named by hand (gpu_id) or given by Ray for this actor's num_gpus.
         self.device = resolve_device("cuda" if gpu_id is not None or ray.get_gpu_ids() else "cpu")
-        # Same dtype as the trainers' module, so the broadcast signatures match.
+        # Same dtypes as the trainers' module (DeepSpeed casts parameters, not buffers), so the
+        # broadcast signatures match.
         dtype = torch.bfloat16 if use_bf16(precision, self.device) else torch.float32
-        self.model = policy_factory().to(self.device, dtype).eval()
+        self.model = cast_parameters(policy_factory().to(self.device), dtype).eval()
         # Only what the experience record keeps leaves this actor (to_wire ships it as float32).
         self._shipped = inference_keys(self.model.action_key, self.model.behaviour_stats)
         self._batch_size, self._timeout_s = batch_size, timeout_ms / 1000.0

@@ -50,6 +50,16 @@ class FailureWeightedTaskSampler:
     def record(self, task: int, success: bool) -> None:
         self.outcomes[task].append(0 if success else 1)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Recent outcomes per task and the RNG state (what a checkpoint keeps of the curriculum)."""
+        return {"outcomes": [list(h) for h in self.outcomes], "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for history, saved in zip(self.outcomes, state["outcomes"], strict=True):
+            history.clear()
+            history.extend(saved)
+        self.rng.bit_generator.state = state["rng"]
+
 
 class EnvPool:
     """One env per task index, created on first use and kept (no rebuild between episodes)."""
@@ -153,6 +163,7 @@ class RolloutWorkerActor:
         self.estimator = advantage_estimator(cfg.advantage)  # what a pushed item is (steps or segments)
         self.task_names: list[str] = []
         self.slots: list[_EnvSlot] = []  # made by run(), once the task set has arrived
+        self._curriculum: Optional[dict[str, Any]] = None  # a checkpoint's task-sampler state, applied by run()
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
         self.replay, self.stats = replay, stats
         self._stopped = False
@@ -270,10 +281,20 @@ class RolloutWorkerActor:
         self.task_names = list(task_set.task_names)
         self.sampler = FailureWeightedTaskSampler(len(self.task_names), cfg.task_failure_window,
                                                   np.random.default_rng(cfg.seed + index))
+        if self._curriculum is not None:  # from the checkpoint this run resumed
+            self.sampler.load_state_dict(self._curriculum)
         self.slots = [
             _EnvSlot(EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1) + 7_777 * k), self._segmenter())
             for k in range(cfg.envs_per_worker)
         ]
+
+    async def curriculum_state(self) -> Optional[dict[str, Any]]:
+        """The task sampler's state (None before the worker has started)."""
+        return self.sampler.state_dict() if self.slots else self._curriculum
+
+    async def load_curriculum_state(self, state: Optional[dict[str, Any]]) -> None:
+        """Continue a checkpoint's curriculum (called before ``run``)."""
+        self._curriculum = state
 
     async def run(self) -> int:
         """Collect until ``stop``; returns the number of env steps taken."""

@@ -18,8 +18,11 @@ console = Console(stderr=True)
 
 
 class EvaluationPoller:
-    def __init__(self, evaluators: ActorGroup, interval_epochs: int, episodes: int, deterministic: bool) -> None:
+    def __init__(self, evaluators: ActorGroup, interval_epochs: int, episodes: int, deterministic: bool,
+                 video_interval_evals: int = 0, video_episodes: int = 0) -> None:
         self.evaluators = evaluators
+        # Episode media: the 1st, (N+1)th, ... evaluation records video_episodes episodes (0: never).
+        self.video_interval, self.video_episodes, self._started = video_interval_evals, video_episodes, 0
         self.interval, self.episodes, self.deterministic = interval_epochs, episodes, deterministic
         self.in_flight: dict[str, ray.ObjectRef] = {}
         self._next = 0  # round-robin position
@@ -31,7 +34,9 @@ class EvaluationPoller:
         if epoch % self.interval == 0 and epoch != self._last_started_epoch:
             name = self._free_evaluator()
             if name is not None:
-                self.in_flight[name] = self.evaluators[name].evaluate.remote(self.episodes, self.deterministic)
+                record = self.video_episodes if self.video_interval and self._started % self.video_interval == 0 else 0
+                self._started += 1
+                self.in_flight[name] = self.evaluators[name].evaluate.remote(self.episodes, self.deterministic, record)
                 self._last_started_epoch = epoch
         return results
 

@@ -5,9 +5,13 @@ diagnostic needs no change here); only the few keys that describe something else
 to their own namespace."""
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
 
+from rich.console import Console
+
 from async_rl.logger import MetricsLogger
+from async_rl.media import log_videos
 
 # Trainer keys that are not training diagnostics: where they go instead of train/<key>.
 TRAINER_ROUTES = {
@@ -71,6 +75,7 @@ class MetricsReporter:
     def __init__(self, cfg: Any) -> None:
         self.logger = MetricsLogger(cfg.log_dir, cfg.swanlab_mode, cfg.model_dump())
         self.latest: dict[str, Any] = {}
+        self.log_dir, self.video_fps = cfg.log_dir, cfg.video_fps
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.logger.log(scalars, step)
@@ -78,6 +83,20 @@ class MetricsReporter:
 
     def histogram(self, tag: str, values: Any, step: int) -> None:
         self.logger.histogram(tag, values, step)
+
+    def evaluation(self, result: Mapping[str, Any], step: int) -> dict[str, float]:
+        """An evaluation's scalars (``eval_scalars``); its episode videos, if any, go to TensorBoard
+        and to <log_dir>/videos/ now, with what recording cost per episode (eval/media_seconds_*)."""
+        scalars = eval_scalars(result)
+        if result.get("videos"):
+            began = time.perf_counter()
+            try:
+                log_videos(self.logger.tb, result["videos"], step, self.log_dir, self.video_fps)
+            except Exception as exc:  # noqa: BLE001  (a video that cannot be written must not end the run)
+                Console(stderr=True).print(f"episode videos not written: {exc!r}", style="yellow", markup=False)
+            scalars["eval/media_seconds_render_per_episode"] = result["media_seconds_per_episode"]
+            scalars["eval/media_seconds_write_per_episode"] = (time.perf_counter() - began) / len(result["videos"])
+        return scalars
 
     def text(self, tag: str, text: str, step: int) -> None:
         """A text panel (e.g. an evaluation table; shown in TensorBoard's text tab as markdown)."""

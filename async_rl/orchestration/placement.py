@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from rich.console import Console
 
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
@@ -231,3 +231,9 @@ def lost_node_note(cfg: Any, placement: Optional[Placement], exc: BaseException)
         return ""
     lost = placement.lost_trainers()
     return f"; lost with its node: {', '.join(lost)}" if lost else ""
+
+
+def on_driver_node() -> dict[str, Any]:
+    """Ray options that keep an actor on the driver's node: the run's singletons (replay buffer,
+    stats) share the driver's fate instead of dying with whichever node Ray picked for them."""
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}

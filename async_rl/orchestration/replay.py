@@ -15,6 +15,7 @@ from rich.console import Console
 from async_rl import checkpoint as ckpt
 from async_rl.actors.replay_buffer import ReplayBufferActor
 from async_rl.errors import ActorFailedError
+from async_rl.orchestration.placement import on_driver_node
 
 console = Console(stderr=True)
 
@@ -23,7 +24,7 @@ class ReplaySupervisor:
     def __init__(self, cfg: Any, name: str, record_health: Callable[[str, int], None]) -> None:
         self.cfg, self.record_health = cfg, record_health
         self.actor = ReplayBufferActor.options(num_cpus=0, name=name, max_restarts=cfg.actor_max_restarts,
-                                               max_task_retries=0).remote(
+                                               max_task_retries=0, **on_driver_node()).remote(
             cfg.replay_capacity, cfg.seed, str(ckpt.checkpoint_root(cfg.log_dir)))
         self.restarts = 0
         self.pid: Optional[int] = None
@@ -44,7 +45,11 @@ class ReplaySupervisor:
 
     def counters(self) -> dict[str, int]:
         """The buffer's counters; notices (and accounts for) a restart since the last call."""
-        status = ray.get(self.actor.status.remote(), timeout=self.cfg.actor_timeout_s)
+        try:
+            status = ray.get(self.actor.status.remote(), timeout=self.cfg.actor_timeout_s)
+        except ray.exceptions.RayActorError as exc:  # died or restarting (snapshot between two calls): wait, ask again
+            self._wait_until_back(exc)
+            status = ray.get(self.actor.status.remote(), timeout=self.cfg.actor_timeout_s)
         if self.pid is not None and status["pid"] != self.pid:
             self._account_restart(status)
         self.pid, self.last_counters = status["pid"], status["counters"]

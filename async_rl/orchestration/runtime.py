@@ -11,6 +11,7 @@ from typing import Any, Optional
 import ray
 
 import envs
+from async_rl import checkpoint as ckpt
 from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.actors.inference import InferenceActor
 from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
@@ -21,7 +22,7 @@ from async_rl.logger import mean_metrics
 from async_rl.orchestration.actor_group import ActorGroup, failure_reason, get_named
 from async_rl.orchestration.checkpointer import Checkpointer
 from async_rl.orchestration.evaluation import EvaluationPoller
-from async_rl.orchestration.placement import Placement
+from async_rl.orchestration.placement import Placement, on_driver_node
 from async_rl.orchestration.replay import ReplaySupervisor
 from async_rl.orchestration.weight_sync import WeightSyncCoordinator
 from async_rl.policies import build_policy, build_preprocessor
@@ -59,7 +60,7 @@ class Runtime:
     # ---- start-up -----------------------------------------------------------------------
     def start(self) -> None:
         cfg, timeout = self.cfg, self.cfg.actor_timeout_s
-        self.stats = StatsActor.options(num_cpus=0, name=self.named("stats")).remote()
+        self.stats = StatsActor.options(num_cpus=0, name=self.named("stats"), **on_driver_node()).remote()
         count = lambda counter: self.stats.record_health.remote(counter)  # noqa: E731
         self.replay_supervisor = ReplaySupervisor(cfg, self.named("replay"),
                                                   lambda key, n: self.stats.record_health.remote(key, n))
@@ -93,15 +94,19 @@ class Runtime:
                                             max_restarts=cfg.actor_max_restarts, restart_counter="evaluator_restarts",
                                             on_restart=count)
         self.eval_poller = EvaluationPoller(self.evaluators, cfg.eval_interval_epochs, cfg.eval_episodes,
-                                            cfg.eval_deterministic)
+                                            cfg.eval_deterministic, cfg.video_interval_evals, cfg.video_episodes)
         # Restartable workers find the task set and their peers by name (async_rl/actors/peers.py).
-        self.shared_task_set = SharedValue.options(name=self.named("task-set")).remote(self.task_set)
+        self.shared_task_set = SharedValue.options(name=self.named("task-set"), **on_driver_node()).remote(self.task_set)
         self.workers = ActorGroup("worker", {
             f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, **restartable).remote(
                 i, WorkerPeers(self.named("task-set"), self.named(self._inference_for(i)[1]), self.named("replay"),
                                self.named("stats")),
                 self.preprocessor_factory, cfg)
             for i in range(cfg.num_rollout_workers)}, timeout, cfg.actor_max_restarts, on_restart=count)
+        if cfg.resume:  # submitted before run(), so applied before the first episode
+            saved = ckpt.read_meta(Path(cfg.resume)).get("curriculum", {})
+            for name, worker in self.workers.items():
+                worker.load_curriculum_state.remote(saved.get(name))
         self.worker_runs = self.workers.submit("run")
         self.inference.record_pids()
         self.workers.record_pids()
@@ -164,8 +169,9 @@ class Runtime:
         return {"stats": stats, "replay": self.replay_supervisor.counters(), "inference": inference}
 
     def save_checkpoint(self) -> Path:
-        restarts = {**self.inference.restarts, **self.workers.restarts, **self.evaluators.restarts}
-        return self.checkpointer.save(self.epoch, self.policy_version, {"restarts": restarts})
+        curriculum = self.workers.call("curriculum_state", what="curriculum_state")  # task sampler per worker
+        return self.checkpointer.save(self.epoch, self.policy_version, {"restarts": self.restarts,
+                                                                         "curriculum": curriculum})
 
     def final_evaluation(self) -> Optional[dict]:
         """The env's registered final evaluation (e.g. CompilerGym's held-out programs) on an

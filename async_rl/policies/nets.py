@@ -41,3 +41,13 @@ def cast_inputs(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """A floating-point input in ``module``'s weight dtype (integer inputs, e.g. token ids, unchanged)."""
     return x.to(weight_dtype(module)) if x.is_floating_point() else x
 
+
+
+def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``module`` with its floating-point parameters in ``dtype`` and its buffers untouched, as
+    DeepSpeed casts a bf16 model (float32 buffers such as rotary ``inv_freq`` or BART's
+    ``final_logits_bias`` stay float32): an inference copy cast this way matches the trainers'."""
+    for param in module.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+    return module

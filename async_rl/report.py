@@ -1,0 +1,195 @@
+"""A run's report: PNG plots and a short markdown summary, read from its TensorBoard event files.
+
+    python -m async_rl.report RUN_DIR [RUN_DIR ...] [--out DIR]
+
+One run: ``RUN_DIR/report/``. Several runs (e.g. one per clip mode): one line per run on every
+plot, written to ``--out`` (default ``./report``). The driver calls ``write_report`` at the end
+of every run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from async_rl import checkpoint as ckpt
+
+# Figures: (file stem, title, tag patterns). A tag goes to the first figure whose pattern matches
+# it; train/* tags no figure names go to "train_diagnostics", so a new loss diagnostic is plotted.
+FIGURES = (
+    ("return", "Episode return", (r"rollout/episode_return$", r"eval/return$")),
+    ("success", "Success rate", (r"rollout/success_rate$", r"eval/success_rate$")),
+    ("losses", "Losses", (r"train/.*loss$",)),
+    ("clip_ess", "Clipping, importance weights and ESS", (r"train/(clip|ess|ratio|is_|approx_kl|dead_grad)",)),
+    ("train_diagnostics", "Other training diagnostics", (r"train/",)),
+    ("throughput", "Throughput", (r"rollout/env_steps_per_sec$", r"sync/broadcast_seconds$")),
+    ("policy_lag", "Policy lag (versions)", (r"rollout/policy_lag", )),
+)
+# The summary's final metrics, in this order, where the run has them.
+HEADLINE = ("rollout/episode_return", "rollout/success_rate", "eval/success_rate", "eval/return",
+            "rollout/env_steps_per_sec", "rollout/policy_lag", "train/policy_loss", "train/value_loss",
+            "train/entropy", "train/clip_frac", "train/ess", "sync/policy_version", "rollout/total_env_steps")
+CONFIG_KEYS = ("env", "env_kwargs", "policy", "clip_mode", "advantage", "num_trainers", "num_rollout_workers",
+               "super_batch_size", "max_epochs", "max_minutes", "seed", "sync")
+
+
+@dataclass
+class RunData:
+    """What a report needs of one run directory."""
+
+    path: Path
+    scalars: dict[str, tuple[list[int], list[float]]]
+    wall_seconds: float
+    config: dict[str, Any] = field(default_factory=dict)
+    checkpoint: Optional[Path] = None
+    name: str = ""  # the run's name on plots: its directory's name (with its parent's where two clash)
+
+    @property
+    def label(self) -> str:
+        mode = self.config.get("clip_mode")
+        return f"{self.name or self.path.name} ({mode})" if mode else (self.name or self.path.name)
+
+    def final(self, tag: str) -> Optional[float]:
+        values = self.scalars.get(tag, ([], []))[1]
+        return values[-1] if values else None
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Every scalar of ``run_dir``'s event files, its wall time, and the newest checkpoint's config."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory (give a run's --log-dir)")
+    events = EventAccumulator(str(path), size_guidance={"scalars": 0}).Reload()
+    scalars, times = {}, []
+    for tag in events.Tags()["scalars"]:
+        rows = events.Scalars(tag)
+        scalars[tag] = ([r.step for r in rows], [r.value for r in rows])
+        times += [rows[0].wall_time, rows[-1].wall_time]
+    if not scalars:
+        raise FileNotFoundError(f"{path} holds no TensorBoard scalars (is it a run's --log-dir?)")
+    latest = ckpt.latest_checkpoint(str(path))
+    config = json.loads((latest / ckpt.META).read_text()).get("config", {}) if latest else {}
+    return RunData(path, scalars, max(times) - min(times), config, latest)
+
+
+def figure_tags(tags: Sequence[str]) -> dict[str, list[str]]:
+    """Tags of each figure (the first matching figure wins); figures with no tag are left out."""
+    out: dict[str, list[str]] = {}
+    for tag in sorted(tags):
+        for stem, _, patterns in FIGURES:
+            if any(re.match(p, tag) for p in patterns):
+                out.setdefault(stem, []).append(tag)
+                break
+    return out
+
+
+def plot_figures(runs: Sequence[RunData], out: Path) -> list[Path]:
+    """One PNG per figure; a subplot per tag, a line per run."""
+    import matplotlib  # noqa: PLC0415  (imported here: a run that never reports does not pay for it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    out.mkdir(parents=True, exist_ok=True)
+    titles = {stem: title for stem, title, _ in FIGURES}
+    written = []
+    grouped = figure_tags({t for run in runs for t in run.scalars})
+    for stem, tags in [(stem, grouped[stem]) for stem, _, _ in FIGURES if stem in grouped]:
+        cols = min(3, len(tags))
+        rows = math.ceil(len(tags) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+        for ax, tag in zip(axes.flat, tags):
+            for run in runs:
+                if tag in run.scalars:
+                    steps, values = run.scalars[tag]
+                    ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=run.label)
+            ax.set_title(tag, fontsize=9)
+            ax.set_xlabel("epoch", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(tags):]:
+            ax.set_visible(False)
+        if len(runs) > 1:
+            axes.flat[0].legend(fontsize=7)
+        fig.suptitle(titles[stem])
+        fig.tight_layout()
+        path = out / f"{stem}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def summary_markdown(runs: Sequence[RunData], plots: Sequence[Path], out: Path) -> str:
+    """The markdown summary: per run its config, wall time, epochs, checkpoint; final metrics; plots."""
+    lines = ["# Run report", ""]
+    for run in runs:
+        epochs = max((steps[-1] for steps, _ in run.scalars.values() if steps), default=0)
+        lines += [f"## {run.label}", "", f"- run directory: `{run.path}`",
+                  f"- wall time (first to last logged metric): {run.wall_seconds:.0f} s, {epochs} epochs",
+                  f"- checkpoint: `{run.checkpoint}`" if run.checkpoint else "- checkpoint: none"]
+        videos = sorted(run.path.glob("videos/*.mp4"))
+        if videos:
+            lines.append(f"- episode videos: {len(videos)} under `{run.path / 'videos'}` (newest `{videos[-1].name}`)")
+        if run.config:
+            lines.append("- config: " + ", ".join(f"`{k}={json.dumps(run.config[k])}`" for k in CONFIG_KEYS if k in run.config))
+        else:
+            lines.append("- config: no checkpoint in the run directory, so no saved config")
+        lines.append("")
+    headline = [t for t in HEADLINE if any(t in run.scalars for run in runs)]
+    lines += ["## Final metrics", "", "| metric | " + " | ".join(r.label for r in runs) + " |",
+              "|---|" + "---|" * len(runs)]
+    lines += [f"| {t} | " + " | ".join(_fmt(r.final(t)) for r in runs) + " |" for t in headline]
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(out)})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dirs: Sequence[str | Path], out: Optional[str | Path] = None) -> Path:
+    """Plots and ``report.md`` for ``run_dirs`` under ``out`` (default: the run's ``report/``
+    for one run, ``./report`` for several); returns the markdown file's path."""
+    runs = [load_run(d) for d in run_dirs]
+    for run in runs:
+        clash = sum(r.path.name == run.path.name for r in runs) > 1
+        run.name = f"{run.path.parent.name}/{run.path.name}" if clash else run.path.name
+    target = Path(out) if out else (runs[0].path / "report" if len(runs) == 1 else Path("report"))
+    plots = plot_figures(runs, target)
+    path = target / "report.md"
+    path.write_text(summary_markdown(runs, plots, target))
+    return path
+
+
+def report_at_end(log_dir: str, console: Any) -> None:
+    """The driver's call at the end of a run: a report that cannot be written is one yellow line, never a failure."""
+    try:
+        console.print(f"report: {write_report([log_dir])}", markup=False, soft_wrap=True)
+    except Exception as exc:  # noqa: BLE001
+        console.print(f"no report written for {log_dir}: {exc!r}", style="yellow", markup=False, soft_wrap=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m async_rl.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run's --log-dir (several: compared on one plot)")
+    parser.add_argument("--out", help="output directory (default: RUN_DIR/report for one run, ./report for several)")
+    args = parser.parse_args(argv)
+    try:
+        path = write_report(args.run_dirs, args.out)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {path} ({len(list(path.parent.glob('*.png')))} plots)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
