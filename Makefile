@@ -16,5 +16,5 @@ test: setup-dev
 	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900
 
 bench: setup-dev
-	for b in env_raw weight_sync inference throughput async_vs_sync learning; do \
+	for b in env_raw weight_sync inference throughput async_vs_sync learning chaos; do \
 		$(PY) benchmarks/bench_$$b.py --quick --out runs/bench/$$b.json || exit 1; done

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +164,8 @@ class MetaWorldTaskEnv:
             self._renderer = mujoco.Renderer(self._env.model, size, size)
             self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
             self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+            # Freed at interpreter exit while EGL still works (a later __del__ prints EGL errors).
+            self._free_renderer = weakref.finalize(self, self._renderer.close)
         self._renderer.update_scene(self._env.data, camera="corner2")
         return np.ascontiguousarray(self._renderer.render()[::-1])  # the GL image is bottom-up
 
@@ -192,6 +195,6 @@ class MetaWorldTaskEnv:
 
     def close(self) -> None:
         if self._renderer is not None:
-            self._renderer.close()
+            self._free_renderer()
             self._renderer = None
         self._env.close()

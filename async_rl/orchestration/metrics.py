@@ -18,6 +18,7 @@ TRAINER_ROUTES = {
     "policy_lag_mean": "rollout/policy_lag",
     "policy_lag_max": "rollout/policy_lag_max",
     "skipped_updates": "health/skipped_updates",
+    "skipped_minibatches": "health/skipped_minibatches",
     "broadcast_seconds": "sync/broadcast_seconds",
 }
 # Health counters shown from the start (as 0) so that a dashboard has them before anything fails.

@@ -224,12 +224,15 @@ def rendezvous(cfg: Any, trainer0: Any) -> tuple[str, int]:
 
 def lost_node_note(cfg: Any, placement: Optional[Placement], exc: BaseException) -> str:
     """"; lost with its node: trainer-R on node IP" when a cluster run stopped because the node of a
-    trainer rank died (the error itself may name a surviving rank whose collective broke); else ""."""
+    trainer rank died (the error itself may name a surviving rank whose collective broke, or
+    another actor of the lost node); else ""."""
     if placement is None or not cfg.ray_address:
         return ""
-    if isinstance(exc, ActorFailedError) and not exc.actor_name.startswith("trainer"):
-        return ""
-    lost = placement.lost_trainers()
+    # Wait for Ray's verdict only where a lost node is a likely cause: a trainer failed, a wait
+    # timed out, or an actor became unreachable (any actor of the lost node may be noticed first).
+    likely = (not isinstance(exc, ActorFailedError) or exc.actor_name.startswith("trainer")
+              or any(word in str(exc) for word in ("Unavailable", "Died", "died")))
+    lost = placement.lost_trainers(NODE_LOSS_WAIT_S if likely else 0.0)
     return f"; lost with its node: {', '.join(lost)}" if lost else ""
 
 
