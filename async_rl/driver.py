@@ -20,6 +20,7 @@ from async_rl import checkpoint as ckpt
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.orchestration.actor_group import get_named  # noqa: F401 (the driver's fan-in, re-exported)
+from async_rl.orchestration.evaluation import final_evaluation
 from async_rl.orchestration.metrics import MetricsReporter, snapshot_scalars, training_scalars
 from async_rl.orchestration.placement import LOCALHOST, lost_node_note
 from async_rl.orchestration.progress import ProgressDisplay
@@ -138,7 +139,7 @@ def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> dic
     wait_s = min(cfg.actor_timeout_s, max(deadline - time.monotonic(), 0.0) + FINAL_EVAL_GRACE_S)
     for result in runtime.eval_poller.finish(wait_s):
         final.update(reporter.evaluation(result, runtime.epoch))
-    report = runtime.final_evaluation()
+    report = final_evaluation(runtime)
     if report is not None:
         final.update(report["scalars"])
         console.print(report["text"], markup=False, soft_wrap=True)

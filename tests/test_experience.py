@@ -206,3 +206,23 @@ def test_task_sampler_state_survives_a_json_checkpoint():
     restored.load_state_dict(state)
     np.testing.assert_allclose(restored.probabilities(), sampler.probabilities())
     assert [restored.sample() for _ in range(50)] == [sampler.sample() for _ in range(50)]
+
+
+def test_replay_log_keeps_what_a_checkpoint_lacks(tmp_path):
+    """The write-ahead log of the replay buffer: entries survive a new process, are listed in order
+    after a checkpoint's last sequence number, and are trimmed once a checkpoint covers them."""
+    from async_rl.actors.replay_buffer import ReplayLog
+    from async_rl.checkpoint import load_tensordict
+
+    log = ReplayLog(tmp_path / "log")
+    for i in range(4):
+        log.append(TensorDict({"reward": torch.full((2,), float(i))}, batch_size=[2]))
+    reopened = ReplayLog(tmp_path / "log")  # what a restarted buffer sees
+    assert reopened.next_seq == 4
+    after = reopened.entries(after=1)
+    assert [seq for seq, _ in after] == [2, 3]
+    assert [float(load_tensordict(p)["reward"][0]) for _, p in after] == [2.0, 3.0]
+    reopened.drop_through(2)
+    assert [seq for seq, _ in reopened.entries()] == [3]
+    reopened.clear()
+    assert reopened.entries() == []

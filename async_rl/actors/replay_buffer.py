@@ -118,6 +118,46 @@ class ReplayStorage:
         self._generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 
 
+class ReplayLog:
+    """Write-ahead log of accepted batches: a batch is on disk (fsynced) before ``add_batch``
+    acknowledges it, so a buffer that Ray restarts reloads the newest checkpoint and then every
+    batch accepted after it: nothing acknowledged is lost. A checkpoint records the last sequence
+    number it holds; once it is committed, the entries up to that number are deleted."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.next_seq = max((seq for seq, _ in self.entries()), default=-1) + 1
+
+    def entries(self, after: int = -1) -> list[tuple[int, Path]]:
+        found = sorted((int(p.stem), p) for p in self.directory.glob("*.safetensors") if p.stem.isdigit())
+        return [(seq, p) for seq, p in found if seq > after]
+
+    def append(self, batch: TensorDict) -> None:
+        final = self.directory / f"{self.next_seq:012d}.safetensors"
+        tmp = final.with_suffix(".tmp")
+        save_tensordict(batch, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)  # a torn write never carries an entry's name
+        self.next_seq += 1
+
+    def drop_through(self, seq: int) -> None:
+        for entry_seq, path in self.entries():
+            if entry_seq <= seq:
+                path.unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        self.drop_through(self.next_seq)
+        for tmp in self.directory.glob("*.tmp"):
+            tmp.unlink()
+
+
+def log_seq_file(replay_path: Path) -> Path:
+    """Beside a checkpoint's replay.safetensors: the last log entry it contains."""
+    return Path(str(replay_path) + ".log.json")
+
+
 def _restarted() -> bool:
     """Whether Ray restarted this actor (the property reads a deprecated attribute of Ray's own)."""
     with warnings.catch_warnings():
@@ -132,14 +172,27 @@ class ReplayBufferActor:
     def __init__(self, capacity: int, seed: int = 0, checkpoint_root: Optional[str] = None) -> None:
         self._store = ReplayStorage(capacity, seed)
         self._restored_from: Optional[str] = None
-        # Restarted by Ray after a crash: continue from the newest complete checkpoint's items.
-        if checkpoint_root is not None and _restarted():
-            found = complete_checkpoints(Path(checkpoint_root))
-            if found:
-                self._store.load(found[-1] / "replay.safetensors")
-                self._restored_from = str(found[-1])
+        self._log = ReplayLog(Path(checkpoint_root) / "replay-log") if checkpoint_root is not None else None
+        if self._log is not None and _restarted():
+            self._recover(Path(checkpoint_root))
+        elif self._log is not None:
+            self._log.clear()  # a new run (or a resume): what an earlier process logged is not ours
         # What the restore brought back (the supervisor counts the difference as lost).
         self._restored = {"restored_items": self._store.size(), "restored_added": self._store.counters["added"]}
+
+    def _recover(self, checkpoint_root: Path) -> None:
+        """Restarted by Ray after a crash: the newest complete checkpoint's items, then every batch
+        the log holds after it."""
+        found = complete_checkpoints(checkpoint_root)
+        last_in_checkpoint = -1
+        if found:
+            replay_path = found[-1] / "replay.safetensors"
+            self._store.load(replay_path)
+            if log_seq_file(replay_path).is_file():
+                last_in_checkpoint = json.loads(log_seq_file(replay_path).read_text())["last_seq"]
+        for _, path in self._log.entries(after=last_in_checkpoint):
+            self._store.add_batch(load_tensordict(path))
+        self._restored_from = str(found[-1]) if found else "the replay log"
 
     def restored_from(self) -> Optional[str]:
         """The checkpoint this buffer reloaded after a restart (None: first start, or none existed)."""
@@ -154,6 +207,8 @@ class ReplayBufferActor:
                 "counters": {**self.counters(), **(self._restored if self._restored_from else {})}}
 
     def add_batch(self, batch: TensorDict) -> int:
+        if self._log is not None:
+            self._log.append(batch)  # durable before it is acknowledged
         return self._store.add_batch(batch)
 
     def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None) -> Optional[TensorDict]:
@@ -174,7 +229,14 @@ class ReplayBufferActor:
 
     def save(self, path: str) -> int:
         self._store.save(Path(path))
+        if self._log is not None:
+            log_seq_file(Path(path)).write_text(json.dumps({"last_seq": self._log.next_seq - 1}))
         return self._store.size()
+
+    def checkpoint_committed(self, path: str) -> None:
+        """The checkpoint holding ``path`` (a replay.safetensors) is complete: forget the log up to it."""
+        if self._log is not None and log_seq_file(Path(path)).is_file():
+            self._log.drop_through(json.loads(log_seq_file(Path(path)).read_text())["last_seq"])
 
     def load(self, path: str) -> int:
         self._store.load(Path(path))

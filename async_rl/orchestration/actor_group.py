@@ -110,6 +110,19 @@ class ActorGroup(Mapping[str, Any]):
         """Call ``method`` on every member and wait for all (get_named: the failure names its member)."""
         return get_named(self.submit(method, *args, **kwargs), timeout_s or self.timeout_s, what or method)
 
+    def gather(self, method: str, *args: Any, timeout_s: Optional[float] = None) -> dict[str, Any]:
+        """Like ``call``, but a member that is dead, restarting or late answers None instead of
+        failing the whole call (for state that is nice to have, e.g. in a checkpoint)."""
+        refs = self.submit(method, *args)
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s or self.timeout_s)
+        out: dict[str, Any] = {}
+        for name, ref in refs.items():
+            try:
+                out[name] = ray.get(ref, timeout=0)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                out[name] = None
+        return out
+
     def record_pids(self) -> None:
         self.pids.update(self.call("pid", what="pid"))
 

@@ -43,6 +43,7 @@ class Checkpointer:
                 "config": cfg.model_dump(mode="json"), "stats": stats, **extra,
                 "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self.last = ckpt.commit(staging, meta, cfg.keep_checkpoints)
+        self.replay_call("checkpoint_committed", str(self.last / "replay.safetensors"))  # trims its log
         self.epoch = epoch
         console.print(f"checkpoint (epoch {epoch}, policy v{policy_version}): {self.last}", markup=False, soft_wrap=True)
         return self.last

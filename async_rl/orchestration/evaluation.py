@@ -11,6 +11,8 @@ from typing import Any, Optional
 import ray
 from rich.console import Console
 
+import envs
+from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.errors import ActorFailedError, ActorTimeoutError
 from async_rl.orchestration.actor_group import ActorGroup, failure_reason
 
@@ -84,3 +86,19 @@ class EvaluationPoller:
             except ray.exceptions.RayError:
                 self._replace(name, failure_reason(ref))
         return results
+
+
+def final_evaluation(runtime: Any) -> Optional[dict]:
+    """The env's registered final evaluation (e.g. CompilerGym's held-out programs) on an evaluator
+    with the latest weights, rollouts paused to free the cores; None if the env registers none."""
+    cfg, evaluators = runtime.cfg, runtime.evaluators
+    if envs.final_evaluation_for(cfg.env) is None:
+        return None
+    runtime.workers.call("pause", what="pause")
+    if len(evaluators):
+        evaluator = evaluators[evaluators.names()[0]]
+    else:  # no periodic evaluators: one for the end, on the CPUs the paused workers leave idle
+        evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(
+            0, runtime.task_set, runtime.preprocessor_factory, *runtime.inference_for(0), cfg)
+        evaluators.members["eval-final"] = evaluator  # shut down with the others
+    return ray.get(evaluator.final_evaluation.remote(cfg.env, cfg.seed), timeout=cfg.startup_timeout_s)

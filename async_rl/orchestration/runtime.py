@@ -10,7 +10,6 @@ from typing import Any, Optional
 
 import ray
 
-import envs
 from async_rl import checkpoint as ckpt
 from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.actors.inference import InferenceActor
@@ -42,6 +41,24 @@ def _raised(ref: ray.ObjectRef) -> bool:
 
 def obs_spec_of(task_set: Any) -> dict[str, Any]:
     return dict(getattr(task_set, "obs_spec", None) or {"state_dim": task_set.obs_dim})
+
+
+def start_rollout_workers(rt: "Runtime", count: Any) -> ActorGroup:
+    """The rollout workers (restartable by Ray), resuming a checkpoint's curriculum if any."""
+    cfg = rt.cfg
+    # Restartable workers find the task set and their peers by name (async_rl/actors/peers.py).
+    rt.shared_task_set = SharedValue.options(name=rt.named("task-set"), **on_driver_node()).remote(rt.task_set)
+    workers = ActorGroup("worker", {
+        f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, max_restarts=cfg.actor_max_restarts,
+                                                  max_task_retries=0).remote(
+            i, WorkerPeers(rt.named("task-set"), rt.named(rt.inference_for(i)[1]), rt.named("replay"), rt.named("stats")),
+            rt.preprocessor_factory, cfg)
+        for i in range(cfg.num_rollout_workers)}, cfg.actor_timeout_s, cfg.actor_max_restarts, on_restart=count)
+    if cfg.resume:  # submitted before run(), so applied before the first episode
+        saved = ckpt.read_meta(Path(cfg.resume)).get("curriculum", {})
+        for name, worker in workers.items():
+            worker.load_curriculum_state.remote(saved.get(name))
+    return workers
 
 
 class Runtime:
@@ -95,18 +112,7 @@ class Runtime:
                                             on_restart=count)
         self.eval_poller = EvaluationPoller(self.evaluators, cfg.eval_interval_epochs, cfg.eval_episodes,
                                             cfg.eval_deterministic, cfg.video_interval_evals, cfg.video_episodes)
-        # Restartable workers find the task set and their peers by name (async_rl/actors/peers.py).
-        self.shared_task_set = SharedValue.options(name=self.named("task-set"), **on_driver_node()).remote(self.task_set)
-        self.workers = ActorGroup("worker", {
-            f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, **restartable).remote(
-                i, WorkerPeers(self.named("task-set"), self.named(self._inference_for(i)[1]), self.named("replay"),
-                               self.named("stats")),
-                self.preprocessor_factory, cfg)
-            for i in range(cfg.num_rollout_workers)}, timeout, cfg.actor_max_restarts, on_restart=count)
-        if cfg.resume:  # submitted before run(), so applied before the first episode
-            saved = ckpt.read_meta(Path(cfg.resume)).get("curriculum", {})
-            for name, worker in self.workers.items():
-                worker.load_curriculum_state.remote(saved.get(name))
+        self.workers = start_rollout_workers(self, count)
         self.worker_runs = self.workers.submit("run")
         self.inference.record_pids()
         self.workers.record_pids()
@@ -115,14 +121,14 @@ class Runtime:
     def named(self, role: str) -> str:
         return f"{self.tag}:{role}"
 
-    def _inference_for(self, i: int) -> tuple[Any, str]:
+    def inference_for(self, i: int) -> tuple[Any, str]:
         name = self.inference.names()[i % len(self.inference)]
         return self.inference[name], name
 
     def _new_evaluator(self, name: str) -> Any:
         i = int(name.rsplit("-", 1)[1])
         return EvaluationWorkerActor.options(num_cpus=self.cfg.worker_num_cpus).remote(
-            i, self.task_set, self.preprocessor_factory, *self._inference_for(i), self.cfg)
+            i, self.task_set, self.preprocessor_factory, *self.inference_for(i), self.cfg)
 
     # ---- the loop's operations ----------------------------------------------------------
     def train_epoch(self) -> dict[str, float]:
@@ -169,23 +175,9 @@ class Runtime:
         return {"stats": stats, "replay": self.replay_supervisor.counters(), "inference": inference}
 
     def save_checkpoint(self) -> Path:
-        curriculum = self.workers.call("curriculum_state", what="curriculum_state")  # task sampler per worker
         return self.checkpointer.save(self.epoch, self.policy_version, {"restarts": self.restarts,
-                                                                         "curriculum": curriculum})
-
-    def final_evaluation(self) -> Optional[dict]:
-        """The env's registered final evaluation (e.g. CompilerGym's held-out programs) on an
-        evaluator, rollouts paused to free the cores; None if the env registers none."""
-        if envs.final_evaluation_for(self.cfg.env) is None:
-            return None
-        self.workers.call("pause", what="pause")
-        if len(self.evaluators):
-            evaluator = self.evaluators[self.evaluators.names()[0]]
-        else:  # no periodic evaluators: one for the end, on the CPUs the paused workers leave idle
-            evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(
-                0, self.task_set, self.preprocessor_factory, *self._inference_for(0), self.cfg)
-            self.evaluators.members["eval-final"] = evaluator  # shut down with the others
-        return ray.get(evaluator.final_evaluation.remote(self.cfg.env, self.cfg.seed), timeout=self.cfg.startup_timeout_s)
+                                                                         # a worker being restarted starts afresh
+                                                                         "curriculum": self.workers.gather("curriculum_state")})
 
     # ---- views kept for inspection (tests, benchmarks) ------------------------------------
     @property
