@@ -186,11 +186,21 @@ def init_ray(cfg: RunConfig) -> None:
     # cluster; then every Ray server (GCS, raylet, workers, agents) listens on loopback only.
     from ray._private import ray_constants  # noqa: PLC0415
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by the processes Ray starts
+    # Set only while Ray starts its processes (they read it then): a `ray start` this process runs
+    # later, e.g. to join or make a real cluster, must not inherit it.
+    old, old_constant = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported it already
-    # address="local": a new cluster even when another one (`ray start`) runs on this machine.
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
-             runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
+    try:
+        # address="local": a new cluster even when another one (`ray start`) runs on this machine.
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
+                 runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
+    finally:
+        if old is None:
+            del os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+        else:
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = old
+        ray_constants.ENABLE_RAY_CLUSTER = old_constant
 
 
 def _session_dir() -> str:

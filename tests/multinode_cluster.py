@@ -51,7 +51,9 @@ class TwoNodeCluster:
         self.ips = (f"10.213.{subnet}.1", f"10.213.{subnet}.2")
         self.cpus = (cpus_a, cpus_b)
         self.address = f"{self.ips[0]}:{RAY_PORT}"
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token"}
+        # A local run earlier in this process may have left Ray's "no multi-node" switch behind.
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+        self.env = {**env, "RAY_AUTH_MODE": "token"}
 
     # ---- set-up -------------------------------------------------------------------------
     def __enter__(self) -> "TwoNodeCluster":
