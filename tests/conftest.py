@@ -7,6 +7,7 @@ from typing import Callable
 
 import pytest
 import ray
+import torch
 
 from async_rl.runtime import pythonpath_with
 
@@ -46,3 +47,21 @@ def wait_for_replay(runtime, accept: Callable = lambda batch: True, timeout_s: f
             return batch
         time.sleep(0.2)
     raise AssertionError(f"the replay buffer held no accepted experience within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def released(members, timeout_s: float = 30.0):
+    """Weight-sync test members (Ray actors with ``close``): closed and killed afterwards, whatever happened."""
+    try:
+        yield members
+    finally:
+        ray.get([m.close.remote() for m in members], timeout=timeout_s)
+        for m in members:
+            ray.kill(m)
+
+
+def assert_broadcast_delivered(members, seed: int, timeout_s: float) -> None:
+    """Rank 0 of ``members`` broadcasts seeded tensors; every receiver then holds them exactly."""
+    sent, received = ray.get([m.sync.remote(seed=seed) for m in members], timeout=timeout_s)
+    for s, r in zip(sent, received):
+        assert s.dtype == r.dtype and torch.equal(s, r)

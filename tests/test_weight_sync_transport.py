@@ -10,6 +10,7 @@ import ray
 import torch
 
 from async_rl.errors import ConfigError
+from conftest import assert_broadcast_delivered, released
 from async_rl.weight_sync import WeightSyncGroup, choose_transport, find_free_port
 
 CPU = {"device": "cpu"}
@@ -73,17 +74,10 @@ class ForcedDeviceMember:
 ], ids=["co-located-on-one-gpu", "cpu-receiver-gpu-sender"])
 def test_forced_layout_falls_back_to_gloo_and_broadcasts(ray_local, reports, expected):
     names = ["trainer-0", "inference-0"]
-    members = [ForcedDeviceMember.remote(rank, report) for rank, report in enumerate(reports)]
-    try:
+    with released([ForcedDeviceMember.remote(rank, report) for rank, report in enumerate(reports)]) as members:
         port = find_free_port("127.0.0.1")
         joined = ray.get([m.join.remote(2, port, names) for m in members], timeout=90)
         for backend, transport, device in joined:  # every member agrees, and stages through host memory
             assert backend == "gloo" and device == "cpu", joined
             assert transport.startswith(f"gloo over host memory: {expected}"), transport
-        sent, received = ray.get([m.sync.remote(seed=3) for m in members], timeout=90)
-        for s, r in zip(sent, received):
-            assert s.dtype == r.dtype and torch.equal(s, r)
-    finally:
-        ray.get([m.close.remote() for m in members], timeout=30)
-        for m in members:
-            ray.kill(m)
+        assert_broadcast_delivered(members, seed=3, timeout_s=90)

@@ -10,6 +10,7 @@ import ray
 import torch
 
 from async_rl.weight_sync import WeightSyncGroup, find_free_port
+from conftest import assert_broadcast_delivered, released
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tests/gpu)")
 NAMES = ["trainer-0", "inference-0"]
@@ -53,15 +54,8 @@ def test_transport_by_layout(ray_local, gpus, backend, why):
     needed = 1 + max(g for g in gpus if g is not None)
     if needed > torch.cuda.device_count():
         pytest.skip(f"needs {needed} GPUs, {torch.cuda.device_count()} visible")
-    members = [GpuMember.remote(rank, gpu) for rank, gpu in enumerate(gpus)]
-    try:
+    with released([GpuMember.remote(rank, gpu) for rank, gpu in enumerate(gpus)], timeout_s=60) as members:
         port = find_free_port("127.0.0.1")
         for got_backend, transport in ray.get([m.join.remote(port) for m in members], timeout=180):
             assert got_backend == backend and why in transport, transport
-        sent, received = ray.get([m.sync.remote(seed=5) for m in members], timeout=180)
-        for s, r in zip(sent, received):
-            assert s.dtype == r.dtype and torch.equal(s, r)
-    finally:
-        ray.get([m.close.remote() for m in members], timeout=60)
-        for m in members:
-            ray.kill(m)
+        assert_broadcast_delivered(members, seed=5, timeout_s=180)
