@@ -19,13 +19,12 @@ import envs
 from async_rl import checkpoint as ckpt
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
-from async_rl.orchestration.actor_group import get_named  # noqa: F401 (the driver's fan-in, re-exported)
 from async_rl.orchestration.evaluation import final_evaluation
 from async_rl.orchestration.metrics import MetricsReporter, snapshot_scalars, training_scalars
 from async_rl.orchestration.placement import LOCALHOST, lost_node_note
 from async_rl.orchestration.progress import ProgressDisplay
 from async_rl.orchestration.runtime import Runtime, obs_spec_of
-from async_rl.orchestration.schedules import schedule_for, worker_share  # noqa: F401 (re-exported)
+from async_rl.orchestration.schedules import schedule_for
 from async_rl.policies import prepare_policy
 from async_rl.report import report_at_end
 from async_rl.runtime import check_resources, pythonpath_with

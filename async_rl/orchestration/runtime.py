@@ -6,7 +6,7 @@ import functools
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ray
 
