@@ -16,7 +16,13 @@ from typing import Any, Literal, Optional, Union
 import pydantic
 import yaml
 
-from async_rl.algo import check_advantage, load_clip_config, resolve_policy_loss_params
+from async_rl.algo import (
+    check_advantage,
+    check_group_size,
+    check_objective,
+    load_clip_config,
+    resolve_policy_loss_params,
+)
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.validation import validate_model
 
@@ -51,6 +57,10 @@ class RunSection(_Section):
     eval_interval_epochs: Positive = 5
     eval_episodes: Positive = 2
     eval_deterministic: bool = True
+    eval_search: str = "none"
+    """search at inference time in the env's final evaluation (CompilerGym: none, greedy, best-of-K, beam-K); an env option"""
+    eval_search_budget: pydantic.NonNegativeInt = 0
+    """its compilations (pass applications) per program; 0 = the env's default (CompilerGym: 16 x the episode length)"""
     video_interval_evals: pydantic.NonNegativeInt = 5
     """record episode videos (TensorBoard eval_video/*, <log_dir>/videos/*.mp4) at the 1st, (N+1)th, ... evaluation; 0 = never"""
     video_episodes: pydantic.NonNegativeInt = 1
@@ -84,14 +94,19 @@ class PolicySection(_Section):
     """null = every nn.Linear; a string is a peft regex"""
     lora_trainable: list[str] = pydantic.Field(default_factory=list)
     """name prefixes kept fully trainable"""
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """auto = bf16 on CUDA, fp32 on CPU; fp16 (dynamic loss scaling) needs CUDA"""
 
 
 class ObjectiveSection(_Section):
     """Advantages, the loss and its optimiser."""
 
     advantage: str = "gae"
-    """a registered advantage estimator (async_rl/algo/estimators.py): gae or vtrace"""
+    """a registered advantage estimator (async_rl/algo/estimators.py): gae, vtrace, or a group one (grpo, rloo, ...)"""
+    group_size: Positive = 1
+    """episodes per group started from the same initial state (group estimators need >= 2; 1 = no groups)"""
+    max_group_version_spread: pydantic.NonNegativeInt = 4
+    """a group whose members' steps span more policy versions than this (or that stays incomplete that long) is dropped"""
 
     @pydantic.field_validator("advantage")
     @classmethod
@@ -115,6 +130,15 @@ class ObjectiveSection(_Section):
     value_clip_eps: Optional[pydantic.PositiveFloat] = None
     entropy_coef: pydantic.NonNegativeFloat = 0.0
     kl_coef: pydantic.NonNegativeFloat = 0.0
+    """k3 KL penalty to the behaviour policy (the one that collected the batch), not to a reference"""
+    kl_ref_coef: pydantic.NonNegativeFloat = 0.0
+    """KL to the reference policy (LoRA: the model with adapters off; else a frozen copy of the initial weights); 0 = off"""
+    kl_ref_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Schulman's estimators of KL(pi || pi_ref): k1 = log(pi/pi_ref), k2 = log^2/2, k3 = (r - 1) - log r"""
+    kl_ref_as: Literal["loss", "reward"] = "loss"
+    """the KL to the reference as a loss term, or as a per-step reward penalty (estimators reading rewards on the trainer)"""
+    grpo_scale_by_std: bool = True
+    """grpo divides by the group's std; false = centring only (Dr. GRPO)"""
     ratio_threshold: Optional[pydantic.PositiveFloat] = None
     normalize_advantages: bool = True
     vtrace_clip_rho: Optional[pydantic.PositiveFloat] = 1.0
@@ -146,6 +170,10 @@ class ScaleSection(_Section):
     replay_sampling: Literal["consume", "reuse"] = "consume"
     """consume: sampled experience leaves the buffer (each step trains in one epoch); reuse: it stays
     and may be drawn again (seed 004), so trainers never wait for data"""
+    max_sample_reuse: Optional[pydantic.PositiveFloat] = None
+    """bounded update-to-data ratio: trainers wait for fresh data while the items drawn so far, each
+    trained updates_per_epoch times, would exceed this many uses per item collected
+    (health/data_wait_*, replay/reuse_refusals); null = no bound"""
     max_policy_lag: Optional[pydantic.NonNegativeInt] = None
     """experience more than this many policy versions older than the trainer's is dropped when sampled
     (replay/dropped_stale); null = keep all"""
@@ -211,7 +239,25 @@ class RunConfig(TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, 
                 "raise replay_capacity"
             )
         resolve_policy_loss_params(self.clip_mode, self.clip_params)
+        check_group_size(self.advantage, self.group_size)
+        check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)
         return self
+
+    @pydantic.model_validator(mode="after")
+    def _fp16_needs_cuda(self) -> "RunConfig":
+        # DeepSpeed's CPU accelerator has no fp16 ("Type fp16 is not supported on your device").
+        # device auto on a driver without a GPU counts as CPU unless a cluster address is given.
+        if self.precision == "fp16" and (self.device == "cpu" or (
+                self.device == "auto" and not self.ray_address and not _cuda_visible())):
+            raise ValueError("precision fp16 needs a CUDA device (DeepSpeed has no fp16 on CPU); "
+                             "use --precision bf16 on CPU, or --device cuda on a GPU machine")
+        return self
+
+
+def _cuda_visible() -> bool:
+    import torch  # noqa: PLC0415  (only an fp16 config asks)
+
+    return torch.cuda.is_available()
 
 
 # Flags every launch script has besides one flag per config key.

@@ -6,6 +6,7 @@ Every launch script is a config plus ``main(config, doc)``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -36,7 +37,9 @@ FINAL_EVAL_GRACE_S = 30.0
 def prepare(cfg: RunConfig) -> Any:
     """Every check that needs no Ray: builds the task set, checks local resources and the
     policy's kwargs / model path (which may resolve ``cfg.policy_kwargs``, e.g. a default model)."""
-    task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
+    # --eval-search(-budget), when set, are options of the env's final evaluation (the env checks them).
+    search = {"eval_search": cfg.eval_search, "eval_search_budget": cfg.eval_search_budget}
+    task_set = envs.make_task_set(cfg.env, **{**cfg.env_kwargs, **{k: v for k, v in search.items() if v not in ("none", 0)}})
     if not cfg.ray_address:
         check_resources(cfg, float(os.cpu_count() or 1))
     cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,
@@ -178,6 +181,8 @@ def wait_for_warmup(runtime: Runtime, deadline: float) -> bool:
 def init_ray(cfg: RunConfig) -> None:
     """Join ``--ray-address`` or start a local cluster bound to 127.0.0.1."""
     env_vars = {"PYTHONPATH": pythonpath_with(Path(__file__).resolve().parents[1])}
+    if not sys.stdout.isatty():  # actor-prefix colour codes are noise in a redirected log
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return
@@ -190,6 +195,9 @@ def init_ray(cfg: RunConfig) -> None:
     old, old_constant = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray_constants.ENABLE_RAY_CLUSTER
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported it already
+    # Every server of this cluster listens on loopback only, so Ray's advice about token
+    # authentication (a WARNING at every start) does not apply to it.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     try:
         # address="local": a new cluster even when another one (`ray start`) runs on this machine.
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,

@@ -12,6 +12,7 @@ become float32, so bf16 models ship float32 log-probs, values and actions.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -42,6 +43,10 @@ STEP_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("policy_version", torch.int64, "[]", "inference", ("replay", "trainer"), "staleness filter, policy lag"),
     Field("advantage", torch.float32, "[]", "advantage", ("trainer",), "only from estimators that run on the worker"),
     Field("value_target", torch.float32, "[]", "advantage", ("trainer",), "only from estimators that run on the worker"),
+    # Group rollouts only (group_size >= 2; async_rl/actors/groups.py):
+    Field("group_id", torch.int64, "[]", "worker", ("advantage", "trainer"), "the group of episodes sharing one start"),
+    Field("success", torch.bool, "[]", "worker", ("trainer",), "the episode (not the step) succeeded"),
+    Field("episode_return", torch.float32, "[]", "worker", ("advantage",), "sum of the episode's (scaled) rewards"),
 )}
 SEGMENT_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("steps", None, "[T] step records", "worker", ("advantage", "trainer"), "rollout_local_buf consecutive steps"),
@@ -85,8 +90,19 @@ def to_wire(td: TensorDictBase, keys: Optional[Sequence[str]] = None) -> Wire:
 
 
 def from_wire(wire: Wire, batch_dims: int = 1) -> TensorDict:
-    """Nested dict of numpy arrays -> TensorDict with ``batch_dims`` leading batch dims."""
-    return TensorDict(wire, batch_size=_first_leaf(wire).shape[:batch_dims])
+    """Nested dict of numpy arrays -> TensorDict with ``batch_dims`` leading batch dims.
+
+    Zero-copy: the tensors share the arrays' memory, which for arrays Ray mapped from its object
+    store is read-only, so a consumer copies before writing (``torch.cat`` / ``stack`` do). Building
+    the tensors first is ~6x faster than handing TensorDict the arrays (which also copies read-only ones)."""
+    with warnings.catch_warnings():  # torch warns (once per process) about read-only arrays
+        warnings.simplefilter("ignore", UserWarning)
+        tensors = _tensors(wire)
+    return TensorDict(tensors, batch_size=_first_leaf(wire).shape[:batch_dims])
+
+
+def _tensors(wire: Wire) -> dict:
+    return {k: _tensors(v) if isinstance(v, dict) else torch.from_numpy(v) for k, v in wire.items()}
 
 
 def _first_leaf(wire: Wire):
@@ -113,6 +129,17 @@ def step_record(obs: TensorDict, policy_out: TensorDict, reward: float, done: bo
     record["reward"] = torch.tensor(reward, dtype=STEP_FIELDS["reward"].dtype)
     record["done"] = torch.tensor(done, dtype=STEP_FIELDS["done"].dtype)
     return record
+
+
+def step_records(obs: TensorDict, policy_out: TensorDict, rewards: Sequence[float],
+                 dones: Sequence[bool]) -> list[TensorDict]:
+    """``step_record`` for a batch ``[K]`` of envs at once (one TensorDict built, then split per
+    env): the same records, at ~60 % of the cost of K calls."""
+    record = policy_out.exclude(ENV_ACTION.name)
+    record["obs"] = obs
+    record["reward"] = torch.tensor(rewards, dtype=STEP_FIELDS["reward"].dtype)
+    record["done"] = torch.tensor(dones, dtype=STEP_FIELDS["done"].dtype)
+    return list(record.unbind(0))
 
 
 def segment(steps: list[TensorDict], bootstrap_obs: TensorDict) -> TensorDict:

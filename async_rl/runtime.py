@@ -37,11 +37,12 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def use_bf16(precision: str, device: torch.device) -> bool:
-    """bf16 when asked, or on ``auto`` where the device supports it (CUDA with bf16; not CPU)."""
+def precision_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The weights' dtype: bf16 or fp16 when asked, bf16 on ``auto`` where the device supports
+    it (CUDA with bf16; not CPU), else float32."""
     if precision == "auto":
-        return device.type == "cuda" and torch.cuda.is_bf16_supported()
-    return precision == "bf16"
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
 
 def visible_gpu_ids() -> list[int]:

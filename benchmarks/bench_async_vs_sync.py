@@ -15,9 +15,11 @@ last episodes would run past the time budget:
   together) per second.
 
 ``async_speedup`` = async env steps/s / sync env steps/s (``async_update_speedup`` the same for
-updates). ``--epochs`` also stops each run after that many epochs (``--quick``: 20 epochs, at most
-1.25 minutes each: on a loaded machine start-up alone can take a minute). Extra launch flags after
-``--`` go to both runs. Nothing is asserted.
+updates). ``--epochs`` also stops each run after that many epochs. ``--quick``: 1.25 minutes per
+mode with a log point every 2 s (an epoch cap used to end the faster mode after a few seconds, with
+too few log points for a rate). ``env_steps_per_update`` is each mode's env steps per optimizer step;
+``trainer_data_waits`` the epochs whose super-batch was not ready (``--max-sample-reuse`` bounds
+updates per env step). Extra launch flags after ``--`` go to both runs. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -36,14 +38,15 @@ ENV_KWARGS = "{benchmark: MT10, task: null, max_episode_steps: 500}"
 
 
 def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root: Path, task_set: Any,
-             extra: list[str]) -> dict[str, Any]:
+             extra: list[str], log_interval_s: float = common.LOG_INTERVAL_S) -> dict[str, Any]:
     """One run in ``mode`` ("async" or "sync"); its rates and curves."""
     log_dir = log_root / mode
     timed = common.timed_run(
         common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", log_dir, minutes,
         ["--env-kwargs", ENV_KWARGS, "--seed", str(seed), "--num-eval-workers", "0",
          *(["--sync"] if mode == "sync" else []), *(["--max-epochs", str(epochs)] if epochs else []), *extra],
-        task_set)
+        task_set, log_interval_s)
+    data_waits = common.scalars(log_dir, "health/data_waits")
     summary, t0 = timed.summary, timed.started
     steps, updates = common.training_steps(log_dir)
     lag = [v for _, v in common.scalars(log_dir, "rollout/policy_lag")]
@@ -63,6 +66,8 @@ def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root:
         "epoch_seconds_mean": sum(epoch_s) / len(epoch_s) if epoch_s else float("nan"),
         "broadcast_seconds_mean": summary.get("broadcast_seconds_mean", float("nan")),
         "success_rate_last": summary.get("rollout/success_rate"),
+        "trainer_data_waits": int(data_waits[-1][1]) if data_waits else 0,
+        "env_steps_per_update": common.ratio(common.rate(steps), common.rate(updates_in)),
         "curve_steps": [(t - t0, v) for t, v in steps],
         "curve_updates": [(t - t0, v) for t, v in updates],
     }
@@ -97,16 +102,18 @@ def plot(runs: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, t
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.parser(__doc__, "20 epochs per mode, at most 1.25 minutes each (about 2 minutes in all)")
+    ap = common.parser(__doc__, "1.25 minutes per mode, logging every 2 s (about 3 minutes in all)")
     ap.add_argument("--minutes", type=float, default=None, help="per mode, start-up included (default 4; quick 1.25)")
-    ap.add_argument("--epochs", type=int, default=None, help="stop each mode after this many epochs "
-                                                             "(default: none; quick 20)")
+    ap.add_argument("--epochs", type=int, default=None, help="stop each mode after this many epochs (default: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-root", default="runs/bench_async_vs_sync")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     minutes = args.minutes or (1.25 if args.quick else 4.0)
-    epochs = args.epochs or (20 if args.quick else None)
+    # Quick runs are capped by time, not epochs: an epoch cap lets whichever mode trains faster stop
+    # after a few seconds, with fewer than the two log points a rate needs (it was then null).
+    epochs = args.epochs
+    log_interval_s = 2.0 if args.quick else common.LOG_INTERVAL_S
 
     import envs  # noqa: PLC0415
     from async_rl.config import load_config  # noqa: PLC0415
@@ -115,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine()
     cfg = load_config(["--env-kwargs", ENV_KWARGS, *extra], str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)  # MT10 is built once (~8 s) for both runs
-    runs = {mode: run_mode(mode, minutes, epochs, args.seed, Path(args.log_root), task_set, extra) for mode in ("async", "sync")}
+    runs = {mode: run_mode(mode, minutes, epochs, args.seed, Path(args.log_root), task_set, extra, log_interval_s)
+            for mode in ("async", "sync")}
 
     a, s = runs["async"], runs["sync"]
     figures: dict[str, Any] = {
@@ -128,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     for mode, r in runs.items():
         for key in ("epochs", "env_steps", "updates", "wall_seconds", "first_log_seconds", "policy_lag_mean",
-                    "epoch_seconds_mean", "broadcast_seconds_mean", "success_rate_last"):
+                    "epoch_seconds_mean", "broadcast_seconds_mean", "success_rate_last", "trainer_data_waits",
+                    "env_steps_per_update"):
             value = r[key]
             figures[f"{mode}_{key}"] = round(value, 4) if isinstance(value, float) else value
     figures.update({"minutes_per_mode": minutes, "max_epochs_per_mode": epochs, "num_rollout_workers": cfg.num_rollout_workers,
                     "envs_per_worker": cfg.envs_per_worker, "num_trainers": cfg.num_trainers,
                     "super_batch_size": cfg.super_batch_size, "updates_per_epoch": cfg.updates_per_epoch,
+                    "max_sample_reuse": cfg.max_sample_reuse,
                     "quick": args.quick, **info, "load_avg_1min_end": round(os.getloadavg()[0], 2),
                     "bench_seconds": clock()})
 

@@ -1,22 +1,28 @@
-"""CompilerGym: train a policy for a few minutes, then compare it (greedy and sampled) with random
-search on held-out programs (geometric mean over programs of -Oz count / count after the sequence; > 1 beats -Oz).
+"""CompilerGym: train each policy for a few minutes, then search with it at inference time on
+held-out programs, against -Oz and random search at the same compilation budget.
 
-    python benchmarks/bench_compilergym.py --policy mlp --minutes 5 [--eval-programs 20] [--out cg.json]
-    python benchmarks/bench_compilergym.py --policy passformer --minutes 5 --random-trials 1 10
-    python benchmarks/bench_compilergym.py --quick        # 1 minute of training, 5 programs
+    python benchmarks/bench_compilergym.py --policy mlp passformer --minutes 15 --out cg.json
+    python benchmarks/bench_compilergym.py --checkpoint runs/compilergym_mlp --out cg.json   # no training
+    python benchmarks/bench_compilergym.py --quick        # 1 minute of training per policy, 2 + 3 programs
 
-Random search gets, per program, ``trials`` random sequences of as many passes as the policy
-applied there (``trials = 1``: the same number of env steps). Prints the per-program table;
-``--out`` writes a flat JSON of numbers and a PNG (greedy, sampled and random search against -Oz,
-per program). Training uses the launch script's config (configs/compilergym_mlp.yaml, whose variant picks
-configs/compilergym_passformer.yaml for --policy passformer); extra
-``--`` arguments go to it (e.g. ``-- --seed 3``).
+Per policy and program set (held-out csmith programs, seeds 1000000...; the real C programs bundled
+in envs/programs), three searches with the trained policy in process (envs/compiler_gym_search.py):
+greedy, best-of-16 sampling and a policy-guided beam, each with a budget of ``--budget``
+compilations (pass applications; default 16 x the policy's episode length, what best-of-16 uses)
+per program, and random search with as many compilations as each search used. A beam probe keeps
+its state in a fork of the compiler session: ~30 ms a compilation against ~8 ms for sampling. The figures are
+geometric means over programs of -Oz count / count (> 1 beats -Oz): ``<policy>_<set>_<search>_vs_oz``
+and ``..._random_vs_oz``; the run's own final evaluation (greedy, sampled and random search with as
+many passes) is in ``<policy>_final_*``. ``--out`` writes them as flat JSON and a PNG. Training uses
+the launch script's config (configs/compilergym_mlp.yaml; its variant picks
+configs/compilergym_passformer.yaml for passformer); extra ``--`` arguments go to it.
 """
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,88 +33,118 @@ from async_rl.config import load_config  # noqa: E402
 from async_rl.driver import prepare, run  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
 from benchmarks import common  # noqa: E402
-from envs.compiler_gym import compiler_gym_unavailable_reason, geomean, random_search  # noqa: E402
+from envs.compiler_gym import (  # noqa: E402
+    BUNDLED_PROGRAMS, compiler_gym_unavailable_reason, format_search_table, program_uris, search_horizon,
+    search_programs,
+)
+from envs.compiler_gym_search import ModelPolicy, parse_search  # noqa: E402
+from launch.eval_compilergym import load_policy, read_run_config, resolve_checkpoint  # noqa: E402
 
-HEADLINE = ("geomean_reduction_vs_oz", "sampled_geomean_reduction_vs_oz", "random_search_geomean_vs_oz", "epochs",
-            "env_steps", "programs")
+QUICK_BUNDLED = ("crc32", "quicksort", "strings")  # a bit-twiddling loop, a sort, string handling
 
 
-def plot(rows: list[dict], figures: dict, path: Path) -> None:
+def train(policy: str, args: Any) -> tuple[Path, dict[str, float]]:
+    """A run of ``args.minutes``; (its last checkpoint, figures of its own final evaluation)."""
+    cfg = load_config(["--policy", policy, "--max-minutes", str(args.minutes), "--log-dir", f"{args.log_dir}/{policy}",
+                       "--swanlab-mode", "disabled", *args.extra], str(common.ROOT / "configs" / "compilergym_mlp.yaml"))
+    cfg.env_kwargs = {**cfg.env_kwargs, "eval_seeds": [1_000_000, args.eval_programs]}
+    summary = run(cfg, prepare(cfg))
+    final = summary.get("final_evaluation") or {}
+    figures = {f"{policy}_final_{key}": final.get(key, float("nan")) for key in
+               ("geomean_reduction_vs_oz", "sampled_geomean_reduction_vs_oz", "random_search_geomean_vs_oz")}
+    figures.update({f"{policy}_epochs": summary["epochs"], f"{policy}_train_minutes": args.minutes,
+                    f"{policy}_env_steps": summary.get("rollout/total_env_steps", 0.0)})
+    if not summary.get("checkpoint"):
+        raise RuntimeError(f"the {policy} run wrote no checkpoint")
+    return Path(summary["checkpoint"]), figures
+
+
+def evaluate(checkpoint: Path, args: Any) -> tuple[str, dict[str, float], list[dict]]:
+    """The three searches and random search on both program sets; (policy, figures, tables)."""
+    import torch  # noqa: PLC0415
+
+    torch.manual_seed(args.seed)  # the policy's samples
+    config = read_run_config(checkpoint)
+    policy_name = config["policy"]
+    config["env_kwargs"] = {**config["env_kwargs"], "eval_seeds": [1_000_000, args.eval_programs]}
+    task_set, model, preprocess = load_policy(checkpoint, config, None)
+    policy = ModelPolicy(model, preprocess, task_set)
+    budget = args.budget or 16 * search_horizon(task_set)
+    bundled = program_uris(str(BUNDLED_PROGRAMS), "bundled programs")
+    if args.quick:
+        bundled = [u for u in bundled if Path(u).stem in QUICK_BUNDLED]
+    sets = {"csmith": task_set.eval_benchmarks, "bundled": bundled}
+    figures: dict[str, float] = {f"{policy_name}_budget": budget, f"{policy_name}_horizon": search_horizon(task_set)}
+    results = []
+    for set_name, benchmarks in sets.items():
+        for search in ("greedy", "best-of-16", f"beam-{args.beam_width}"):
+            started = time.monotonic()
+            result = search_programs(task_set, policy, benchmarks, parse_search(search), budget, args.seed)
+            print(f"\n{policy_name}, {set_name}:\n{format_search_table(result)}", flush=True)
+            key = f"{policy_name}_{set_name}_{search.replace('-', '_')}"
+            rows = result["rows"]
+            figures.update({f"{key}_vs_oz": result["geomean_vs_oz"],
+                            f"{key}_random_vs_oz": result["random_search_geomean_vs_oz"],
+                            f"{key}_compilations": float(np.mean([r["compilations"] for r in rows])) if rows else 0.0,
+                            f"{key}_programs": len(rows), f"{key}_seconds": time.monotonic() - started})
+            results.append({"policy": policy_name, "set": set_name, **result})
+    return policy_name, figures, results
+
+
+def plot(results: list[dict], path: Path) -> None:
     plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4))
-    x = np.arange(len(rows))
-    ax.bar(x - 0.27, [r["policy_vs_oz"] for r in rows], 0.27, label="policy, greedy")
-    ax.bar(x, [r["sampled_vs_oz"] for r in rows], 0.27, label="policy, sampled")
-    ax.bar(x + 0.27, [r["random_vs_oz"] for r in rows], 0.27, label="random search, same env steps")
+    labels = [f"{r['policy']}\n{r['set']}\n{r['search']}" for r in results]
+    x = np.arange(len(results))
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(results) + 2), 4.5))
+    ax.bar(x - 0.2, [r["geomean_vs_oz"] for r in results], 0.4, label="policy + search")
+    ax.bar(x + 0.2, [r["random_search_geomean_vs_oz"] for r in results], 0.4, label="random search, same compilations")
     ax.axhline(1.0, color="gray", ls=":", label="-Oz")
-    ax.set_xticks(x, [str(i) for i in x])
-    ax.set_xlabel("held-out program")
-    ax.set_ylabel("-Oz count / count after the sequence")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("geomean -Oz count / count")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    common.save(fig, path, f"CompilerGym, {figures['policy']} after {figures['train_minutes']:g} min: geomean greedy "
-                           f"{figures['geomean_reduction_vs_oz']:.3f}, sampled {figures['sampled_geomean_reduction_vs_oz']:.3f}, "
-                           f"random {figures['random_search_geomean_vs_oz']:.3f}")
+    common.save(fig, path, "CompilerGym: search at inference time vs random search (same budget) and -Oz")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.parser(__doc__, "1 minute of training, 5 held-out programs (< 2 min plus set-up)")
-    ap.add_argument("--policy", choices=("mlp", "passformer"), default="mlp")
-    ap.add_argument("--minutes", type=float, default=5.0, help="training time before the evaluation")
+    ap = common.parser(__doc__, "1 minute of training per policy, 2 csmith + 3 bundled programs")
+    ap.add_argument("--policy", nargs="+", choices=("mlp", "passformer"), default=["mlp", "passformer"])
+    ap.add_argument("--checkpoint", nargs="+", default=None, help="evaluate these runs instead of training")
+    ap.add_argument("--minutes", type=float, default=5.0, help="training time per policy")
     ap.add_argument("--eval-programs", type=int, default=20, help="held-out csmith programs (seeds 1000000...)")
-    ap.add_argument("--random-trials", type=int, nargs="+", default=[1, 10])
+    ap.add_argument("--budget", type=int, default=0, help="compilations per program (0: 16 x the episode length)")
+    ap.add_argument("--beam-width", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-dir", default="runs/bench_compilergym")
-    ap.add_argument("extra", nargs="*", help="config flags for the run (after --)")
+    ap.add_argument("extra", nargs="*", help="config flags for the runs (after --)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.minutes, args.eval_programs, args.random_trials = 1.0, 5, [1]
+        args.minutes, args.eval_programs = 1.0, 2
     reason = compiler_gym_unavailable_reason()
     if reason:
         print(f"error: CompilerGym is not available: {reason}", file=sys.stderr)
         return 2
+    started = time.monotonic()
+    figures: dict[str, Any] = {"quick": args.quick, **common.machine()}
+    results: list[dict] = []
     try:
-        cfg = load_config(["--policy", args.policy, "--max-minutes", str(args.minutes), "--log-dir", args.log_dir,
-                           "--swanlab-mode", "disabled", *args.extra],
-                          str(common.ROOT / "configs" / "compilergym_mlp.yaml"))  # the launch script's
-        cfg.env_kwargs = {**cfg.env_kwargs, "eval_seeds": [1_000_000, args.eval_programs]}
-        task_set = prepare(cfg)
+        checkpoints = [resolve_checkpoint(c) for c in args.checkpoint] if args.checkpoint else None
+        if checkpoints is None:
+            checkpoints = []
+            for policy in args.policy:
+                checkpoint, trained = train(policy, args)
+                checkpoints.append(checkpoint)
+                figures.update(trained)
+        for checkpoint in checkpoints:
+            _, found, tables = evaluate(checkpoint, args)
+            figures.update(found)
+            results += tables
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-    # The run ends with the env's final evaluation (greedy, sampled, random search x 1).
-    summary = run(cfg, task_set)
-    result = summary["final_evaluation"]
-    extra = {}  # random search with more trials, on the same programs, after the run
-    env = task_set.make_env(0, seed=cfg.seed + 1, benchmarks=[r["benchmark"] for r in result["rows"]])
-    rng = np.random.default_rng(cfg.seed + 1)
-    try:
-        for trials in (t for t in args.random_trials if t != 1):
-            started = time.monotonic()
-            ratios = [r["oz_count"] / max(random_search(env, r["benchmark"], max(r["policy_passes"], 1), trials, rng), 1)
-                      for r in result["rows"]]
-            extra[trials] = (geomean(ratios), time.monotonic() - started)
-    finally:
-        env.close()
-    rows = result["rows"]
-    figures = {"policy": args.policy, "train_minutes": args.minutes, "quick": args.quick, **common.machine(),
-               "epochs": summary["epochs"], "env_steps": summary.get("rollout/total_env_steps", 0.0),
-               "programs": len(rows), "geomean_reduction_vs_oz": result["geomean_reduction_vs_oz"],
-               "sampled_geomean_reduction_vs_oz": result["sampled_geomean_reduction_vs_oz"],
-               "random_search_geomean_vs_oz": result["random_search_geomean_vs_oz"],
-               "skipped_build_failed": result["skipped"]["build_failed"],
-               "skipped_oz_above_o0": result["skipped"]["oz_above_o0"]}
-    headline = list(HEADLINE)
-    for trials, (value, seconds) in extra.items():
-        figures[f"random_search_{trials}x_geomean_vs_oz"] = value
-        figures[f"random_search_{trials}x_seconds"] = seconds
-        headline.append(f"random_search_{trials}x_geomean_vs_oz")
-    columns = ("o0_count", "oz_count", "policy_count", "sampled_count", "random_count", "policy_vs_oz", "sampled_vs_oz",
-               "random_vs_oz")
-    for i, row in enumerate(rows):
-        figures.update({f"program_{i}_{key}": row[key] for key in columns})
-    # (the run printed the per-program table)
-    common.report(figures, args, (lambda path: plot(rows, figures, path)) if rows else None, headline=headline)
+    figures["seconds"] = time.monotonic() - started
+    headline = [k for k in figures if k.endswith("_vs_oz")]
+    common.report(figures, args, (lambda path: plot(results, path)) if results else None, headline=headline)
     return 0
 
 

@@ -1,7 +1,11 @@
 """Learning speed on MetaWorld MT1: success rate against env steps and wall-clock, this system vs SB3 PPO.
 
     python benchmarks/bench_learning.py [--quick] [--tasks reach-v3] [--methods clip,soft_clip,sapo,vtrace,sb3]
-        [--budget-minutes 9.5 | --minutes-per-run M] [--seed 0] [--out learning.json] [--plot learning.png]
+        [--budget-minutes 9.5 | --minutes-per-run M] [--seed 0 | --seeds 0,1,2] [--out learning.json] [--plot learning.png]
+
+Issue 15's comparison (time to 0.9 success on reach-v3, 3 seeds each, on an idle machine; about an hour):
+``--methods clip,sb3 --seeds 0,1,2 --minutes-per-run 10`` (``speedup_vs_sb3`` is then SB3's mean seconds to
+0.9 over the seeds / ours; the goal is >= 2).
 
 Methods (one run each per task, one after the other, same seed, same machine):
 
@@ -309,6 +313,19 @@ def plot(curves: dict[tuple[str, str], dict[str, Any]], tasks: list[str], method
     common.save(fig, path, title)
 
 
+def best_time(figures: dict[str, Any], labels: list[str]) -> Optional[float]:
+    """The best (least) seconds to 0.9 on reach-v3 of this system's runs ``labels`` (None if none got there)."""
+    times = [figures.get(f"reach-v3_{m}_seconds_to_0.9") for m in labels if not m.startswith("sb3")]
+    times = [t for t in times if t is not None]
+    return min(times) if times else None
+
+
+def speedup(figures: dict[str, Any], labels: list[str], sb3_label: str) -> Optional[float]:
+    """SB3's seconds to 0.9 / the best of ours on reach-v3 (None unless both got there)."""
+    ours, sb3 = best_time(figures, labels), figures.get(f"reach-v3_{sb3_label}_seconds_to_0.9")
+    return round(sb3 / ours, 3) if sb3 is not None and ours else None
+
+
 def print_table(figures: dict[str, Any], tasks: list[str], methods: list[str]) -> None:
     cols = ("final_success", "seconds_to_0.9", "env_steps", "wall_seconds", "first_update_seconds", "first_log_seconds")
     header = f"{'task':<10} {'method':<10} " + " ".join(f"{c:>20}" for c in cols) + "  steps/s  error"
@@ -332,6 +349,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tasks", default=TASKS[0], help=f"comma-separated MetaWorld MT1 tasks, e.g. {','.join(TASKS)}")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, help="comma list: every method runs once per seed, figures get the "
+                    "suffix _s<seed>, and speedup_vs_sb3 compares the mean seconds to 0.9 over the seeds "
+                    "(e.g. 0,1,2; default: --seed alone, no suffix)")
     ap.add_argument("--sb3-preset", default="zoo-halfcheetah", choices=("zoo-halfcheetah", "zoo-mujoco-defaults"))
     ap.add_argument("--sb3-vec-env", default="dummy", choices=("dummy", "subproc"))
     ap.add_argument("--sb3-torch-threads", type=int, default=1)
@@ -344,8 +364,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if args.minutes_per_run is None and tasks and methods:
         budget_s = 60.0 * (args.budget_minutes or (1.75 if args.quick else 9.5))
-        overhead_s = len(tasks) * sum(OVERHEAD_S["sb3" if m == "sb3" else "system"] for m in methods)
-        args.minutes_per_run = round(max(budget_s - overhead_s, 0.0) / (len(tasks) * len(methods)) / 60.0, 2)
+        n_seeds = len(args.seeds.split(",")) if args.seeds else 1
+        overhead_s = n_seeds * len(tasks) * sum(OVERHEAD_S["sb3" if m == "sb3" else "system"] for m in methods)
+        args.minutes_per_run = round(max(budget_s - overhead_s, 0.0) / (n_seeds * len(tasks) * len(methods)) / 60.0, 2)
     if unknown or not tasks or not methods or not args.minutes_per_run or args.minutes_per_run <= 0:
         ap.error(f"unknown method(s) {unknown}; choose from {','.join(METHODS)}" if unknown
                  else "need at least one task, one method and --minutes-per-run (or a budget) > 0")
@@ -360,17 +381,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         "loadavg_1min_start": round(os.getloadavg()[0], 2),
     }
     curves: dict[tuple[str, str], dict[str, Any]] = {}
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    # (method, seed, label): with several seeds a run's figures are <task>_<method>_s<seed>_...
+    runs = [(m, sd, m if len(seeds) == 1 else f"{m}_s{sd}") for sd in seeds for m in methods]
     for task in tasks:
-        for method in methods:
-            key = f"{task}_{method}"
+        for method, seed, label in runs:
+            key = f"{task}_{label}"
             print(f"=== {key}: {args.minutes_per_run:g} min ===", flush=True)
             try:
                 if method == "sb3":
-                    curve = run_sb3(task, args.minutes_per_run, args.seed, args.sb3_preset, args.sb3_vec_env,
+                    curve = run_sb3(task, args.minutes_per_run, seed, args.sb3_preset, args.sb3_vec_env,
                                     args.sb3_torch_threads)
                 else:
-                    curve = run_system(task, method, args.minutes_per_run, args.seed, log_root)
-                curves[(task, method)] = curve
+                    curve = run_system(task, method, args.minutes_per_run, seed, log_root)
+                curves[(task, label)] = curve
                 figures.update({f"{key}_{k}": v for k, v in summarize(curve).items()})
                 print(f"{key}: {len(curve['success'])} log points, {figures[f'{key}_env_steps']} env steps, "
                       f"final success {figures[f'{key}_final_success']}", flush=True)
@@ -379,11 +403,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                 figures.update({f"{key}_seconds_to_0.9": None, f"{key}_final_success": None, f"{key}_env_steps": None,
                                 f"{key}_error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]})
 
-    ours = [figures.get(f"reach-v3_{m}_seconds_to_0.9") for m in methods if m != "sb3"]
-    ours = [s for s in ours if s is not None]
-    sb3 = figures.get("reach-v3_sb3_seconds_to_0.9")
-    figures["speedup_vs_sb3"] = round(sb3 / min(ours), 3) if sb3 is not None and ours and min(ours) > 0 else None
-    sb3_wall = figures.get("reach-v3_sb3_wall_seconds")
+    if len(seeds) > 1:  # per seed, then the ratio of the means (null unless every seed of both got there)
+        for seed in seeds:
+            figures[f"speedup_vs_sb3_s{seed}"] = speedup(figures, [f"{m}_s{seed}" for m in methods], f"sb3_s{seed}")
+        sb3_times = [figures.get(f"reach-v3_sb3_s{sd}_seconds_to_0.9") for sd in seeds]
+        ours_times = [best_time(figures, [f"{m}_s{sd}" for m in methods]) for sd in seeds]
+        done = None not in sb3_times and None not in ours_times
+        figures["speedup_vs_sb3"] = round(sum(sb3_times) / sum(ours_times), 3) if done and sum(ours_times) > 0 else None
+    else:
+        figures["speedup_vs_sb3"] = speedup(figures, methods, "sb3")
+    methods = [label for _, _, label in runs]
+    ours = [s for s in (figures.get(f"reach-v3_{m}_seconds_to_0.9") for m in methods if not m.startswith("sb3"))
+            if s is not None]
+    sb3, sb3_wall = figures.get("reach-v3_sb3_seconds_to_0.9"), figures.get("reach-v3_sb3_wall_seconds")  # one seed
     if sb3 is None and ours and sb3_wall:  # SB3 never got there: its whole run is a lower bound of its time
         figures["speedup_vs_sb3_lower_bound"] = round(sb3_wall / min(ours), 3)
     figures["loadavg_1min_end"] = round(os.getloadavg()[0], 2)

@@ -29,13 +29,16 @@ CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "lib
 
 
 def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root: Path,
-            extra: list[str]) -> dict[str, Any]:
-    """The system's steps/s for ``minutes``, then the raw env's with as many processes."""
+            extra: list[str], workers: int | None = None) -> dict[str, Any]:
+    """The system's steps/s for ``minutes`` (with ``workers`` rollout workers, else the config's),
+    then the raw env's with as many processes."""
     from async_rl.orchestration.runtime import obs_spec_of  # noqa: PLC0415
     from async_rl.policies import build_policy  # noqa: PLC0415
 
-    log_dir = log_root / env
-    timed = common.timed_run(config, log_dir, minutes, extra)
+    log_dir = log_root / (env if workers is None else f"{env}_w{workers}")
+    # Logical CPUs only (placement): 0.1 per worker lets 4 workers + 2 trainers fit a 2-core Ray.
+    scale = [] if workers is None else ["--num-rollout-workers", str(workers), "--worker-num-cpus", "0.1"]
+    timed = common.timed_run(config, log_dir, minutes, [*scale, *extra])
     cfg, task_set, summary, t0 = timed.cfg, timed.task_set, timed.summary, timed.started
     policy = build_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, **cfg.policy_kwargs)
     policy_mib = sum(t.numel() * t.element_size() for _, t in policy.inference_tensors()) / 2**20
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw-seconds", type=float, default=None, help="raw stepping window (default 20; quick 5)")
     ap.add_argument("--envs", default=None, help="comma list from metaworld,libero (default both; quick metaworld)")
     ap.add_argument("--libero-config", default=str(common.LIBERO_CONFIG), help="LIBERO launch config")
+    ap.add_argument("--workers", default=None, help="comma list of rollout-worker counts, each a run of its own with "
+                    "figures suffixed _w<N> (default: the config's count, unsuffixed; quick 1,2,4 for MetaWorld)")
     ap.add_argument("--log-root", default="runs/bench_throughput")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
@@ -106,12 +111,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{env}: skipped: {skip}", flush=True)
             figures[f"{env}_skipped"] = skip
             continue
-        print(f"=== {env}: {minutes:g} min system run, then {raw_seconds:g} s raw ===", flush=True)
-        r = results[env] = measure(env, configs[env], minutes, raw_seconds, Path(args.log_root), extra)
-        prefix = "" if env == "metaworld" else f"{env}_"  # the issue's figure names are MetaWorld's
-        for key, value in r.items():
-            if key != "curve":
-                figures[prefix + key] = round(value, 5) if isinstance(value, float) else value
+        counts = [int(w) for w in args.workers.split(",")] if args.workers else (
+            [1, 2, 4] if args.quick and env == "metaworld" else [None])
+        for workers in counts:
+            label = env if workers is None else f"{env}_w{workers}"
+            print(f"=== {label}: {minutes:g} min system run, then {raw_seconds:g} s raw ===", flush=True)
+            r = results[label] = measure(env, configs[env], minutes, raw_seconds, Path(args.log_root), extra, workers)
+            # the issue's figure names are MetaWorld's; other envs and worker counts are prefixed / suffixed
+            prefix, suffix = ("" if env == "metaworld" else f"{env}_"), ("" if workers is None else f"_w{workers}")
+            for key, value in r.items():
+                if key != "curve":
+                    figures[prefix + key + suffix] = round(value, 5) if isinstance(value, float) else value
     figures.update({"minutes": minutes, "raw_seconds": raw_seconds, "quick": args.quick, **info,
                     "bench_seconds": clock()})
 
@@ -123,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
              f"1-min load {info['load_avg_1min']}")
     common.report(figures, args, (lambda p: plot(results, p, title)) if results else None,
                   headline=("system_env_steps_per_sec", "raw_env_steps_per_sec", "system_over_raw",
+                            *(f"{p}system_over_raw_w{n}" for p in ("", "libero_") for n in (1, 2, 4)),
                             "broadcast_seconds_mean", "policy_mib", "libero_system_over_raw", "libero_skipped",
                             "bench_seconds"))
     return 0

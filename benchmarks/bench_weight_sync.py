@@ -147,8 +147,8 @@ def _time_case(sender: Any, receiver: Any, shapes: list[tuple[int, ...]], reps: 
     }
 
 
-def _cases(sizes_mib: list[int]) -> list[tuple[str, list[tuple[int, ...]]]]:
-    cases = []
+def _cases(sizes_mib: list[int], params_m: list[float] = ()) -> list[tuple[str, list[tuple[int, ...]]]]:
+    cases = [(f"{p:g}m_params", [(int(p * 1e6),)]) for p in params_m]  # one float32 tensor of p million values
     for mib in sizes_mib:
         cases.append((f"{mib}mib", [(mib * _MiB // 4,)]))
         if mib > 1:  # 1 MiB as 1 MiB pieces is the one-tensor case again
@@ -164,7 +164,7 @@ def _cases(sizes_mib: list[int]) -> list[tuple[str, list[tuple[int, ...]]]]:
 def plot(rows: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, title: str) -> None:
     plt = common.pyplot()
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(13, 5))
-    one = [r for k, r in rows.items() if k.endswith("mib")]
+    one = [r for k, r in rows.items() if k.endswith(("mib", "m_params"))]
     many = [r for k, r in rows.items() if k.endswith("mib_many")]
     series = [("group, 1 tensor", one, "group_s", "C0", "o-"), ("group, 1 MiB tensors", many, "group_s", "C0", "s--"),
               ("object store, 1 tensor", one, "store_s", "C3", "o-"),
@@ -205,10 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, "5 repetitions per case (< 2 min)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 10; quick 5)")
     ap.add_argument("--sizes-mib", default="1,10,100", help="comma list of MiB")
+    ap.add_argument("--params-m", default="", help="comma list of parameter counts in millions (e.g. 1,10,100), "
+                    "each one float32 tensor: figures broadcast_<N>m_params_seconds (weight-broadcast time vs model size)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="the group's timeout")
     args = ap.parse_args(argv)
     reps = args.reps or (5 if args.quick else 10)
     sizes = [int(x) for x in args.sizes_mib.split(",") if x.strip()]
+    params_m = [float(x) for x in args.params_m.split(",") if x.strip()]
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below on `kill`
     load_before = os.getloadavg()
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
               "to the receiver holding the values", flush=True)
         print(f"{'case':<12} {'MiB':>8} {'tensors':>7} {'group_ms':>9} {'(sender)':>9} {'GiB/s':>6} "
               f"{'store_ms':>9} {'GiB/s':>6} {'store/group':>11} {'np_store_ms':>11} {'ok':>3}", flush=True)
-        for name, shapes in _cases(sizes):
+        for name, shapes in _cases(sizes, params_m):
             r = rows[name] = _time_case(sender, receiver, shapes, reps)
             print(f"{name:<12} {r['mib']:>8.3f} {r['tensors']:>7} {r['group_s'] * 1e3:>9.2f} "
                   f"{r['group_sender_s'] * 1e3:>9.2f} {r['mib'] / 1024 / r['group_s']:>6.2f} "
@@ -251,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"object_store_{mib}mib_{mib}_tensors_seconds"] = round(rows[f"{mib}mib_many"]["store_s"], 6)
             figures[f"object_store_numpy_{mib}mib_{mib}_tensors_seconds"] = round(
                 rows[f"{mib}mib_many"]["store_np_s"], 6)
+    for p in params_m:
+        r = rows[f"{p:g}m_params"]
+        figures[f"broadcast_{p:g}m_params_seconds"] = round(r["group_s"], 6)
+        figures[f"object_store_{p:g}m_params_seconds"] = round(r["store_s"], 6)
+        figures[f"object_store_numpy_{p:g}m_params_seconds"] = round(r["store_np_s"], 6)
     if "100mib" in rows:
         figures["group_over_object_store_speedup"] = round(rows["100mib"]["store_s"] / rows["100mib"]["group_s"], 3)
         figures["broadcast_100mib_gib_per_sec"] = round(100 / 1024 / rows["100mib"]["group_s"], 3)
@@ -282,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                             "object_store_100mib_seconds", "group_over_object_store_speedup",
                             "object_store_numpy_100mib_seconds", "group_over_object_store_numpy_speedup",
                             "broadcast_policy_seconds", "policy_mib", "all_received_correctly",
+                            *(f"broadcast_{p:g}m_params_seconds" for p in params_m),
                             "load_avg_1min_before", "load_avg_1min_after", "bench_seconds"))
     return 0
 

@@ -153,15 +153,16 @@ class TimedRun:
     started: float  # time.time() when run() was called (TensorBoard wall times are on this clock)
 
 
-def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] = (), task_set: Any = None) -> TimedRun:
+def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] = (), task_set: Any = None,
+              log_interval_s: float = LOG_INTERVAL_S) -> TimedRun:
     """One run of the system for ``minutes`` with ``config`` + ``argv``, logging every
-    ``LOG_INTERVAL_S`` into a fresh ``log_dir`` (old event files would mix into its rates)."""
+    ``log_interval_s`` into a fresh ``log_dir`` (old event files would mix into its rates)."""
     from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
     from async_rl.driver import prepare, run  # noqa: PLC0415
 
     shutil.rmtree(log_dir, ignore_errors=True)
     cfg = load_config(["--max-minutes", str(minutes), "--log-dir", str(log_dir), "--swanlab-mode", "disabled",
-                       "--log-interval-seconds", str(LOG_INTERVAL_S), *argv], str(config))
+                       "--log-interval-seconds", str(log_interval_s), *argv], str(config))
     task_set = task_set if task_set is not None else prepare(cfg)
     started = time.time()
     return TimedRun(cfg, task_set, run(cfg, task_set), started)

@@ -5,7 +5,7 @@ picklable, and is handed to rollout workers, which call ``make_env`` to get ``Ta
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
 
@@ -18,9 +18,11 @@ class TaskEnv(Protocol):
 
     task_name: str
 
-    def reset(self) -> Observation:
+    def reset(self, start: Optional[int] = None) -> Observation:
         """Start an episode; returns the first observation: an array (float32, shape (obs_dim,)) or
-        a dict (e.g. LIBERO's images, proprio and instruction, described by ``TaskSet.obs_spec``)."""
+        a dict (e.g. LIBERO's images, proprio and instruction, described by ``TaskSet.obs_spec``).
+        ``start`` (group rollouts) picks the initial state: two resets with the same ``start`` on
+        envs of the same task start from the same state, whatever their seeds."""
         ...
 
     def step(self, action: np.ndarray) -> tuple[Observation, float, bool, bool, dict[str, Any]]:

@@ -7,7 +7,8 @@ service) raises ``CompilerGymServerError`` naming what happened; the env then st
 and ends the episode, so a rollout worker never hangs on it.
 
 Two action modes:
-  ``per_step``  one pass per env step (Categorical over the pass flags), ``max_steps`` per episode;
+  ``per_step``  one pass per env step (Categorical over the pass flags), ``max_steps`` (default 45)
+                per episode;
   ``sequence``  one env step per episode: the action is a padded sequence of token ids of
                 ``obs_spec["action_vocab"]`` (specials, then one token per pass flag), applied
                 pass by pass; unknown tokens are skipped and counted.
@@ -17,9 +18,23 @@ or every .c/.cpp/.bc file of ``benchmark_dir``, or named CompilerGym datasets (o
 Programs that fail to build or whose -Oz count exceeds their -O0 count are skipped and counted.
 
 Reward (seed 000 section 3.1): reduction r = (c0 - c) / (c0 - c_oz) (``reward_baseline: oz``,
-1.0 = as good as -Oz) or (c0 - c) / c0 (``initial``); above ``baseline_thre`` it grows with slope
+1.0 = as good as -Oz, so every program weighs the same whatever its size) or (c0 - c) / c0
+(``initial``); the -Oz denominator is at least ``oz_floor * c0`` (programs that -Oz barely
+shrinks would otherwise give huge rewards); above ``baseline_thre`` it grows with slope
 ``leakiness``; minus ``step_penalty`` per pass. Per-step rewards are the increments of that
 shaped value, so an episode's return equals the reward of its whole sequence.
+
+Observation: a dict with the raw values (``autophase``, ``ir_count``, ``o0_count``, ``oz_count``,
+``step``, ``ir_tokens`` if asked) and ``features``, the float32 vector the policies read
+(``obs_spec["feature_dim"]`` long, layout in ``observation_features``): Autophase divided by the
+program's -O0 instruction count, its size, how far it has shrunk, the steps remaining, and the
+action history (how often each pass ran, and the last pass).
+
+Episode ends: reaching ``max_steps`` is a time limit (``truncated``: the worker bootstraps from
+the value); a pass the service fails on, a crashed server and an out-of-range pass index are
+terminal (``terminated``) with ``info["end_reason"]`` and the error logged on stderr and counted in
+``counters()``. A crashed compilation leaves no optimised program: its step's reward takes the
+episode's return back to that of the unchanged program.
 """
 from __future__ import annotations
 
@@ -28,6 +43,7 @@ import math
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +67,8 @@ _MODES = ("per_step", "sequence")
 # Errors that mean CompilerGym's service (not the program) is in trouble: replace the server.
 _SERVICE_TROUBLE = re.compile(r"Service|Session|did not answer|died|exited|pipe broke")
 _BASELINES = ("oz", "initial")
+# Scalars of the feature vector after the Autophase block (see observation_features).
+_SCALARS = ("log_size", "size_vs_o0", "oz_vs_o0", "steps_left")
 
 
 class CompilerGymServerError(RuntimeError):
@@ -84,9 +102,14 @@ class RewardConfig:
     leakiness: float = 1.0
     step_penalty: float = 0.0
     reward_baseline: str = "oz"  # "oz": 1.0 = matches -Oz; "initial": fraction of the -O0 count removed
+    oz_floor: float = 0.01  # "oz": the denominator c0 - c_oz is at least this fraction of c0
 
     def reduction(self, c0: int, c: int, c_oz: int) -> float:
-        denom = max(c0 - c_oz, 1) if self.reward_baseline == "oz" else max(c0, 1)
+        """(c0 - c) over -Oz's reduction (or over c0 for ``initial``)."""
+        if self.reward_baseline == "oz":
+            denom = max(c0 - c_oz, self.oz_floor * c0, 1)
+        else:
+            denom = max(c0, 1)
         return (c0 - c) / denom
 
     def shaped(self, reduction: float, num_passes: int) -> float:
@@ -94,6 +117,33 @@ class RewardConfig:
         if r > self.baseline_thre:
             r = self.baseline_thre + (r - self.baseline_thre) * self.leakiness
         return r - self.step_penalty * num_passes
+
+
+# ---- observation features ----------------------------------------------------------------
+def feature_dim(num_passes: int) -> int:
+    """Length of ``observation_features`` for ``num_passes`` pass flags."""
+    return AUTOPHASE_DIM + len(_SCALARS) + 2 * num_passes
+
+
+def observation_features(autophase: np.ndarray, count: float, o0: float, oz: float, steps_left: float,
+                         pass_counts: np.ndarray, last_pass: int) -> np.ndarray:
+    """The vector a policy reads, float32 ``[feature_dim(P)]``, every entry about unit scale:
+
+    - Autophase / c0 (56): divided by the program's -O0 count, not the current one, so programs of
+      200 and 20,000 instructions look alike and a feature's fall during the episode is the share of
+      the original code of that kind the passes removed (over the current count, a program halved
+      evenly would look unchanged); log scaling was the alternative but keeps the size in every entry;
+    - log1p(c0) / 10 (the size itself), c / c0, c_oz / c0 (how far -Oz gets), steps left / max_steps;
+    - per pass n / (1 + n), n its applications so far (0, 0.5, 0.67, ...: whether it ran at all
+      matters most), then the last pass one-hot (re-running it at once rarely changes anything).
+    """
+    c0 = max(float(o0), 1.0)
+    last = np.zeros(len(pass_counts), dtype=np.float32)
+    if last_pass >= 0:
+        last[last_pass] = 1.0
+    scalars = [math.log1p(c0) / 10.0, float(count) / c0, float(oz) / c0, float(steps_left)]
+    return np.concatenate([np.asarray(autophase, dtype=np.float32) / c0, np.asarray(scalars, dtype=np.float32),
+                           (pass_counts / (1.0 + pass_counts)).astype(np.float32), last])
 
 
 # ---- tokenisation ------------------------------------------------------------------------
@@ -180,6 +230,8 @@ class CompilerGymClient:
             # Errors come back in the answers; COMPILER_GYM_SERVER_STDERR=1 also shows the server's log.
             stderr=None if os.environ.get("COMPILER_GYM_SERVER_STDERR") == "1" else subprocess.DEVNULL,
             env=env, text=True, bufsize=1, cwd=env["COMPILER_GYM_CACHE"],  # csmith writes platform.info in its cwd
+            # Its own process group, shared with the CompilerGym service it starts: kill() ends both.
+            start_new_session=True,
         )
         self._read(start_timeout_s, "start-up")
         self.flags: list[str] = self.call("hello")["flags"]
@@ -215,8 +267,12 @@ class CompilerGymClient:
         return msg
 
     def kill(self) -> None:
-        if self.alive:
-            self.proc.kill()
+        """Kill the server's process group: the server and CompilerGym's service, which would
+        otherwise outlive a killed (or crashed) server."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # nothing left in the group
+            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -245,7 +301,7 @@ class CompilerGymTaskSet:
     eval_benchmarks: list[str]
     flags: list[str]
     mode: str = "per_step"
-    max_steps: int = 16
+    max_steps: int = 45
     seq_len: int = 16
     ir_tokens: int = 0
     ir_vocab_size: int = 4096
@@ -255,6 +311,9 @@ class CompilerGymTaskSet:
     call_timeout_s: float = 60.0
     start_timeout_s: float = 120.0
     episodes_per_program: int = 1
+    reuse_programs: bool = True  # keep each program's start state in the server (see _compiler_gym_server.py)
+    eval_search: str = "none"  # search in the final evaluation (envs/compiler_gym_search.py): none, greedy, best-of-K, beam-K
+    eval_search_budget: int = 0  # its compilations (pass applications) per program; 0 = 16 x the episode length
     task_names: list[str] = field(default_factory=lambda: ["compiler_gym"])
 
     @property
@@ -271,12 +330,13 @@ class CompilerGymTaskSet:
 
     @property
     def obs_dim(self) -> int:
-        return AUTOPHASE_DIM
+        return feature_dim(len(self.flags))
 
     @property
     def obs_spec(self) -> dict[str, Any]:
         spec = {"autophase_dim": AUTOPHASE_DIM, "num_passes": len(self.flags), "mode": self.mode,
-                "ir_tokens": self.ir_tokens, "ir_vocab_size": self.ir_vocab_size,
+                "feature_dim": feature_dim(len(self.flags)), "ir_tokens": self.ir_tokens,
+                "ir_vocab_size": self.ir_vocab_size,
                 "action_vocab": self.action_vocab.tokens, "seq_len": self.seq_len, "max_steps": self.max_steps}
         if self.mode == "per_step":
             spec["num_actions"] = len(self.flags)  # a discrete action: the pass index
@@ -304,8 +364,13 @@ class CompilerGymTaskEnv:
         self.skipped_uris: set[str] = set()
         self.server_restarts = 0
         self.unknown_passes = 0
+        # Episodes ended early, by reason (see step): a pass failed, the server died, a bad pass index.
+        self.errors: dict[str, int] = {"pass_error": 0, "server_error": 0, "invalid_action": 0}
         self.program: Optional[dict[str, Any]] = None
         self._needs_reset = True
+        self._pass_counts = np.zeros(len(task_set.flags), dtype=np.float32)
+        self._last_pass = -1
+        self._autophase = np.zeros(AUTOPHASE_DIM, dtype=np.float32)
         self._start()
 
     # -- server life cycle --
@@ -322,12 +387,19 @@ class CompilerGymTaskEnv:
 
     # -- observations --
     def _obs(self, msg: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The observation after a server answer; an answer without one (the compilation crashed)
+        repeats the last Autophase and count."""
         p = self.program
-        obs = {"autophase": np.asarray(msg["autophase"], dtype=np.float32),
-               "ir_count": np.float32(msg["ir_count"]), "o0_count": np.float32(p["o0_count"]),
-               "oz_count": np.float32(p["oz_count"]), "step": np.float32(self._t)}
+        if "autophase" in msg:
+            self._autophase = np.asarray(msg["autophase"], dtype=np.float32)
+        count = msg.get("ir_count", self._count)
+        steps_left = max(self.ts.max_steps - self._t, 0) / self.ts.max_steps if self.ts.mode == "per_step" else 1.0
+        obs = {"autophase": self._autophase, "ir_count": np.float32(count), "o0_count": np.float32(p["o0_count"]),
+               "oz_count": np.float32(p["oz_count"]), "step": np.float32(self._t),
+               "features": observation_features(self._autophase, count, p["o0_count"], p["oz_count"], steps_left,
+                                                self._pass_counts, self._last_pass)}
         if self.ts.ir_tokens:
-            obs["ir_tokens"] = tokenize_ir(msg["ir"], self.ts.ir_vocab_size, self.ts.ir_tokens)
+            obs["ir_tokens"] = tokenize_ir(msg.get("ir", ""), self.ts.ir_vocab_size, self.ts.ir_tokens)
         return obs
 
     def _next_benchmark(self) -> str:
@@ -341,14 +413,14 @@ class CompilerGymTaskEnv:
     def reset_to(self, uri: str) -> Optional[dict[str, np.ndarray]]:
         """Start an episode on program ``uri``; None if the program is skipped (counted)."""
         try:
-            msg = self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens))
+            msg = self._call_reset(uri)
         except CompilerGymServerError as exc:
             if self.client.alive and not _SERVICE_TROUBLE.search(str(exc)):
                 return self._skip(uri, exc)  # the server answered: this program does not build
             # A dead service (or server) needs a fresh server; a program that does not build fails there too.
             self._restart(exc)
             try:
-                msg = self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens))
+                msg = self._call_reset(uri)
             except CompilerGymServerError as again:
                 if not self.client.alive:
                     raise
@@ -359,17 +431,24 @@ class CompilerGymTaskEnv:
             return None
         self.program = {"uri": uri, "o0_count": msg["o0_count"], "oz_count": msg["oz_count"]}
         self._t, self._count, self._needs_reset = 0, msg["ir_count"], False
+        self._pass_counts[:] = 0.0
+        self._last_pass = -1
         self._shaped = self.ts.reward.shaped(0.0, 0)
         return self._obs(msg)
+
+    def _call_reset(self, uri: str) -> dict[str, Any]:
+        return self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens), reuse=self.ts.reuse_programs)
 
     def _skip(self, uri: str, why: Exception) -> None:
         print(f"[compiler_gym] skipping {uri}: {why}", file=sys.stderr)
         self.skipped["build_failed"] += 1
         self.skipped_uris.add(uri)
 
-    def reset(self) -> dict[str, np.ndarray]:
-        for _ in range(max(10 * len(self.benchmarks), 10)):
-            uri = self._next_benchmark()
+    def reset(self, start: Optional[int] = None) -> dict[str, np.ndarray]:
+        """The next program; with ``start`` (group rollouts) program ``start`` modulo their number
+        (or the first after it not skipped): the same start, the same program."""
+        for i in range(max(10 * len(self.benchmarks), 10)):
+            uri = self._next_benchmark() if start is None else self.benchmarks[(start + i) % len(self.benchmarks)]
             if uri in self.skipped_uris:
                 continue
             obs = self.reset_to(uri)
@@ -378,55 +457,81 @@ class CompilerGymTaskEnv:
         raise RuntimeError(f"CompilerGym: every program was skipped ({self.skipped}); check the benchmarks")
 
     def apply_passes(self, passes: list[int]) -> tuple[dict[str, Any], Optional[str]]:
-        """Run pass indices on the current program; (server answer, error or None)."""
+        """Run pass indices on the current program; (server answer, error or None). A pass that
+        took the compiler's session down (the answer has no observation) also replaces the server."""
         msg = self.client.call("step", actions=passes, ir=bool(self.ts.ir_tokens))
+        if msg.get("done") and "observe_error" in msg:
+            self._restart(CompilerGymServerError(f"the session is gone after a failed pass: {msg['observe_error']}"))
         return msg, (msg.get("error") if msg.get("done") else None)
 
     def counters(self) -> dict[str, int]:
         """Running totals the rollout workers log (``env/<name>``)."""
         return {"skipped_build_failed": self.skipped["build_failed"], "skipped_oz_above_o0": self.skipped["oz_above_o0"],
-                "unknown_passes": self.unknown_passes, "server_restarts": self.server_restarts}
+                "unknown_passes": self.unknown_passes, "server_restarts": self.server_restarts,
+                **{f"ended_by_{reason}": n for reason, n in self.errors.items()}}
+
+    def _end_early(self, reason: str, error: str, info: dict[str, Any], msg: dict[str, Any]) -> tuple:
+        """A terminal step that says why (``info["end_reason"]``, stderr, ``counters()``). The
+        compilation did not finish, so nothing optimised is left: the step's reward takes the
+        episode's return back to that of the unchanged program."""
+        self.errors[reason] += 1
+        self._needs_reset = True
+        print(f"[compiler_gym] episode on {self.program['uri']} ended at step {self._t}: {reason}: {error}",
+              file=sys.stderr)
+        unchanged = self.ts.reward.shaped(0.0, 0)
+        reward, self._shaped = unchanged - self._shaped, unchanged
+        p = self.program
+        info.update({"end_reason": reason, reason: error, "success": False, "reduction": 0.0,
+                     "ir_count": p["o0_count"], "oz_count": p["oz_count"], "o0_count": p["o0_count"]})
+        return self._obs(msg), float(reward), True, False, info
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         if self._needs_reset:
             raise RuntimeError("CompilerGym env: call reset() before step() (episode ended)")
         action = np.asarray(action).reshape(-1)
         if self.ts.mode == "per_step":
-            index = int(action[0])
-            if not 0 <= index < len(self.ts.flags):
-                raise ValueError(f"pass index {index} outside [0, {len(self.ts.flags)})")
-            passes, unknown = [index], 0
+            passes, unknown = [int(action[0])], 0
         else:
             names, unknown = self.vocab.decode(action)
             passes = [self.vocab.ids[n] - len(SPECIAL_TOKENS) for n in names]
         self.unknown_passes += unknown
-        info: dict[str, Any] = {"unknown_passes": unknown, "benchmark": self.program["uri"]}
+        info: dict[str, Any] = {"unknown_passes": unknown, "benchmark": self.program["uri"], "num_passes": len(passes)}
+        bad = [i for i in passes if not 0 <= i < len(self.ts.flags)]
+        if bad:
+            return self._end_early("invalid_action", f"pass index {bad[0]} outside [0, {len(self.ts.flags)})", info, {})
+        info["passes"] = [self.ts.flags[i] for i in passes]
         try:
             msg, error = self.apply_passes(passes)  # no passes: the unchanged program's observation
         except CompilerGymServerError as exc:
-            # The server or its service died mid-episode: end the episode; the next reset uses a new server.
+            # The server or its service died mid-episode; the next reset uses a new server.
             self._restart(exc)
-            self._needs_reset = True
-            info.update(server_error=str(exc), success=False)
-            obs = self._obs({"autophase": np.zeros(AUTOPHASE_DIM), "ir_count": self._count, "ir": ""})
-            return obs, 0.0, False, True, info
+            return self._end_early("server_error", str(exc), info, {})
         self._t += max(len(passes), 1) if self.ts.mode == "per_step" else 1
+        self._record(passes)
+        if error is not None:  # the service failed on a pass and ended its session
+            return self._end_early("pass_error", error, info, msg)
         self._count = msg["ir_count"]
         p = self.program
         reduction = self.ts.reward.reduction(p["o0_count"], self._count, p["oz_count"])
         shaped = self.ts.reward.shaped(reduction, self._t if self.ts.mode == "per_step" else len(passes))
         reward, self._shaped = shaped - self._shaped, shaped
-        done_by_service = error is not None
-        truncated = self.ts.mode == "sequence" or self._t >= self.ts.max_steps
-        self._needs_reset = truncated or done_by_service
-        info.update(reduction=reduction, ir_count=self._count, oz_count=p["oz_count"], o0_count=p["o0_count"],
-                    success=self._count <= p["oz_count"], num_passes=len(passes),
-                    passes=[self.ts.flags[i] for i in passes])
-        if error:
-            info["service_error"] = error
         # Sequence mode: one step is the whole episode, and it is terminal (nothing to bootstrap).
-        terminated = self.ts.mode == "sequence" or done_by_service
-        return self._obs(msg), float(reward), terminated, truncated and not terminated, info
+        # Per step: max_steps is a time limit, not a state of the program (truncated: bootstrapped).
+        terminated = self.ts.mode == "sequence"
+        truncated = not terminated and self._t >= self.ts.max_steps
+        self._needs_reset = terminated or truncated
+        info.update(reduction=reduction, ir_count=self._count, oz_count=p["oz_count"], o0_count=p["o0_count"],
+                    success=self._count <= p["oz_count"])
+        if terminated or truncated:
+            info["end_reason"] = "sequence_applied" if terminated else "max_steps"
+        return self._obs(msg), float(reward), terminated, truncated, info
+
+    def _record(self, passes: list[int]) -> None:
+        """Add ``passes`` to the action history the features show."""
+        for i in passes:
+            self._pass_counts[i] += 1.0
+        if passes:
+            self._last_pass = passes[-1]
 
     def close(self) -> None:
         if self.client is not None:
@@ -453,11 +558,14 @@ def _split_dir(files: list[str], eval_fraction: float) -> tuple[list[str], list[
 # Registered as "compiler_gym", with its final evaluation, at the end of this module.
 def compiler_gym_task_set(
     mode: str = "per_step",
-    max_steps: int = 16,
+    max_steps: int = 45,
     seq_len: int = 16,
     train_seeds: Sequence[int] = (0, 200),
     eval_seeds: Sequence[int] = (1_000_000, 20),
     benchmark_dir: Optional[str] = None,
+    eval_benchmark_dir: Optional[str] = None,
+    eval_search: str = "none",
+    eval_search_budget: int = 0,
     datasets: Optional[list[str]] = None,
     dataset_limit: int = 100,
     eval_fraction: float = 0.2,
@@ -467,9 +575,11 @@ def compiler_gym_task_set(
     leakiness: float = 1.0,
     step_penalty: float = 0.0,
     reward_baseline: str = "oz",
+    oz_floor: float = 0.01,
     call_timeout_s: float = 60.0,
     start_timeout_s: float = 120.0,
     episodes_per_program: int = 1,
+    reuse_programs: bool = True,
 ) -> CompilerGymTaskSet:
     """Build the CompilerGym TaskSet.
 
@@ -480,6 +590,12 @@ def compiler_gym_task_set(
     URIs, or dataset names such as cbench-v1 whose first ``dataset_limit`` programs are used;
     named datasets need the internet). ir_tokens: IR tokens per observation (0 = no IR).
     episodes_per_program: consecutive training episodes on each program (its first reset is slow).
+    oz_floor: the reward's -Oz denominator is at least this fraction of the -O0 count.
+    reuse_programs: the server keeps each program's start state (false: rebuilt at every reset).
+    eval_benchmark_dir: held-out programs of their own (every file of the folder, e.g. envs/programs),
+    whatever the training programs are (csmith seeds, or all of ``benchmark_dir``). eval_search: a
+    search the final evaluation adds (none, greedy, best-of-K, beam-K) with ``eval_search_budget``
+    compilations per program (0: 16 x the episode length).
     """
     if mode not in _MODES:
         raise ConfigError(f"compiler_gym mode '{mode}' is unknown; valid: {', '.join(_MODES)}")
@@ -488,17 +604,15 @@ def compiler_gym_task_set(
     for name, value in (("max_steps", max_steps), ("seq_len", seq_len), ("episodes_per_program", episodes_per_program)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"compiler_gym {name} must be a positive integer, got {value!r}")
+    if not 0.0 < float(oz_floor) <= 1.0:
+        raise ConfigError(f"compiler_gym oz_floor must be in (0, 1], got {oz_floor!r}")
     if not 0.0 < float(eval_fraction) < 1.0:
         raise ConfigError(f"compiler_gym eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction!r}")
+    _check_eval_search(eval_search, eval_search_budget)
+    held_out = program_uris(eval_benchmark_dir, "compiler_gym eval_benchmark_dir") if eval_benchmark_dir else None
     if benchmark_dir is not None:
-        root = Path(benchmark_dir)
-        if not root.is_dir():
-            raise ConfigError(f"compiler_gym benchmark_dir {benchmark_dir}: no such directory; pass a folder of .c/.cpp/.bc files")
-        files = sorted(str(p.resolve()) for p in root.rglob("*") if p.suffix in (".c", ".cpp", ".cc", ".bc", ".ll"))
-        if not files:
-            raise ConfigError(f"compiler_gym benchmark_dir {benchmark_dir} holds no .c/.cpp/.bc files")
-        train, evaluation = _split_dir(files, eval_fraction)
-        train, evaluation = [f"file://{f}" for f in train], [f"file://{f}" for f in evaluation]
+        files = program_uris(benchmark_dir, "compiler_gym benchmark_dir")
+        train, evaluation = (files, held_out) if held_out else _split_dir(files, eval_fraction)
     elif datasets:
         train, evaluation = [], []  # filled from the probe server below (named datasets need the internet)
     else:
@@ -537,12 +651,14 @@ def compiler_gym_task_set(
             train, evaluation = _split_dir(uris, eval_fraction)
     finally:
         client.close()
+    evaluation = held_out or evaluation
     return CompilerGymTaskSet(
         train_benchmarks=train, eval_benchmarks=evaluation, flags=flags, mode=mode, max_steps=max_steps,
         seq_len=seq_len, ir_tokens=int(ir_tokens), ir_vocab_size=int(ir_vocab_size),
-        reward=RewardConfig(float(baseline_thre), float(leakiness), float(step_penalty), reward_baseline),
+        reward=RewardConfig(float(baseline_thre), float(leakiness), float(step_penalty), reward_baseline, float(oz_floor)),
         python=str(python), site_data=str(site_data), call_timeout_s=float(call_timeout_s),
         start_timeout_s=float(start_timeout_s), episodes_per_program=episodes_per_program,
+        reuse_programs=bool(reuse_programs), eval_search=str(eval_search), eval_search_budget=int(eval_search_budget),
     )
 
 
@@ -574,6 +690,151 @@ def random_search(env: CompilerGymTaskEnv, uri: str, length: int, trials: int, r
 
 
 # ---- held-out evaluation -----------------------------------------------------------------
+def program_uris(folder: str, what: str) -> list[str]:
+    """``file://`` URIs of the .c/.cpp/.cc/.bc/.ll files under ``folder`` (sorted); ConfigError
+    naming ``what`` (the option that gave it) if it is missing or holds none."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise ConfigError(f"{what} {folder}: no such directory; pass a folder of .c/.cpp/.bc/.ll files")
+    files = sorted(str(p.resolve()) for p in root.rglob("*") if p.suffix in PROGRAM_SUFFIXES)
+    if not files:
+        raise ConfigError(f"{what} {folder} holds no .c/.cpp/.bc files (nor .cc/.ll)")
+    return [f"file://{f}" for f in files]
+
+
+PROGRAM_SUFFIXES = (".c", ".cpp", ".cc", ".bc", ".ll")
+BUNDLED_PROGRAMS = Path(__file__).with_name("programs")  # real C programs written here (not csmith)
+
+
+def program_name(uri: str) -> str:
+    """A short name for tables and TensorBoard tags: ``csmith-v0_1000001``, ``crc32``."""
+    if uri.startswith("file://"):
+        return Path(uri[len("file://"):]).stem
+    return re.sub(r"[^\w.-]+", "_", uri.split("://", 1)[-1]).strip("_")
+
+
+def _check_eval_search(search: Any, budget: Any) -> None:
+    """ConfigError for a bad ``eval_search`` / ``eval_search_budget`` (before any server starts)."""
+    from envs.compiler_gym_search import parse_search  # noqa: PLC0415
+
+    parse_search(search, what="compiler_gym eval_search")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ConfigError(f"compiler_gym eval_search_budget must be a non-negative integer (0: 16 x the episode "
+                          f"length), got {budget!r}")
+
+
+class EnvCompiler:
+    """One program of a ``CompilerGymTaskEnv`` as a search's ``Compiler`` (envs/compiler_gym_search.py).
+
+    Per-step policies read the observation after every pass (with its action history), so a step
+    is ``env.step``; a sequence policy reads only the loaded program, so a step applies the pass
+    alone. ``probe`` keeps the current state in the server's fork and restores it (14-33 ms) when
+    the state is used again, not before a reset (a beam probes a state, then loads the next one).
+    """
+
+    def __init__(self, env: CompilerGymTaskEnv, uri: str) -> None:
+        self.env, self.uri = env, uri
+        self.num_passes = len(env.ts.flags)
+        self.per_step = env.ts.mode == "per_step"
+        self.failures = 0  # compilations that failed (the service or a pass); counted, not retried
+        self._forked = False
+        self._probed = False  # the server holds the state after a probe; the fork holds the state before it
+
+    def reset(self) -> Optional[tuple[Any, int]]:
+        self._forked = self._probed = False
+        obs = self.env.reset_to(self.uri)
+        return None if obs is None else (obs, int(obs["ir_count"]))
+
+    def step(self, pass_index: int) -> Optional[tuple[Any, int]]:
+        if self._probed and not self._restore():
+            return None
+        self._forked = False
+        if self.per_step:
+            obs, _, _, _, info = self.env.step(np.array([pass_index]))
+            if info.get("end_reason") not in (None, "max_steps"):  # the pass or the server failed
+                self.failures += 1
+                return None
+            return obs, int(info["ir_count"])
+        count = self._apply(pass_index, restore=False)
+        return None if count is None else (None, count)
+
+    def probe(self, pass_index: int) -> Optional[int]:
+        return self._apply(pass_index, restore=True)
+
+    def _restore(self) -> bool:
+        try:
+            self.env.client.call("restore")
+        except CompilerGymServerError as exc:
+            return self._failed(exc)
+        self._probed = False
+        return True
+
+    def _failed(self, exc: Exception) -> bool:
+        """A failed server call: counted; the next reset_to starts a new server if it died."""
+        print(f"[compiler_gym] search on {self.uri}: {exc}", file=sys.stderr)
+        self._forked = self._probed = False
+        self.failures += 1
+        return False
+
+    def _apply(self, pass_index: int, restore: bool) -> Optional[int]:
+        if self._probed and not self._restore():
+            return None
+        try:
+            if restore and not self._forked:
+                self.env.client.call("fork")
+                self._forked = True
+            msg, error = self.env.apply_passes([int(pass_index)])
+        except CompilerGymServerError as exc:
+            self._failed(exc)
+            return None
+        self._probed = restore
+        if error is not None or "ir_count" not in msg:
+            self.failures += 1
+            return None
+        return int(msg["ir_count"])
+
+
+def search_horizon(task_set: CompilerGymTaskSet) -> int:
+    """Passes a policy writes per program: an episode (per step) or a sequence."""
+    return task_set.max_steps if task_set.mode == "per_step" else task_set.seq_len
+
+
+def search_programs(task_set: CompilerGymTaskSet, policy: Any, benchmarks: list[str], search: Any, budget: int,
+                    seed: int = 0) -> dict[str, Any]:
+    """``search`` (``greedy``, ``best-of-K``, ``beam-K``) with ``budget`` compilations on every
+    program of ``benchmarks``, next to -Oz and to random search with as many compilations as the
+    search used. ``policy`` is a ``SearchPolicy`` (``ModelPolicy`` in process, ``ActPolicy``
+    behind an inference actor). Returns the rows and the geometric means over programs of
+    -Oz count / count (> 1 beats -Oz): ``geomean_vs_oz`` and ``random_search_geomean_vs_oz``."""
+    from envs.compiler_gym_search import parse_search, random_baseline, run_search  # noqa: PLC0415
+
+    spec = parse_search(search, allow_none=False) if isinstance(search, str) else search
+    horizon = search_horizon(task_set)
+    env = task_set.make_env(0, seed=seed, benchmarks=benchmarks)
+    rng = np.random.default_rng(seed)
+    rows = []
+    try:
+        for uri in env.benchmarks:
+            if env.reset_to(uri) is None:  # skipped and counted
+                continue
+            oz, o0 = env.program["oz_count"], env.program["o0_count"]
+            compiler = EnvCompiler(env, uri)
+            found = run_search(spec, compiler, policy, budget, horizon)
+            rand = random_baseline(compiler, max(found.compilations, 1), horizon, rng)
+            if found.count is None or rand.count is None:
+                continue
+            rows.append({"program": program_name(uri), "benchmark": uri, "o0_count": o0, "oz_count": oz,
+                         "count": found.count, "vs_oz": oz / max(found.count, 1), "compilations": found.compilations,
+                         "passes": [task_set.flags[i] for i in found.passes], "seconds": found.seconds,
+                         "random_count": rand.count, "random_vs_oz": oz / max(rand.count, 1),
+                         "random_compilations": rand.compilations, "failed_compilations": compiler.failures})
+    finally:
+        env.close()
+    return {"search": spec.name, "budget": int(budget), "horizon": horizon, "rows": rows, "skipped": dict(env.skipped),
+            "geomean_vs_oz": geomean([r["vs_oz"] for r in rows]),
+            "random_search_geomean_vs_oz": geomean([r["random_vs_oz"] for r in rows])}
+
+
 def evaluate_programs(task_set: CompilerGymTaskSet, policy: Any, preprocess: Any, random_trials: int = 1,
                       seed: int = 0, benchmarks: Optional[list[str]] = None) -> dict[str, Any]:
     """The policy, greedy and sampled, and random search on every held-out program.
@@ -645,15 +906,54 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_search_table(result: dict[str, Any]) -> str:
+    """``search_programs``'s rows and geometric means, as text."""
+    name = result["search"]
+    lines = [f"{'program':<26}{'-O0':>7}{'-Oz':>7}{name:>12}{'compiles':>9}{'random':>8}{'srch/Oz':>8}{'rnd/Oz':>8}"]
+    for r in result["rows"]:
+        lines.append(f"{r['program'][-26:]:<26}{r['o0_count']:>7}{r['oz_count']:>7}{r['count']:>12}"
+                     f"{r['compilations']:>9}{r['random_count']:>8}{r['vs_oz']:>8.3f}{r['random_vs_oz']:>8.3f}")
+    lines.append(f"geomean (-Oz count / count), >1 beats -Oz: {name} {result['geomean_vs_oz']:.3f}, random search "
+                 f"(same compilations) {result['random_search_geomean_vs_oz']:.3f}; budget {result['budget']} "
+                 f"compilations per program, {len(result['rows'])} programs, skipped {result['skipped']}")
+    return "\n".join(lines)
+
+
+def search_scalars(result: dict[str, Any], prefix: str = "eval/compilergym") -> dict[str, float]:
+    """TensorBoard scalars of ``search_programs``: per program ``<prefix>/<program>/<search>_vs_oz``
+    (and random search's), and the geometric means ``<prefix>/<search>_geomean_vs_oz``."""
+    name = result["search"].replace("-", "_")
+    scalars = {f"{prefix}/{name}_geomean_vs_oz": result["geomean_vs_oz"],
+               f"{prefix}/{name}_random_search_geomean_vs_oz": result["random_search_geomean_vs_oz"]}
+    for r in result["rows"]:
+        scalars[f"{prefix}/{r['program']}/{name}_vs_oz"] = r["vs_oz"]
+        scalars[f"{prefix}/{r['program']}/{name}_random_vs_oz"] = r["random_vs_oz"]
+    return scalars
+
+
 def held_out_evaluation(task_set: CompilerGymTaskSet, act: Any, preprocess: Any, seed: int,
                         random_trials: int = 1) -> dict[str, Any]:
     """The env's final evaluation (``envs.final_evaluation_for("compiler_gym")``): ``evaluate_programs``
-    with ``act(obs_batch, deterministic) -> env actions``, as a report: ``scalars`` (eval/ geometric
-    means), ``text`` (the per-program table), ``files`` (``eval_programs.json``) and the raw result."""
+    with ``act(obs_batch, deterministic) -> env actions``, and with ``eval_search`` set, that search
+    (``search_programs``, the policy behind ``act``), as a report: ``scalars`` (eval/ geometric
+    means, ``eval/compilergym/<program>/vs_oz`` per program), ``text`` (the tables), ``files``
+    (``eval_programs.json``) and the raw result."""
+    from envs.compiler_gym_search import ActPolicy, parse_search  # noqa: PLC0415
+
     result = evaluate_programs(task_set, act, preprocess, random_trials, seed)
     scalars = {f"eval/{key}": result[key] for key in
                ("geomean_reduction_vs_oz", "sampled_geomean_reduction_vs_oz", "random_search_geomean_vs_oz")}
-    return {**result, "scalars": scalars, "text": format_table(result), "files": {"eval_programs.json": result}}
+    scalars.update({f"eval/compilergym/{program_name(r['benchmark'])}/vs_oz": r["policy_vs_oz"] for r in result["rows"]})
+    text = format_table(result)
+    spec = parse_search(task_set.eval_search)
+    if spec is not None:
+        budget = task_set.eval_search_budget or 16 * search_horizon(task_set)
+        searched = search_programs(task_set, ActPolicy(act, preprocess, task_set), task_set.eval_benchmarks, spec,
+                                   budget, seed)
+        result["search"] = searched
+        scalars.update(search_scalars(searched))
+        text += "\n" + format_search_table(searched)
+    return {**result, "scalars": scalars, "text": text, "files": {"eval_programs.json": result}}
 
 
 # Registered here, below the evaluation it names.

@@ -478,9 +478,12 @@ class LiberoTaskEnv:
     def num_init_states(self) -> int:
         return len(self._init_states)
 
-    def reset(self, init_state: Optional[int] = None) -> dict[str, Any]:
-        """Restore a fixed initial state (the schedule's next one, or index ``init_state``), let the
-        scene settle, and return the first observation."""
+    def reset(self, init_state: Optional[int] = None, start: Optional[int] = None) -> dict[str, Any]:
+        """Restore a fixed initial state (the schedule's next one, or index ``init_state``, or with
+        ``start`` (group rollouts) index ``start`` modulo their number), let the scene settle, and
+        return the first observation."""
+        if start is not None:
+            init_state = start % len(self._init_states)
         if init_state is None:
             self.init_state_index = self._schedule.next()
         elif 0 <= init_state < len(self._init_states):
@@ -492,7 +495,9 @@ class LiberoTaskEnv:
         # seed, init state) so an episode's start is a function of both, and leave the process's
         # global RNG as it was.
         outer_rng = np.random.get_state()
-        np.random.seed(np.random.SeedSequence([self._seed, self.init_state_index]).generate_state(1)[0])
+        # A group's start (group rollouts) replaces the env seed: its members' envs have different seeds.
+        fixture_seed = self._seed if start is None else int(start)
+        np.random.seed(np.random.SeedSequence([fixture_seed, self.init_state_index]).generate_state(1)[0])
         self._set_cameras_enabled(False)  # nothing is rendered until the scene has settled
         try:
             self._env.reset()

@@ -15,7 +15,7 @@ import difflib
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -169,10 +169,12 @@ class MetaWorldTaskEnv:
         self._renderer.update_scene(self._env.data, camera="corner2")
         return np.ascontiguousarray(self._renderer.render()[::-1])  # the GL image is bottom-up
 
-    def reset(self) -> np.ndarray:
-        self.goal_index = int(self._rng.integers(len(self._tasks)))
+    def reset(self, start: Optional[int] = None) -> np.ndarray:
+        """A goal variation drawn by the env's RNG; with ``start`` (group rollouts), variation ``start``
+        modulo their number and the env seeded with ``start``: the same start, the same initial state."""
+        self.goal_index = int(self._rng.integers(len(self._tasks))) if start is None else start % len(self._tasks)
         self._env.set_task(self._tasks[self.goal_index])
-        obs, _ = self._env.reset()
+        obs, _ = self._env.reset(seed=None if start is None else int(start))
         self._t = 0
         self._needs_reset = False
         return np.asarray(obs, dtype=np.float32)

@@ -284,40 +284,50 @@ def test_registry_says_where_each_estimator_runs_and_refuses_what_cannot_run():
     assert (gae_.where, gae_.unit, gae_.needs_critic) == ("worker", "step", True)
     assert (vt.where, vt.unit, vt.needs_critic) == ("trainer", "segment", True)
     assert check_advantage("vtrace") == "vtrace"
-    with pytest.raises(ConfigError, match=r"^advantage 'grpo' needs group rollouts \(issue 16\).*gae, vtrace$"):
-        check_advantage("grpo")
+    assert check_advantage("grpo") == "grpo"
     with pytest.raises(ConfigError, match="unknown advantage estimator 'gea' \\(did you mean 'gae'\\?\\)"):
         advantage_estimator("gea")
     from async_rl.config import load_config
 
-    for name in ("grpo", "rloo"):  # refused before Ray starts, in one line
-        with pytest.raises(ConfigError, match=f"^config key 'advantage' = '{name}': advantage '{name}' needs group "
-                                              r"rollouts \(issue 16\), which are not available yet; use one of: gae, vtrace$"):
+    for name in ("grpo", "rloo"):  # refused before Ray starts, in one line, without groups
+        with pytest.raises(ConfigError, match=f"^advantage '{name}' compares the episodes of a group: pass "
+                                              r"--group-size 2 or more \(e.g. --group-size 8\), got 1$"):
             load_config(["--advantage", name])
+        assert load_config(["--advantage", name, "--group-size", "8"]).group_size == 8
+    with pytest.raises(ConfigError, match=r"^advantage 'gae' makes no use of groups: drop --group-size 4"):
+        load_config(["--group-size", "4"])
     assert load_config(["--advantage", "vtrace"]).advantage == "vtrace"
+
+
+def segment_batch(seed, done, a):
+    """A minibatch of segments (``done`` [b, T]) with random observations, actions, log-probs, values and
+    rewards; returns the generator too, for what the test draws next."""
+    from tensordict import TensorDict
+
+    g = torch.Generator().manual_seed(seed)
+    b, T = done.shape
+    steps = TensorDict({"obs": TensorDict({"x": torch.randn(b, T, 1, generator=g)}, [b, T]),
+                        "action": torch.randn(b, T, a, generator=g), "logp": torch.randn(b, T, a, generator=g),
+                        "value": torch.randn(b, T, generator=g), "reward": torch.randn(b, T, generator=g),
+                        "done": done}, [b, T])
+    mb = TensorDict({"steps": steps, "bootstrap_obs": TensorDict({"x": torch.randn(b, 1, generator=g)}, [b])}, [b])
+    return g, steps, mb
 
 
 def test_vtrace_estimator_matches_vtrace_per_segment():
     """The trainer-side V-trace: flattening [B, T] segments and going time-major changes nothing."""
     from types import SimpleNamespace
 
-    from tensordict import TensorDict
-
     from async_rl.algo import TrainModel, advantage_estimator
 
-    g = torch.Generator().manual_seed(3)
     b, T, a = 2, 4, 3
-    steps = TensorDict({"obs": TensorDict({"x": torch.randn(b, T, 1, generator=g)}, [b, T]),
-                        "action": torch.randn(b, T, a, generator=g), "logp": torch.randn(b, T, a, generator=g),
-                        "value": torch.randn(b, T, generator=g), "reward": torch.randn(b, T, generator=g),
-                        "done": torch.tensor([[False, True, False, False], [False, False, False, True]])}, [b, T])
-    mb = TensorDict({"steps": steps, "bootstrap_obs": TensorDict({"x": torch.randn(b, 1, generator=g)}, [b])}, [b])
+    g, steps, mb = segment_batch(3, torch.tensor([[False, True, False, False], [False, False, False, True]]), a)
     logp_now = torch.randn(b * T, a, generator=g)
     values_now = torch.randn(b * T, generator=g)
     model = TrainModel(evaluate=lambda obs, action: (logp_now, torch.zeros_like(logp_now), values_now),
                        value=lambda obs: obs["x"].squeeze(-1), action_key="action")
     cfg = SimpleNamespace(gamma=0.9, vtrace_clip_rho=1.0, vtrace_clip_c=0.8, vtrace_clip_pg_rho=1.2,
-                          normalize_advantages=False)
+                          normalize_advantages=False, kl_ref_coef=0.0)
     got = advantage_estimator("vtrace").loss_inputs(mb, model, cfg)
     for i in range(b):
         rows = slice(i * T, (i + 1) * T)
@@ -328,3 +338,33 @@ def test_vtrace_estimator_matches_vtrace_per_segment():
         torch.testing.assert_close(got.value_target[rows], vs.squeeze(-1))
     torch.testing.assert_close(got.logp_old, steps["logp"].reshape(b * T, a))
     torch.testing.assert_close(got.value_old, steps["value"].reshape(b * T))
+
+
+def test_estimators_carry_reference_and_group_fields_and_vtrace_penalises_rewards():
+    """A reference on the model reaches LossInputs; vtrace subtracts the KL from the rewards (kl_ref_as reward);
+    step records pass their group fields on."""
+    from types import SimpleNamespace
+
+    from async_rl.algo import TrainModel, advantage_estimator
+
+    b, T, a = 2, 3, 2
+    g, steps, mb = segment_batch(5, torch.zeros(b, T, dtype=torch.bool), a)
+    logp_now, logp_ref = torch.randn(b * T, a, generator=g), torch.randn(b * T, a, generator=g)
+    model = TrainModel(evaluate=lambda obs, action: (logp_now, torch.zeros_like(logp_now), torch.zeros(len(action))),
+                       value=lambda obs: obs["x"].squeeze(-1), action_key="action", reference=lambda obs, action: logp_ref)
+    cfg = SimpleNamespace(gamma=0.9, vtrace_clip_rho=1.0, vtrace_clip_c=1.0, vtrace_clip_pg_rho=1.0,
+                          normalize_advantages=False, kl_ref_coef=0.5, kl_ref_as="reward", kl_ref_estimator="k1")
+    got = advantage_estimator("vtrace").loss_inputs(mb, model, cfg)
+    assert torch.equal(got.logp_ref, logp_ref)
+    flat = steps.reshape(b * T)
+    penalised = flat["reward"] - 0.5 * (flat["logp"] - logp_ref).sum(-1)  # k1 of the behaviour's actions
+    tm = lambda x: x.reshape(b, T).transpose(0, 1)  # noqa: E731
+    _, adv = vtrace(tm((logp_now - flat["logp"]).sum(-1)), 0.9 * torch.ones(T, b), tm(penalised), torch.zeros(T, b),
+                    mb["bootstrap_obs", "x"].squeeze(-1), 1.0, 1.0, 1.0)
+    torch.testing.assert_close(got.advantage, adv.transpose(0, 1).reshape(-1))
+    # step records: the group fields pass through as they are
+    flat["group_id"], flat["success"] = torch.arange(b * T) // 3, torch.arange(b * T) % 2 == 0
+    flat["advantage"], flat["value_target"] = torch.zeros(b * T), torch.zeros(b * T)
+    got = advantage_estimator("grpo").loss_inputs(flat, model, cfg)
+    assert torch.equal(got.group_id, flat["group_id"]) and torch.equal(got.success, flat["success"])
+    assert torch.equal(got.logp_ref, logp_ref) and got.value_target is None

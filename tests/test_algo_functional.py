@@ -14,6 +14,7 @@ from async_rl.algo import (
     categorical_entropy,
     distributed_normalize,
     kl_penalty,
+    kl_reward_penalty,
     masked_mean,
     masked_whiten,
     ratio_guard,
@@ -158,27 +159,48 @@ def test_tanh_gaussian_entropy_limits_and_grad():
 @pytest.mark.parametrize("kind,expected", [
     # logp = [0, ln 2, -1], logp_ref = [ln 2, 0, -1]; log r = logp_ref - logp
     ("k1", [-math.log(2.0), math.log(2.0), 0.0]),
+    ("k2", [0.5 * math.log(2.0) ** 2, 0.5 * math.log(2.0) ** 2, 0.0]),
     ("k3", [2.0 - math.log(2.0) - 1.0, 0.5 + math.log(2.0) - 1.0, 0.0]),
 ])
 def test_kl_penalty_hand_computed(kind, expected):
-    out = kl_penalty(t([0.0, math.log(2.0), -1.0]), t([math.log(2.0), 0.0, -1.0]), kind=kind)
+    logp = t([0.0, math.log(2.0), -1.0]).requires_grad_(True)
+    out = kl_penalty(logp, t([math.log(2.0), 0.0, -1.0]), kind=kind)
     torch.testing.assert_close(out, t(expected), rtol=1e-12, atol=1e-12)
+    # d/dlogp with log r = [ln 2, -ln 2, 0]: k1 -> 1, k2 -> -log r, k3 -> 1 - r
+    out.sum().backward()
+    grad = {"k1": [1.0, 1.0, 1.0], "k2": [-math.log(2.0), math.log(2.0), 0.0], "k3": [-1.0, 0.5, 0.0]}[kind]
+    torch.testing.assert_close(logp.grad, t(grad), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["k1", "k3"])
+def test_kl_reward_penalty_subtracts_the_action_kl_per_step():
+    # two steps, two action dims; k1 per element = logp - logp_ref
+    reward = t([1.0, 0.0])
+    logp, logp_ref = t([[-1.0, -2.0], [-0.5, -0.5]]), t([[-1.5, -2.5], [-0.5, -1.0]])
+    out = kl_reward_penalty(reward, logp, logp_ref, coef=0.1, kind="k1")
+    torch.testing.assert_close(out, t([1.0 - 0.1 * 1.0, 0.0 - 0.1 * 0.5]), rtol=1e-12, atol=1e-12)
+    k3 = lambda lr: math.exp(lr) - lr - 1.0  # noqa: E731
+    out = kl_reward_penalty(reward, logp, logp_ref, coef=2.0, kind="k3")
+    torch.testing.assert_close(out, t([1.0 - 2.0 * 2 * k3(-0.5), -2.0 * (k3(0.0) + k3(-0.5))]), rtol=1e-12, atol=1e-12)
+    assert out.dtype == reward.dtype and not out.requires_grad
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
 def test_kl_penalty_estimates_kl(kind):
     p, q = t([0.5, 0.3, 0.2]), t([0.2, 0.3, 0.5])
     kl = (p * (p / q).log()).sum().item()  # KL(pi || pi_ref) = 0.2749
     torch.manual_seed(0)
     actions = torch.multinomial(p, 200_000, replacement=True)
     est = kl_penalty(p.log()[actions], q.log()[actions], kind=kind)
-    assert est.mean().item() == pytest.approx(kl, abs=0.01)
-    if kind == "k3":
+    if kind == "k2":  # biased: E[k2] = E[(log r)^2] / 2, not KL, far from the reference
+        assert est.mean().item() == pytest.approx(0.5 * (p * (p / q).log() ** 2).sum().item(), abs=0.01)
+    else:
+        assert est.mean().item() == pytest.approx(kl, abs=0.01)
+    if kind != "k1":
         assert (est >= 0).all()
 
 
 def test_kl_penalty_unknown_kind():
-    with pytest.raises(ValueError, match="k4.*k1, k3"):
+    with pytest.raises(ValueError, match="k4.*k1, k2, k3"):
         kl_penalty(torch.zeros(2), torch.zeros(2), kind="k4")
 
 

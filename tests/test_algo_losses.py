@@ -26,6 +26,7 @@ ALL_MODES = {
     "cispo_clip",
     "is_clip",
     "is_weight_clip",
+    "pacs",
 }
 PARAM_KEYS = [
     "clip_eps",
@@ -39,6 +40,12 @@ PARAM_KEYS = [
     "beta2",
     "is_eps_low",
     "is_eps_high",
+    "ratio_level",
+    "beta",
+    "reward_method",
+    "adv_estimator",
+    "use_weight",
+    "weight_mode",
 ]
 
 
@@ -144,13 +151,14 @@ PARAM_SETS = {
     "alpha0.5": {"soft_clip_alpha": 0.5},
     "alpha0": {"soft_clip_alpha": 0},
     "is_eps": {"is_eps_low": 0.5, "is_eps_high": 2.0},
+    "is_no_low": {"is_eps_low": 1.5},  # 1 - is_eps_low < 0: no lower IS bound
 }
 MODE_PARAM_SETS = {
     "clip": ["default", "eps0.3", "asym", "dual", "asym_dual"],
     "ce-gppo_clip": ["default", "eps0.3", "asym", "dual", "asym_dual", "beta", "beta0"],
     "soft_clip": ["default", "alpha0.5", "alpha0"],
     "sapo": ["default", "tau"],
-    "cispo": ["default", "asym", "is_eps"],
+    "cispo": ["default", "asym", "is_eps", "is_no_low"],
 }
 RATIOS = [0.3, 0.6, 0.95, 1.05, 1.5, 4.0, 8.0]
 ADVS = [1.3, -0.7, 2.0, -1.9, 0.4, -0.25, 1.1, -3.0, 0.6]
@@ -259,6 +267,79 @@ def test_alias_matches_reference_float64(mode, masked):
     _check(mode, {}, "BD_adv_B1", torch.float64, masked)
 
 
+# ----------------------------------------------------------------------------------------
+# Ratio levels: one ratio per action (row), the joint one (sum of the row's log-ratios) or the
+# geometric one (their mean, GSPO), through the same per-element references
+# ----------------------------------------------------------------------------------------
+def reference_per_action(mode, params, logp, logp_old, adv, mask, level):
+    ref, fixed = MODES[mode]
+    q = _params({**params, **fixed})
+    lr = (logp.double() - logp_old.double()).tolist()
+    valid = [[True] * len(lr[0])] * len(lr) if mask is None else mask.tolist()
+    rows = [b for b in range(len(lr)) if any(valid[b])]
+    n = len(rows)
+    grad = [[0.0] * len(lr[0]) for _ in lr]
+    loss, ratios, clipped = 0.0, [], 0
+    for b in rows:
+        elems = [j for j, v in enumerate(valid[b]) if v]
+        per = 1 if level == "sequence" else len(elems)  # d log R / d logp_j: 1 (sum) or 1/len (mean)
+        r = math.exp(sum(lr[b][j] for j in elems) / per)
+        l, g, c, _ = ref(r, adv[b, 0].item(), q)
+        loss += l / n
+        for j in elems:
+            grad[b][j] = g / per / n
+        ratios.append(r)
+        clipped += c
+    metrics = {"clip_frac": clipped / n, "ratio_mean": sum(ratios) / n, "ratio_max": max(ratios),
+               "approx_kl": sum(r - 1.0 - math.log(r) for r in ratios) / n}
+    return loss, torch.tensor(grad, dtype=torch.float64), metrics
+
+
+LEVEL_CASES = [(m, "default") for m in MODE_PARAM_SETS] + [("clip", "asym_dual"), ("cispo", "is_no_low")]
+
+
+@pytest.mark.parametrize("mode,pname", LEVEL_CASES)
+@pytest.mark.parametrize("level", ["sequence", "geometric"])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_ratio_levels_match_reference(mode, pname, level, masked):
+    logp, logp_old, adv, mask = make_case((7, 3), (7, 1), torch.float64, masked)
+    params = {**PARAM_SETS[pname], "ratio_level": level}
+    loss, grad, metrics = run_loss(mode, params, logp, logp_old, adv, mask)
+    exp_loss, exp_grad, exp_metrics = reference_per_action(mode, PARAM_SETS[pname], logp, logp_old, adv, mask, level)
+    assert loss.item() == pytest.approx(exp_loss, rel=1e-10, abs=1e-10)
+    torch.testing.assert_close(grad, exp_grad, rtol=1e-10, atol=1e-10)
+    for key, value in exp_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-10, abs=1e-10), key
+
+
+def test_ratio_levels_hand_computed():
+    # rows: ratios (1.1, 1.0), (2, 2), and a row masked out entirely; clip eps 0.2, A = 1
+    logp_old = torch.zeros(3, 2, dtype=torch.float64)
+    logp = torch.tensor([[1.1, 1.0], [2.0, 2.0], [50.0, 50.0]], dtype=torch.float64).log()
+    mask = torch.tensor([[True, True], [True, True], [False, False]])
+    adv = torch.ones(3, 1, dtype=torch.float64)
+    # joint: R = 1.1 (inside: loss -1.1, d/dlogp_j = -1.1), R = 4 (clipped at 1.2, flat); mean over 2 actions
+    loss, grad, m = run_loss("clip", {"ratio_level": "sequence"}, logp, logp_old, adv, mask)
+    assert loss.item() == pytest.approx((-1.1 - 1.2) / 2)
+    torch.testing.assert_close(grad, torch.tensor([[-0.55, -0.55], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64))
+    assert (m["ratio_max"], m["clip_frac"]) == (pytest.approx(4.0), 0.5)
+    # geometric: R = sqrt(1.1), d/dlogp_j = -R / 2; R = 2 clipped
+    loss, grad, _ = run_loss("clip", {"ratio_level": "geometric"}, logp, logp_old, adv, mask)
+    g = math.sqrt(1.1)
+    assert loss.item() == pytest.approx((-g - 1.2) / 2)
+    torch.testing.assert_close(grad, torch.tensor([[-g / 4, -g / 4], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64))
+    # token level (the default) is per element, as before
+    assert run_loss("clip", {"ratio_level": "token"}, logp, logp_old, adv, mask)[0].item() == pytest.approx(
+        run_loss("clip", {}, logp, logp_old, adv, mask)[0].item(), abs=0)
+
+
+@pytest.mark.parametrize("logp_shape,adv_shape", [((4, 3), (4, 3)), ((4,), (4,))])
+def test_ratio_levels_need_one_advantage_per_action(logp_shape, adv_shape):
+    with pytest.raises(ValueError, match="ratio level 'sequence' needs logp \\[B, A\\] and one advantage per action"):
+        compute_policy_loss("clip", torch.zeros(logp_shape), torch.zeros(logp_shape), torch.ones(adv_shape),
+                            params={"ratio_level": "sequence"})
+
+
 @pytest.mark.parametrize("mode,pname", [(m, "dual" if m in DUAL_MODES else "default") for m in MODE_PARAM_SETS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
@@ -300,6 +381,9 @@ HAND = [
     # cispo: w = clip(r, 0.8, 1.2); forward -wA, gradient -wA
     ("cispo", {}, [1.5, 0.5, 1.1], [1, -1, 2], [-1.2, 0.8, -2.2], [-1.2, 0.8, -2.2]),
     ("is_clip", {"is_eps_low": 0.6, "is_eps_high": 1.0}, [3.0, 0.2, 1.1], [1, 1, -1], [-2.0, -0.4, 1.1], [-2.0, -0.4, 1.1]),
+    # cispo, is_eps_low >= 1: no lower IS bound (MiniMax-M1); the upper one stays at 1.2
+    ("cispo", {"is_eps_low": 1.0}, [0.01, 0.5, 3.0], [1, -1, 1], [-0.01, 0.5, -1.2], [-0.01, 0.5, -1.2]),
+    ("cispo", {"is_eps_low": 5.0}, [0.001, 1.5], [-2, 1], [0.002, -1.2], [0.002, -1.2]),
 ]
 
 
@@ -401,7 +485,10 @@ def test_unknown_mode_lists_every_mode_and_alias():
     ({"tau_neg": -1.0}, "tau_neg"),
     ({"soft_clip_alpha": -1.0}, "soft_clip_alpha"),
     ({"beta1": -0.1}, "beta1"),
-    ({"is_eps_low": 1.0}, "is_eps_low"),
+    ({"is_eps_low": -0.1}, "is_eps_low"),
+    ({"ratio_level": "tokens"}, "ratio_level"),
+    ({"reward_method": 3}, "reward_method"),
+    ({"weight_mode": "both"}, "weight_mode"),
     ({"is_eps_high": [1.0]}, "is_eps_high"),
 ])
 def test_bad_params_name_key_and_list_valid_keys(params, key):

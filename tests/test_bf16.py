@@ -70,9 +70,9 @@ def _policy_and_obs(name, vla_path, **kwargs):
     if name == "mlp":
         return build_policy(name, {"state_dim": 39}, 4), TensorDict({"state": torch.randn(3, 39)}, [3])
     if name in ("categorical_mlp", "passformer"):
-        spec = {"autophase_dim": 56, "num_actions": 12, "max_steps": 4, "ir_tokens": 24, "ir_vocab_size": 64,
+        spec = {"feature_dim": 80, "num_actions": 12, "max_steps": 4, "ir_tokens": 24, "ir_vocab_size": 64,
                 "action_vocab": ["<pad>", "<bos>", "<eos>", "<unk>", *[f"-p{i}" for i in range(12)]]}
-        raw = [{"autophase": rng.integers(0, 50, 56).astype(np.float32), "ir_count": 300.0, "step": 1,
+        raw = [{"features": rng.random(80).astype(np.float32),
                 "ir_tokens": np.concatenate([rng.integers(2, 64, 16), np.zeros(8, np.int64)])} for _ in range(3)]
         action_dim = 6 if name == "passformer" else 1
     else:
@@ -84,11 +84,13 @@ def _policy_and_obs(name, vla_path, **kwargs):
     return build_policy(name, spec, action_dim), torch.stack([pre(o, "t") for o in raw])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", list(RUNS))
-def test_bf16_policy_returns_float32_statistics(name, vla_path):
+def test_bf16_policy_returns_float32_statistics(name, vla_path, dtype):
+    """fp16 too: on CPU only this in-process check (DeepSpeed trains fp16 on CUDA only, tests/gpu)."""
     torch.manual_seed(0)
     policy, obs = _policy_and_obs(name, vla_path)
-    policy = cast_parameters(policy, torch.bfloat16)  # as DeepSpeed and the inference actor cast it
+    policy = cast_parameters(policy, dtype)  # as DeepSpeed and the inference actor cast it
     out = policy.act(obs)  # float32 observations into bf16 weights
     floats = {k: v for k, v in out.items() if v.is_floating_point()}
     assert {k: v.dtype for k, v in floats.items()} == {k: torch.float32 for k in floats}

@@ -36,6 +36,8 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                  "--log-interval-seconds", "0.01", "--updates-per-epoch", "1", "--train-batch-size", "4",
                  "--accumulation-steps", "2", "--super-batch-size", "8", "--replay-capacity", "64",
                  "--rollout-local-buf", "4"]
+    if policy == "mlp":  # the final evaluation also searches with the policy behind the inference actor
+        overrides += ["--eval-search", "best-of-2", "--eval-search-budget", "8"]
     # The launch script's config; --policy passformer picks the Passformer's settings (its variant).
     cfg = load_config(overrides, str(ROOT / "configs" / "compilergym_mlp.yaml"))
     assert ("d_model" in cfg.policy_kwargs) == (policy == "passformer") and cfg.actor_timeout_s == (
@@ -63,6 +65,11 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
         assert summary[f"eval/{key}"] == pytest.approx(result[key])
         assert result["scalars"][f"eval/{key}"] == pytest.approx(result[key])
     assert "geomean" in result["text"]
+    if policy == "mlp":
+        searched = result["search"]
+        assert searched["search"] == "best-of-2" and len(searched["rows"]) == 2
+        assert all(r["compilations"] == r["random_compilations"] == 8 for r in searched["rows"])
+        assert summary["eval/compilergym/best_of_2_geomean_vs_oz"] == pytest.approx(searched["geomean_vs_oz"])
 
     events = EventAccumulator(str(log_dir)).Reload()
     tags = events.Tags()["scalars"]
@@ -71,6 +78,10 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                 "rollout/episode_return", "env/skipped_build_failed", "env/skipped_oz_above_o0", "env/unknown_passes"):
         assert tag in tags, tag
     assert events.Scalars("env/skipped_build_failed")[-1].value == 0  # csmith programs build
+    per_program = [f"eval/compilergym/csmith-v0_{seed}/vs_oz" for seed in (1000001, 1000002)]
+    if policy == "mlp":
+        per_program += ["eval/compilergym/best_of_2_geomean_vs_oz", "eval/compilergym/csmith-v0_1000001/best_of_2_vs_oz"]
+    assert set(per_program) <= set(tags), per_program
     written = json.loads((log_dir / "eval_programs.json").read_text())
     assert [r["policy_sequence"] for r in written["rows"]] == [r["policy_sequence"] for r in result["rows"]]
 

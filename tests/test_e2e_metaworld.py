@@ -1,6 +1,7 @@
 """A real run: local Ray, 2 DeepSpeed ZeRO-2 trainer ranks over gloo, 1 inference actor,
 2 rollout workers on MetaWorld, a few epochs; then the weights, versions, logs and leftovers."""
 import ipaddress
+import math
 import time
 from pathlib import Path
 
@@ -91,8 +92,11 @@ def test_real_run(tmp_path, launch_config, clip_mode):
 
 @pytest.mark.parametrize("lora", [[], ["--lora-rank", "4", "--lora-trainable", "[log_std]"]], ids=["full", "lora"])
 def test_inference_weights_equal_rank0_after_broadcast(tmp_path, lora):
-    """Broadcast, then compare without training in between (with LoRA: the merged weights)."""
+    """Broadcast, then compare without training in between (with LoRA: the merged weights). With a KL
+    to the reference policy (a frozen copy; with LoRA the model with its adapters off), which must
+    leave the broadcast weights alone and log a finite train/kl_ref that leaves 0 as training moves."""
     cfg = load_config([*lora, "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled",
+                       "--kl-ref-coef", "0.1", "--kl-ref-estimator", "k3",
                        "--num-eval-workers", "0", "--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64",
                        "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}"],
                       str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
@@ -116,6 +120,8 @@ def test_inference_weights_equal_rank0_after_broadcast(tmp_path, lora):
     assert inference.keys() == rank0.keys()
     for name in rank0:
         torch.testing.assert_close(inference[name], rank0[name], rtol=0, atol=0, msg=name)
+    kl_ref = [e.value for e in EventAccumulator(str(tmp_path / "run")).Reload().Scalars("train/kl_ref")]
+    assert kl_ref and all(math.isfinite(v) and v >= 0 for v in kl_ref) and max(kl_ref) > 0, kl_ref
 
 
 def test_sync_mode_trains_on_fresh_experience_only(tmp_path):

@@ -6,14 +6,15 @@ import signal
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from async_rl.errors import ConfigError
 from async_rl.tokens import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from envs import make_task_set
 from envs.compiler_gym import (
-    CompilerGymServerError, PassVocab, RewardConfig,
-    compiler_gym_unavailable_reason, held_out_evaluation, tokenize_ir,
+    AUTOPHASE_DIM, CompilerGymServerError, PassVocab, RewardConfig,
+    compiler_gym_unavailable_reason, feature_dim, held_out_evaluation, observation_features, tokenize_ir,
 )
 
 UNAVAILABLE = compiler_gym_unavailable_reason()
@@ -34,8 +35,25 @@ def test_reward_maths():
     assert r.shaped(0.5, 10) == pytest.approx(0.5 - 0.1)
     initial = RewardConfig(reward_baseline="initial")
     assert initial.reduction(200, 150, 10) == pytest.approx(0.25)
-    # -Oz equal to -O0: no division by zero.
-    assert np.isfinite(r.reduction(100, 90, 100))
+    # Every program weighs the same: matching -Oz is 1.0 whether -Oz removes 40 or 4,000 instructions.
+    assert r.reduction(10_000, 6_000, 6_000) == r.reduction(100, 60, 60) == 1.0
+    # -Oz removing (almost) nothing: the denominator is at least oz_floor * c0, no division by zero.
+    assert r.reduction(1000, 990, 1000) == pytest.approx(10 / (0.01 * 1000))
+    assert r.reduction(1000, 990, 999) == pytest.approx(1.0)
+    assert RewardConfig(oz_floor=0.1).reduction(1000, 990, 999) == pytest.approx(0.1)
+
+
+def test_observation_features_layout():
+    autophase = np.arange(AUTOPHASE_DIM, dtype=np.float32)
+    counts = np.array([0, 1, 3, 0], dtype=np.float32)
+    f = observation_features(autophase, count=400, o0=1000, oz=300, steps_left=0.25, pass_counts=counts, last_pass=2)
+    assert f.dtype == np.float32 and f.shape == (feature_dim(4),) == (AUTOPHASE_DIM + 4 + 8,)
+    np.testing.assert_allclose(f[:AUTOPHASE_DIM], autophase / 1000)  # over the -O0 count
+    np.testing.assert_allclose(f[AUTOPHASE_DIM:AUTOPHASE_DIM + 4], [np.log1p(1000) / 10, 0.4, 0.3, 0.25], rtol=1e-6)
+    np.testing.assert_allclose(f[-8:-4], [0, 0.5, 0.75, 0])  # n / (1 + n) per pass
+    np.testing.assert_array_equal(f[-4:], [0, 0, 1, 0])  # the last pass
+    first = observation_features(autophase, 1000, 1000, 300, 1.0, np.zeros(4, np.float32), -1)
+    assert not first[-8:].any()
 
 
 def test_pass_sequence_tokenisation_round_trip():
@@ -102,17 +120,32 @@ def per_step_set():
 def test_server_starts_offline_and_steps_a_csmith_program(per_step_set):
     ts = per_step_set
     assert len(ts.flags) == 124 and "-mem2reg" in ts.flags and ts.obs_spec["num_actions"] == 124
+    n = len(ts.flags)
+    assert ts.obs_spec["feature_dim"] == feature_dim(n) == AUTOPHASE_DIM + 4 + 2 * n
     with closing(ts.make_env(0, seed=0)) as env:
         obs = env.reset()
         assert env.program["uri"] == SMALL_PROGRAM
         assert obs["autophase"].shape == (56,) and obs["ir_tokens"].shape == (64,)
         c0, oz = env.program["o0_count"], env.program["oz_count"]
         assert obs["ir_count"] == c0 and 0 < oz < c0
-        total = 0.0
-        for t, flag in enumerate(["-mem2reg", "-instcombine", "-simplifycfg"]):
+        assert obs["features"].shape == (feature_dim(n),) and not obs["features"][-2 * n:].any()  # no history yet
+        total, count = 0.0, c0
+        mem2reg = ts.flags.index("-mem2reg")
+        for t, flag in enumerate(["-mem2reg", "-instcombine", "-mem2reg"]):
             obs, reward, terminated, truncated, info = env.step(np.array([ts.flags.index(flag)]))
             total += reward
-            assert not terminated and truncated == (t == 2)
+            # Each step's reward is its instruction-count reduction over -Oz's reduction.
+            assert reward == pytest.approx((count - info["ir_count"]) / (c0 - oz))
+            count = info["ir_count"]
+            assert not terminated and truncated == (t == 2)  # max_steps is a time limit
+            # Steps left and the action history (n / (1 + n) per pass, the last pass one-hot).
+            features = obs["features"]
+            assert features[AUTOPHASE_DIM + 3] == pytest.approx((3 - t - 1) / 3)
+            assert features[AUTOPHASE_DIM + 1] == pytest.approx(info["ir_count"] / c0)
+            assert np.argmax(features[-n:]) == ts.flags.index(flag) and features[-n:].sum() == 1
+        history = obs["features"][-2 * n:-n]
+        assert history[mem2reg] == pytest.approx(2 / 3) and history[ts.flags.index("-instcombine")] == 0.5
+        assert np.count_nonzero(history) == 2 and info["end_reason"] == "max_steps"
         assert info["ir_count"] < c0  # mem2reg + instcombine shrink -O0 code
         # The episode's return is the reward config applied to the whole sequence's reduction.
         assert total == pytest.approx(ts.reward.shaped(ts.reward.reduction(c0, info["ir_count"], oz), 3))
@@ -161,23 +194,55 @@ def test_random_search_starts_every_trial_from_the_reset_program(per_step_set):
 def test_killed_server_is_detected_and_replaced(per_step_set):
     with closing(per_step_set.make_env(0, seed=0)) as env:
         env.reset()
-        old_pid = env.client.proc.pid
+        old_pid, old_service = env.client.proc.pid, env.client.call("hello")["service_pid"]
         os.kill(old_pid, signal.SIGKILL)
         started = time.monotonic()
         obs, reward, terminated, truncated, info = env.step(np.array([0]))
-        # The episode ends with the error named; a new server is already up.
-        assert truncated and not terminated and f"pid {old_pid}" in info["server_error"]
+        # A terminal (nothing to bootstrap from) with the error named; a new server is already up,
+        # and the dead server's CompilerGym service is gone with it (not left running).
+        assert terminated and not truncated and f"pid {old_pid}" in info["server_error"]
+        assert not psutil.pid_exists(old_service) or psutil.Process(old_service).status() == psutil.STATUS_ZOMBIE
+        assert info["end_reason"] == "server_error" and env.counters()["ended_by_server_error"] == 1
         assert env.server_restarts == 1 and env.client.alive and env.client.proc.pid != old_pid
         assert time.monotonic() - started < 60
         assert env.reset()["ir_count"] > 0
 
-        # CompilerGym's own service dying: the step fails, the server is replaced, the next reset works.
+        # CompilerGym's own service dying after a pass that shrank the program: the compilation did
+        # not finish, so the episode's return goes back to 0; the server is replaced, the next reset works.
+        _, first, *_ = env.step(np.array([per_step_set.flags.index("-mem2reg")]))
         service_pid = env.client.call("hello")["service_pid"]
-        assert service_pid
+        assert service_pid and first > 0
         os.kill(service_pid, signal.SIGKILL)
-        _, reward, _, truncated, info = env.step(np.array([per_step_set.flags.index("-mem2reg")]))
-        assert truncated and reward == 0.0 and "server_error" in info and env.server_restarts == 2
+        _, reward, terminated, truncated, info = env.step(np.array([per_step_set.flags.index("-instcombine")]))
+        assert terminated and not truncated and info["end_reason"] in ("pass_error", "server_error")
+        assert reward == pytest.approx(-first) and info[info["end_reason"]] and env.server_restarts == 2
         assert env.reset()["ir_count"] > 0
+
+
+@needs_server
+def test_an_out_of_range_pass_ends_the_episode_and_is_counted(per_step_set):
+    with closing(per_step_set.make_env(0, seed=0)) as env:
+        env.reset()
+        _, reward, terminated, truncated, info = env.step(np.array([len(per_step_set.flags) + 3]))
+        assert terminated and not truncated and reward == 0.0
+        assert info["end_reason"] == "invalid_action" and "outside [0, 124)" in info["invalid_action"]
+        assert env.counters()["ended_by_invalid_action"] == 1 and env.server_restarts == 0
+        with pytest.raises(RuntimeError, match="reset"):
+            env.step(np.array([0]))
+
+
+@needs_server
+def test_kept_start_states_give_the_same_programs(per_step_set):
+    """A reset from the kept start state (reuse) observes what a rebuilt program does."""
+    other = "generator://csmith-v0/1000004"
+    flags = [per_step_set.flags.index(f) for f in ("-mem2reg", "-instcombine")]
+    with closing(per_step_set.make_env(0, seed=0)) as env:
+        seen = []
+        for uri, reuse in ((SMALL_PROGRAM, False), (other, True), (SMALL_PROGRAM, True), (SMALL_PROGRAM, True)):
+            answer = env.client.call("reset", benchmark=uri, reuse=reuse, ir=True)
+            after = env.client.call("step", actions=flags, ir=False)
+            seen.append((answer["o0_count"], answer["oz_count"], answer["ir"], answer["autophase"], after["ir_count"]))
+        assert seen[0] == seen[2] == seen[3] and seen[1] != seen[0]
 
 
 @needs_server
@@ -259,7 +324,8 @@ def test_held_out_evaluation_reports_greedy_sampled_and_random_search():
     assert row["random_vs_oz"] == pytest.approx(row["oz_count"] / row["random_count"])
     assert report["scalars"] == {"eval/geomean_reduction_vs_oz": pytest.approx(row["policy_vs_oz"]),
                                  "eval/sampled_geomean_reduction_vs_oz": pytest.approx(row["sampled_vs_oz"]),
-                                 "eval/random_search_geomean_vs_oz": pytest.approx(row["random_vs_oz"])}
+                                 "eval/random_search_geomean_vs_oz": pytest.approx(row["random_vs_oz"]),
+                                 "eval/compilergym/csmith-v0_1000002/vs_oz": pytest.approx(row["policy_vs_oz"])}
     assert SMALL_PROGRAM[-20:] in report["text"] and "geomean" in report["text"]
     written = json.loads(json.dumps(report["files"]["eval_programs.json"]))  # what the driver writes
     assert written["rows"][0]["policy_sequence"] == row["policy_sequence"] and written["skipped"] == report["skipped"]

@@ -6,6 +6,7 @@ built at 64x64 to keep the file quick; env creation is the main cost (~4 s each,
 from __future__ import annotations
 
 import importlib.util
+from contextlib import closing
 import os
 import pickle
 import subprocess
@@ -214,6 +215,17 @@ def test_same_seed_same_initial_observation(env_and_first_obs, task_set):
     for other in (first, env.reset(init_state=twin.init_state_index)):
         np.testing.assert_array_equal(obs["proprio"], other["proprio"])
         assert np.array_equal(obs["agentview"], other["agentview"]) and np.array_equal(obs["wrist"], other["wrist"])
+
+
+def test_same_start_same_initial_observation_whatever_the_env_seed(env_and_first_obs, task_set):
+    """Group rollouts: members on two workers' envs (other seeds) that reset with the same start
+    begin from the same init state and fixture placement."""
+    env, _ = env_and_first_obs
+    with closing(task_set.make_env(0, seed=SEED + 1)) as other:
+        a, b = env.reset(start=11), other.reset(start=11)
+    assert env.init_state_index == 11 % env.num_init_states
+    for key in a:
+        np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
 
 
 def test_fast_render_switch(env_and_first_obs):

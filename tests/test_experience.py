@@ -51,6 +51,40 @@ def test_a_bf16_policy_answer_ships_as_float32_with_only_the_declared_fields():
     assert {k: str(v.dtype) for k, v in wire.items()} == dict.fromkeys(wire, "float32")
 
 
+def test_the_compact_layout_round_trips_every_field_and_reads_ray_arrays_without_a_copy():
+    """A batch of K observations and answers crosses Ray as one contiguous numpy array per field;
+    ``from_wire`` gives tensors over those arrays (read-only ones, as Ray maps them, too)."""
+    import pickle
+
+    batch = TensorDict({"obs": TensorDict({"state": torch.randn(4, 39), "image": torch.randint(0, 255, (4, 2, 8, 8), dtype=torch.uint8),
+                                           "tokens": torch.randint(0, 9, (4, 6))}, [4]),
+                        "action": torch.randn(4, 7), "done": torch.tensor([True, False, True, False]),
+                        "policy_version": torch.arange(4)}, [4])
+    wire = pickle.loads(pickle.dumps(to_wire(batch), protocol=5))
+    leaves = [v for d in (wire, wire["obs"]) for v in d.values() if isinstance(v, np.ndarray)]
+    assert all(v.flags.c_contiguous for v in leaves)
+    for v in leaves:
+        v.setflags(write=False)  # as an array mapped from Ray's object store
+    back = from_wire(wire)
+    for key, value in batch.items(True, True):
+        assert back[key].dtype == value.dtype and torch.equal(back[key], value), key
+    assert back["obs", "state"].data_ptr() == wire["obs"]["state"].ctypes.data  # zero-copy
+
+
+def test_batched_step_records_equal_one_record_per_env():
+    from async_rl.experience import step_records
+
+    out = TensorDict({"action": torch.randn(3, 2), "env_action": torch.randn(3, 2), "logp": torch.randn(3),
+                      "value": torch.randn(3), "policy_version": torch.tensor([4, 4, 5])}, [3])
+    obs = TensorDict({"state": torch.randn(3, 5)}, [3])
+    rewards, dones = [0.5, -1.0, 2.0], [False, True, False]
+    for k, record in enumerate(step_records(obs, out, rewards, dones)):
+        reference = step_record(obs[k], out[k], rewards[k], dones[k])
+        assert set(record.keys(True, True)) == set(reference.keys(True, True))
+        for key, value in reference.items(True, True):
+            assert record[key].dtype == value.dtype and torch.equal(record[key], value), key
+
+
 def test_step_record_keeps_what_the_trainer_reads():
     out = TensorDict({"action": torch.zeros(2), "env_action": torch.ones(2), "logp": torch.zeros(2),
                       "value": torch.tensor(0.5), "policy_version": torch.tensor(3)}, batch_size=[])
@@ -226,3 +260,13 @@ def test_replay_log_keeps_what_a_checkpoint_lacks(tmp_path):
     assert [seq for seq, _ in reopened.entries()] == [3]
     reopened.clear()
     assert reopened.entries() == []
+
+
+def test_finite_rows_flags_only_the_envs_with_a_non_finite_observation():
+    from async_rl.actors.rollout_worker import finite_rows
+
+    obs = TensorDict({"state": torch.zeros(4, 3), "image": torch.zeros(4, 2, 2, dtype=torch.uint8),
+                      "extra": TensorDict({"v": torch.zeros(4, 2)}, [4])}, [4])
+    obs["state"][1, 2] = float("nan")
+    obs["extra", "v"][3, 0] = float("inf")
+    assert finite_rows(obs) == [True, False, True, False]

@@ -48,6 +48,8 @@ def test_redirected_log_has_status_lines_and_no_error_lines(launched):
               if re.search(r"\bE\s+\d+\s", line) or "Error" in line or "Traceback" in line]
     assert not errors, errors
     assert "report: " in text
+    assert "\x1b[" not in text, "colour codes in a redirected log"
+    assert "Token authentication" not in text, "Ray's token advice on a loopback-only cluster"
 
 
 def test_run_writes_videos_mp4_and_report(launched):

@@ -6,8 +6,8 @@ from tensordict import TensorDict
 
 from async_rl.errors import ConfigError
 from async_rl.policies import build_policy, build_preprocessor
-from async_rl.policies.passformer import EOS_ID, PAD_ID, sequence_mask
-from envs.compiler_gym import PassVocab
+from async_rl.policies.passformer import BOS_ID, EOS_ID, PAD_ID, sequence_mask
+from envs.compiler_gym import PassVocab, feature_dim
 
 FLAGS = [f"-pass{i}" for i in range(12)]
 SEQ_LEN = 6
@@ -15,16 +15,16 @@ SEQ_LEN = 6
 
 def _spec(mode="sequence"):
     spec = {"autophase_dim": 56, "num_passes": len(FLAGS), "mode": mode, "ir_tokens": 24, "ir_vocab_size": 64,
-            "action_vocab": PassVocab(FLAGS).tokens, "seq_len": SEQ_LEN, "max_steps": 4}
+            "feature_dim": feature_dim(len(FLAGS)), "action_vocab": PassVocab(FLAGS).tokens, "seq_len": SEQ_LEN,
+            "max_steps": 4}
     if mode == "per_step":
         spec["num_actions"] = len(FLAGS)
     return spec
 
 
 def _obs(rng, n):
-    return [{"autophase": rng.integers(0, 50, 56).astype(np.float32), "ir_count": np.float32(rng.integers(100, 900)),
-             "step": np.float32(0), "ir_tokens": np.concatenate([rng.integers(2, 64, 16), np.zeros(8, np.int64)])}
-            for _ in range(n)]
+    return [{"features": rng.random(feature_dim(len(FLAGS))).astype(np.float32),
+             "ir_tokens": np.concatenate([rng.integers(2, 64, 16), np.zeros(8, np.int64)])} for _ in range(n)]
 
 
 def _batch(policy_name, spec, n=5, seed=0):
@@ -58,6 +58,32 @@ def test_passformer_sequence_log_prob_matches_between_act_and_evaluate():
     padded = action.clone()
     padded[~mask] = PAD_ID
     torch.testing.assert_close(net.evaluate(obs, padded)[0], logp)
+
+
+def test_passformer_records_the_log_prob_of_the_tempered_distribution_it_samples():
+    spec = _spec()
+    obs = _batch("passformer", spec, n=32, seed=5)
+    torch.manual_seed(6)
+    cold = build_policy("passformer", spec, SEQ_LEN, temperature=0.4)
+    plain = build_policy("passformer", spec, SEQ_LEN)
+    plain.load_state_dict(cold.state_dict())  # the same weights, temperature 1
+    out = cold.act(obs)
+    logp, entropy, _ = cold.evaluate(obs, out["action"])
+    # What the trainer recomputes equals what the behaviour policy recorded...
+    torch.testing.assert_close(logp, out["logp"], atol=1e-4, rtol=1e-4)
+    # ... and differs from the untempered log-prob (what used to be recorded).
+    logp_t1, entropy_t1, _ = plain.evaluate(obs, out["action"])
+    assert (logp - logp_t1).abs().max() > 0.1 and (entropy < entropy_t1).all()
+    # The samples follow that tempered distribution: first-token frequencies over 4000 draws.
+    one = torch.stack([obs[0]] * 4000)
+    with torch.no_grad():
+        states, mask = cold.encode(one[:1])
+        probs = torch.softmax(cold._decode(states, mask, torch.full((1, 1), BOS_ID))[0][0, -1], -1)
+        probs_t1 = torch.softmax(plain._decode(states, mask, torch.full((1, 1), BOS_ID))[0][0, -1], -1)
+    freq = torch.bincount(cold.act(one)["action"][:, 0], minlength=probs.numel()).float() / 4000
+    assert 0.5 * (freq - probs).abs().sum() < 0.05 < 0.5 * (freq - probs_t1).abs().sum()
+    with pytest.raises(ConfigError, match="temperature"):
+        build_policy("passformer", spec, SEQ_LEN, temperature=0)
 
 
 def test_passformer_greedy_is_deterministic_and_gradients_reach_every_part():
@@ -98,7 +124,7 @@ def test_mlp_on_a_discrete_action_space_is_categorical():
     spec = _spec("per_step")
     net = build_policy("mlp", spec, 1)
     obs = _batch("mlp", spec, n=7)
-    assert obs["features"].shape == (7, 58)
+    assert obs["features"].shape == (7, feature_dim(len(FLAGS)))
     out = net.act(obs)
     assert out["action"].shape == (7, 1) and out["action"].dtype == torch.int64
     assert ((out["action"] >= 0) & (out["action"] < len(FLAGS))).all()

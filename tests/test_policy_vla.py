@@ -1,5 +1,6 @@
-"""The VLA actor-critic on the tiny VLA: shapes, log-probs, action (un)normalisation, LoRA
-merging, the save_pretrained -> model_path path and model_path errors."""
+"""The VLA actor-critic on the tiny VLAs: shapes, log-probs and LoRA merging on each checkpoint
+family (Llava, Idefics3/SmolVLM, OpenVLA's remote-code layout), action (un)normalisation, the
+save_pretrained -> model_path path and model_path errors."""
 import json
 from pathlib import Path
 
@@ -13,19 +14,27 @@ from async_rl.experience import from_wire, to_wire
 from async_rl.policies import build_policy, build_preprocessor, prepare_policy
 from async_rl.policies.lora import apply_lora, merged_named_tensors
 from async_rl.policies.vla_heads import NUM_BINS, ActionNormalizer, normalized_to_tokens, tokens_to_normalized
+from async_rl.policies.vla_layouts import run_backbone
 from async_rl.policies.vla_loading import check_model_dir, load_backbone
 from async_rl.policies.vla_tiny import build_tiny_vla, tiny_vla_components
 from async_rl.weight_sync import first_signature_difference, tensor_signature
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {"image_size": 64, "cameras": ["agentview", "wrist"], "proprio_dim": 8}
-LM_LORA = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+LM_LORA = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+FAMILIES = ["llava", "idefics3", "prismatic"]
 INSTRUCTIONS = ["put the black bowl on the plate", "open the top drawer of the cabinet and put the bowl inside"]
 
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     return str(build_tiny_vla(tmp_path_factory.mktemp("tiny_vla")))
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_path(request, tmp_path_factory):
+    """A tiny checkpoint of each family, written with save_pretrained."""
+    return str(build_tiny_vla(tmp_path_factory.mktemp(request.param), family=request.param))
 
 
 def _raw_obs(rng, instruction):
@@ -44,7 +53,8 @@ def _batch(model_path, n=4, cameras=("agentview", "wrist")):
 
 def _policy(name, model_path, seed=0, **kwargs):
     torch.manual_seed(seed)
-    return build_policy(name, SPEC, 7, model_path=model_path, cameras=["agentview", "wrist"], **kwargs).eval()
+    return build_policy(name, SPEC, 7, model_path=model_path, cameras=["agentview", "wrist"], trust_remote_code=True,
+                        **kwargs).eval()
 
 
 def test_preprocessor_gives_fixed_shape_uint8_rows_without_weights(model_path):
@@ -66,8 +76,8 @@ def test_preprocessor_gives_fixed_shape_uint8_rows_without_weights(model_path):
 
 
 @pytest.mark.parametrize("name", ["vla", "vla_discrete"])
-def test_forward_shapes(model_path, name):
-    policy, obs = _policy(name, model_path), _batch(model_path)
+def test_forward_shapes(family_path, name):
+    policy, obs = _policy(name, family_path), _batch(family_path)
     with torch.no_grad():
         out = policy.act(obs)
         logp, entropy, value = policy.evaluate(obs, out[policy.action_key])
@@ -87,9 +97,10 @@ def test_forward_shapes(model_path, name):
 
 
 @pytest.mark.parametrize("name", ["vla", "vla_discrete"])
-def test_logp_of_stored_actions_equals_sampling_logp(model_path, name):
-    """Unchanged weights: what the trainer recomputes from the stored action is what inference saw."""
-    policy, obs = _policy(name, model_path, seed=3), _batch(model_path, n=6)
+def test_logp_of_stored_actions_equals_sampling_logp(family_path, name):
+    """Unchanged weights: what the trainer recomputes from the stored action is what inference saw
+    (for the discrete head: batched cached decoding vs one teacher-forced pass)."""
+    policy, obs = _policy(name, family_path, seed=3), _batch(family_path, n=6)
     with torch.no_grad():  # spread the heads so the check is not on a near-uniform policy
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -142,14 +153,15 @@ def test_action_tokens_round_trip_openvla_bins():
     assert (back - a).abs().max() <= 2.0 / 255 + 1e-6  # within one bin
 
 
-def test_lora_on_the_language_model_and_merged_weights_give_trainer_outputs(model_path):
+@pytest.mark.parametrize("family_path", ["llava", "idefics3"], indirect=True)  # prismatic's LM is named as Llava's
+def test_lora_on_the_language_model_and_merged_weights_give_trainer_outputs(family_path):
     """The trainers' LoRA copy (apply_lora as the runtime does) vs a fresh inference copy
     that receives merged_named_tensors, as the weight broadcast delivers them."""
     for name in ("vla", "vla_discrete"):
-        trainer = apply_lora(_policy(name, model_path, seed=5), rank=4, alpha=8.0, target_modules=LM_LORA,
+        trainer = apply_lora(_policy(name, family_path, seed=5), rank=4, alpha=8.0, target_modules=LM_LORA,
                              trainable=["action_head", "value_head"])
         lora_names = [n for n, _ in trainer.named_parameters() if "lora_" in n]
-        assert lora_names and all("language_model" in n for n in lora_names)  # none on the vision tower
+        assert lora_names and not any("vision" in n for n in lora_names)  # none on the vision tower
         trainable = {n for n, p in trainer.named_parameters() if p.requires_grad}
         assert trainable == set(lora_names) | {n for n, _ in trainer.named_parameters() if n.startswith(("action_head", "value_head"))}
         value_ids = {id(p) for p in trainer.value_parameters()}
@@ -158,40 +170,40 @@ def test_lora_on_the_language_model_and_merged_weights_give_trainer_outputs(mode
             for n, p in trainer.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0.0, 0.2)
-        inference = _policy(name, model_path, seed=6)  # different head init: the copy must overwrite it
+        inference = _policy(name, family_path, seed=6)  # different head init: the copy must overwrite it
         merged = merged_named_tensors(trainer)
         assert first_signature_difference(tensor_signature(merged), tensor_signature(inference.inference_tensors())) is None
         with torch.no_grad():
             for (_, target), (_, value) in zip(inference.inference_tensors(), merged):
                 target.copy_(value)
-        obs = _batch(model_path)
+        obs = _batch(family_path)
         det = torch.ones(4, dtype=torch.bool)
         with torch.no_grad():
             want, got = trainer.eval().act(obs, det), inference.act(obs, det)
-            plain = _policy(name, model_path, seed=5).act(obs, det)  # same base weights, no adapters
+            plain = _policy(name, family_path, seed=5).act(obs, det)  # same base weights, no adapters
         for key in ("env_action", "logp", "value"):
             torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4, msg=f"{name} {key}")
         assert not torch.allclose(plain["logp"], want["logp"], atol=1e-3)  # the adapters changed the policy
 
 
-def test_tiny_model_save_pretrained_then_model_path_reload_is_identical(tmp_path):
-    model, processor, stats = tiny_vla_components(seed=7)
-    directory = build_tiny_vla(tmp_path / "tiny", seed=7)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_model_save_pretrained_then_model_path_reload_is_identical(tmp_path, family):
+    model, processor, stats = tiny_vla_components(seed=7, family=family)
+    directory = build_tiny_vla(tmp_path / "tiny", seed=7, family=family)
     assert json.loads((directory / "dataset_statistics.json").read_text()) == stats
-    loaded = load_backbone(directory).eval()
+    loaded = load_backbone(directory, trust_remote_code=True).eval()
     reference = {n: t for n, t in model.state_dict().items()}
     assert reference.keys() == loaded.state_dict().keys()
     obs = _batch(str(directory), n=2)
     policy = _policy("vla", str(directory))
-    kwargs = dict(input_ids=obs["input_ids"], attention_mask=obs["attention_mask"],
-                  pixel_values=policy._pixels(obs["pixel_values"]), output_hidden_states=True)
+    args = (obs["input_ids"], obs["attention_mask"], policy._pixels(obs["pixel_values"]), None, 0, True, policy._keep_logits)
     with torch.no_grad():
-        a, b = model.eval()(**kwargs), loaded(**kwargs)
-        c = policy.backbone(**kwargs)
+        a, b = run_backbone(policy.layout, model.eval(), *args), run_backbone(policy.layout, loaded, *args)
+        c = policy._run(*args[:3], keep=0)
     torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
     torch.testing.assert_close(a.hidden_states[-1], c.hidden_states[-1], rtol=0, atol=0)
     # Building twice with one seed gives one model (the cache key is the spec).
-    again = tiny_vla_components(seed=7)[0]
+    again = tiny_vla_components(seed=7, family=family)[0]
     assert all(torch.equal(t, again.state_dict()[n]) for n, t in reference.items())
 
 

@@ -75,3 +75,31 @@ def test_waits_on_a_short_buffer_end_in_errors_naming_it(ray_local):
 
     asyncio.run(main())
     ray.kill(replay)
+
+
+def test_the_reuse_bound_makes_the_trainer_wait_for_fresh_data(ray_local):
+    """max_sample_reuse: with reuse sampling nothing ever runs out, yet at 1 draw per item added a
+    trainer gets a second super-batch only once the workers have added as much again."""
+    replay = ReplayBufferActor.options(num_cpus=0).remote(256, 0)
+
+    async def main():
+        ask = lambda: sample_once(replay, SUPER_BATCH, False, None, 30, "trainer-0", max_draws_per_item=1.0)  # noqa: E731
+        await replay.add_batch.remote(_items(0, SUPER_BATCH))
+        assert (await ask()).batch_size[0] == SUPER_BATCH  # 8 draws of 8 items: within the bound
+        assert await ask() is None  # 16 draws of 8 items would be 2 per item: refused
+        prefetch = Prefetcher(ask, SUPER_BATCH, 1, 30, "trainer-0")
+        waiting = asyncio.ensure_future(prefetch.next())
+        await asyncio.sleep(0.6)  # several poll intervals: the trainer is still waiting
+        assert not waiting.done()
+        await replay.add_batch.remote(_items(1, SUPER_BATCH))
+        batch = await asyncio.wait_for(waiting, 30)
+        assert batch.batch_size[0] == SUPER_BATCH
+        counters = await replay.counters.remote()
+        assert counters["sampled"] == 2 * SUPER_BATCH and counters["added"] == 2 * SUPER_BATCH
+        assert counters["reuse_refusals"] >= 2
+        # Without a bound, the same buffer hands out its items again at once.
+        assert (await sample_once(replay, SUPER_BATCH, False, None, 30, "trainer-0")).batch_size[0] == SUPER_BATCH
+        prefetch.close()
+
+    asyncio.run(main())
+    ray.kill(replay)

@@ -22,7 +22,7 @@ from tensordict import TensorDict
 from async_rl.errors import ActorTimeoutError
 from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
 from async_rl.policies.nets import cast_parameters
-from async_rl.runtime import configure_torch, resolve_device, use_bf16
+from async_rl.runtime import configure_torch, precision_dtype, resolve_device
 from async_rl.weight_sync import WeightSyncGroup, is_loopback, tensor_signature
 
 ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
@@ -32,6 +32,12 @@ INLINE_FORWARD_MAX_PARAMETERS = 20_000_000
 # A batch that raises fails only its callers; this many in a row end the batching loop (and with
 # it the inference actor, so that Ray starts a fresh process).
 MAX_FAILED_BATCHES = 3
+# Waiting for more rows pays only when another caller's request comes within the timeout. After this
+# many waits in a row that brought no other request (e.g. a single worker whose K rows are fewer than
+# batch_size: measured 3.6 ms instead of 0.8 ms per 8-row request at a 2 ms timeout), batches are
+# served at once for SKIP_BATCHES batches, then waiting is tried again.
+LONELY_WAITS = 8
+SKIP_BATCHES = 64
 
 
 @dataclass
@@ -59,6 +65,7 @@ class BatchingServer:
         self.timeout_s = timeout_s
         self.version = 0
         self._pending: list[_Request] = []
+        self._lonely_waits, self._skip = 0, 0  # see LONELY_WAITS
         self._arrived = asyncio.Event()
         self._staged: Optional[tuple[Callable[[], None], int]] = None
         self._fatal: Optional[BaseException] = None
@@ -105,7 +112,21 @@ class BatchingServer:
         while not self._pending:
             self._arrived.clear()
             await self._arrived.wait()
-        deadline = self._pending[0].arrived + self.timeout_s
+        if self._skip > 0:
+            self._skip -= 1
+        elif self._pending_rows() < self.batch_size:
+            await self._wait_for_rows()
+        rows, take = 0, 0
+        while take < len(self._pending) and rows < self.batch_size:  # a caller's rows stay together
+            rows += self._pending[take].obs.batch_size[0]
+            take += 1
+        batch, self._pending = self._pending[:take], self._pending[take:]
+        return batch
+
+    async def _wait_for_rows(self) -> None:
+        """Until ``batch_size`` rows wait or the oldest request has waited ``timeout_s``; counts the
+        waits that brought no other request (LONELY_WAITS)."""
+        requests, deadline = len(self._pending), self._pending[0].arrived + self.timeout_s
         while self._pending_rows() < self.batch_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -115,12 +136,9 @@ class BatchingServer:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except asyncio.TimeoutError:
                 break
-        rows, take = 0, 0
-        while take < len(self._pending) and rows < self.batch_size:  # a caller's rows stay together
-            rows += self._pending[take].obs.batch_size[0]
-            take += 1
-        batch, self._pending = self._pending[:take], self._pending[take:]
-        return batch
+        self._lonely_waits = self._lonely_waits + 1 if len(self._pending) == requests else 0
+        if self._lonely_waits >= LONELY_WAITS:
+            self._lonely_waits, self._skip = 0, SKIP_BATCHES
 
     def _pending_rows(self) -> int:
         return sum(r.obs.batch_size[0] for r in self._pending)
@@ -148,7 +166,7 @@ class BatchingServer:
         """One forward pass for ``batch``; every caller gets its own rows."""
         version = self.version
         sizes = [r.obs.batch_size[0] for r in batch]
-        obs = torch.cat([r.obs for r in batch])
+        obs = batch[0].obs if len(batch) == 1 else torch.cat([r.obs for r in batch])  # one caller: no copy
         deterministic = torch.tensor([r.deterministic for r, n in zip(batch, sizes) for _ in range(n)])
         start = time.perf_counter()
         if self.forward_in_thread:
@@ -194,7 +212,7 @@ class InferenceActor:
         self.device = resolve_device("cuda" if gpu_id is not None or ray.get_gpu_ids() else "cpu")
         # Same dtypes as the trainers' module (DeepSpeed casts parameters, not buffers), so the
         # broadcast signatures match.
-        dtype = torch.bfloat16 if use_bf16(precision, self.device) else torch.float32
+        dtype = precision_dtype(precision, self.device)
         self.model = cast_parameters(policy_factory().to(self.device), dtype).eval()
         # Only what the experience record keeps leaves this actor (to_wire ships it as float32).
         self._shipped = inference_keys(self.model.action_key, self.model.behaviour_stats)
@@ -212,7 +230,10 @@ class InferenceActor:
 
     def _forward(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
         with torch.inference_mode():
-            return self.model.act(obs.to(self.device), deterministic.to(self.device)).select(*self._shipped).to("cpu")
+            out = self.model.act(obs.to(self.device), deterministic.to(self.device)).select(*self._shipped).to("cpu")
+        if not self.model.has_critic:  # its value head is never trained nor sent: serve 0, not its random output
+            out["value"] = torch.zeros_like(out["value"])
+        return out
 
     def _server_ready(self) -> BatchingServer:
         if self._server is None:  # created lazily: it needs the actor's running event loop

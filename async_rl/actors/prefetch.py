@@ -23,11 +23,12 @@ SampleOnce = Callable[[], Awaitable[Optional[TensorDict]]]  # one ask: a batch, 
 
 
 async def sample_once(replay: Any, n: int, consume: bool, min_version: Optional[int], call_timeout_s: float,
-                      who: str) -> Optional[TensorDict]:
-    """One ask of the replay buffer actor for ``n`` items (None while it holds fewer); raises
-    ActorTimeoutError naming the buffer if it does not answer within ``call_timeout_s``."""
-    return await wait_for(replay.sample.remote(n, consume, min_version), call_timeout_s, "replay buffer",
-                          f"sample of {n} items for {who}")
+                      who: str, max_draws_per_item: Optional[float] = None) -> Optional[TensorDict]:
+    """One ask of the replay buffer actor for ``n`` items (None while it holds fewer, or while the
+    reuse bound refuses); raises ActorTimeoutError naming the buffer if it does not answer within
+    ``call_timeout_s``."""
+    return await wait_for(replay.sample.remote(n, consume, min_version, max_draws_per_item), call_timeout_s,
+                          "replay buffer", f"sample of {n} items for {who}")
 
 
 async def poll(ask: SampleOnce, n: int, timeout_s: float, who: str) -> TensorDict:

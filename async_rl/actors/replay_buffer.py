@@ -5,13 +5,14 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import ray
 import torch
 from tensordict import TensorDict
 
 from async_rl.checkpoint import complete_checkpoints, load_tensordict, save_tensordict
+from async_rl.actors.groups import GroupAssembler
 from async_rl.experience import policy_versions
 
 
@@ -158,6 +159,13 @@ def log_seq_file(replay_path: Path) -> Path:
     return Path(str(replay_path) + ".log.json")
 
 
+def reuse_allowed(counters: dict[str, int], n: int, max_draws_per_item: Optional[float]) -> bool:
+    """Whether ``n`` more draws keep the draws (``sampled``) within ``max_draws_per_item`` per item
+    ``added`` (None: no bound). A trainer passes ``max_sample_reuse / updates_per_epoch``: it trains
+    ``updates_per_epoch`` passes on each item it draws."""
+    return max_draws_per_item is None or counters["sampled"] + n <= max_draws_per_item * counters["added"]
+
+
 def _restarted() -> bool:
     """Whether Ray restarted this actor (the property reads a deprecated attribute of Ray's own)."""
     with warnings.catch_warnings():
@@ -169,8 +177,10 @@ def _restarted() -> bool:
 class ReplayBufferActor:
     """Remote face of ReplayStorage; Ray runs one call at a time, so no locking is needed."""
 
-    def __init__(self, capacity: int, seed: int = 0, checkpoint_root: Optional[str] = None) -> None:
+    def __init__(self, capacity: int, seed: int = 0, checkpoint_root: Optional[str] = None,
+                 groups: Optional[GroupSpec] = None) -> None:
         self._store = ReplayStorage(capacity, seed)
+        self._groups = GroupPool(groups, seed) if groups is not None else None  # group rollouts only
         self._restored_from: Optional[str] = None
         self._log = ReplayLog(Path(checkpoint_root) / "replay-log") if checkpoint_root is not None else None
         if self._log is not None and _restarted():
@@ -211,11 +221,17 @@ class ReplayBufferActor:
             self._log.append(batch)  # durable before it is acknowledged
         return self._store.add_batch(batch)
 
-    def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None) -> Optional[TensorDict]:
+    def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None,
+               max_draws_per_item: Optional[float] = None) -> Optional[TensorDict]:
         """``n`` items, or None while fewer than ``n`` are stored; with ``min_version`` items
-        made by an older policy are dropped first (counted in ``dropped_stale``)."""
+        made by an older policy are dropped first (counted in ``dropped_stale``). With
+        ``max_draws_per_item`` also None while drawing them would take the draws so far past that
+        many per item ever added (a bounded update-to-data ratio; counted in ``reuse_refusals``)."""
         if min_version is not None:
             self._store.drop_older_than(min_version)
+        if not reuse_allowed(self._store.counters, n, max_draws_per_item):
+            self._store.counters["reuse_refusals"] = self._store.counters.get("reuse_refusals", 0) + 1
+            return None
         return self._store.sample(n, consume) if self._store.size() >= n else None
 
     def snapshot(self) -> Optional[TensorDict]:
@@ -249,4 +265,65 @@ class ReplayBufferActor:
         return self._store.size()
 
     def counters(self) -> dict[str, int]:
-        return {**self._store.counters, "size": self._store.size()}
+        groups = self._groups.assembler.counters if self._groups is not None else {}
+        return {**self._store.counters, "size": self._store.size(), **groups}
+
+    # ---- group rollouts (async_rl/actors/groups.py) ----------------------------------------
+    def ticket(self, worker: str, task: int, fill_only: bool = False) -> Optional[tuple[int, int, int]]:
+        """(group_id, task, start) for an env slot of ``worker`` at episode start (GroupAssembler.ticket)."""
+        found = self._groups.assembler.ticket(worker, task, fill_only)
+        self._groups.report()
+        return None if found is None else tuple(found)
+
+    def add_episodes(self, episodes: list[TensorDict]) -> int:
+        """Finished episodes of groups; the groups they complete enter the sampling pool (logged
+        like any batch). Returns how many steps entered."""
+        entered = 0
+        for episode in episodes:
+            for group in self._groups.assembler.add_episode(episode):
+                self.add_batch(group)
+                entered += group.batch_size[0]
+        self._groups.report()
+        return entered
+
+    def abandon_group(self, group_id: int) -> None:
+        """A member of ``group_id`` broke off: the group cannot complete."""
+        self._groups.assembler.abandon(group_id)
+        self._groups.report()
+
+
+class GroupSpec(NamedTuple):
+    """What the replay buffer's group assembler needs of the run config."""
+
+    advantage: str
+    group_size: int
+    max_spread: int
+    num_workers: int
+    stats_name: Optional[str]  # the stats actor, told groups_completed / groups_dropped (health/)
+    cfg: Any  # the estimator's episode_advantages may read its options
+
+
+class GroupPool:
+    """The assembler of a replay buffer actor and the health counts it sends to the stats actor."""
+
+    REPORTED = ("groups_completed", "groups_dropped")
+
+    def __init__(self, spec: GroupSpec, seed: int) -> None:
+        from async_rl.algo import advantage_estimator  # noqa: PLC0415
+
+        estimator = advantage_estimator(spec.advantage)
+        self.assembler = GroupAssembler(spec.group_size, spec.max_spread, spec.num_workers,
+                                        lambda returns: estimator.episode_advantages(returns, spec.cfg), seed)
+        self.stats_name, self._stats = spec.stats_name, None
+        self._reported = dict.fromkeys(self.REPORTED, 0)
+
+    def report(self) -> None:
+        """Send what changed since the last report (fire and forget: a lost count is not worth a wait)."""
+        if self.stats_name is None:
+            return
+        for key in self.REPORTED:
+            delta = self.assembler.counters[key] - self._reported[key]
+            if delta:
+                self._stats = self._stats or ray.get_actor(self.stats_name)
+                self._stats.record_health.remote(key, delta)
+                self._reported[key] += delta

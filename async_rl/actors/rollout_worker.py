@@ -22,15 +22,20 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.algo import advantage_estimator
-from async_rl.experience import env_steps, from_wire, step_record, to_wire
+from async_rl.actors.groups import Ticket, stamp_episode
+from async_rl.experience import env_steps, from_wire, step_records, to_wire
 from async_rl.actors.peers import peer
 from async_rl.runtime import configure_torch, wait_for
 
 
-def is_finite_obs(obs: TensorDict) -> bool:
-    """No NaN or inf in the floating-point leaves of a preprocessed observation (images and
-    tokens are integers and always finite)."""
-    return all(bool(torch.isfinite(v).all()) for v in obs.values(True, True) if v.is_floating_point())
+def finite_rows(obs: TensorDict) -> list[bool]:
+    """Per row of a batch ``[K]`` of preprocessed observations: no NaN or inf in its floating-point
+    leaves (images and tokens are integers and always finite). One check per leaf for all K rows."""
+    ok = torch.ones(obs.batch_size[0], dtype=torch.bool)
+    for v in obs.values(True, True):
+        if v.is_floating_point():
+            ok &= torch.isfinite(v).reshape(v.shape[0], -1).all(dim=1)
+    return ok.tolist()
 
 
 class FailureWeightedTaskSampler:
@@ -138,6 +143,7 @@ class _EnvSlot:
     episode_length: int = 0
     success: bool = False
     started: float = 0.0
+    ticket: Optional[Ticket] = None  # group rollouts: the group member this episode is (None: none)
 
 
 class WorkerPeers(NamedTuple):
@@ -161,6 +167,9 @@ class RolloutWorkerActor:
         self.index, self.cfg, self._task_set_holder = index, cfg, peer(peers.task_set)
         self.preprocess = preprocessor_factory()
         self.estimator = advantage_estimator(cfg.advantage)  # what a pushed item is (steps or segments)
+        self.grouped = self.estimator.needs_group_rollouts  # episodes are tickets' group members (actors/groups.py)
+        self._episodes: list[TensorDict] = []  # finished group members waiting to be pushed
+        self._draining = False  # grouped, synchronous mode: the step budget is spent, open groups are filled
         self.task_names: list[str] = []
         self.slots: list[_EnvSlot] = []  # made by run(), once the task set has arrived
         self._curriculum: Optional[dict[str, Any]] = None  # a checkpoint's task-sampler state, applied by run()
@@ -169,6 +178,7 @@ class RolloutWorkerActor:
         self._stopped = False
         self._push_ref: Optional[ray.ObjectRef] = None
         self._push_batch: Optional[TensorDict] = None  # what _push_ref carries (pushed again if the buffer died)
+        self._push_method = "add_batch"  # the replay method _push_ref called
         self.env_steps = 0
         self._env_thread = EnvThread(f"worker-{index}-env")
         self._resume = asyncio.Event()  # cleared by pause() (synchronous mode)
@@ -187,6 +197,12 @@ class RolloutWorkerActor:
         """Collect again; with ``steps``, pause by itself once that many more env steps are taken
         (synchronous mode: each worker collects its share of a super-batch, no more)."""
         self._pause_at = None if steps is None else self.env_steps + steps
+        if self._draining:  # the slots that only stepped while groups were filled start real episodes
+            self._draining = False
+            for slot in self.slots:
+                if slot.ticket is None:
+                    slot.segmenter.take()
+                    self._start_episode(slot)
         self._paused.clear()
         self._resume.set()
 
@@ -203,25 +219,62 @@ class RolloutWorkerActor:
 
     def _start_episode(self, slot: _EnvSlot) -> None:
         """Pick the slot's next task; ``_reset_envs`` makes / resets its env before the next step."""
-        slot.task, slot.env, slot.obs = self.sampler.sample(), None, None
+        slot.task, slot.env, slot.obs, slot.ticket = self.sampler.sample(), None, None, None
         slot.episode_return, slot.episode_length, slot.success, slot.started = 0.0, 0, False, time.monotonic()
 
     def _reset_in_thread(self, slots: list[_EnvSlot]) -> None:
         for slot in slots:
             slot.env = slot.envs.get(slot.task)
-            slot.obs = self.preprocess(slot.env.reset(), self.task_names[slot.task])
+            obs = slot.env.reset() if slot.ticket is None else slot.env.reset(start=slot.ticket.start)
+            slot.obs = self.preprocess(obs, self.task_names[slot.task])
 
     async def _reset_envs(self) -> None:
-        """Start the episodes ``_start_episode`` picked (in the env thread)."""
+        """Start the episodes ``_start_episode`` picked (in the env thread); group members first
+        take their tickets."""
         starting = [slot for slot in self.slots if slot.obs is None]
+        if starting and self.grouped:
+            await self._take_tickets(starting)
         if starting:
             await self._env_thread.call(self._reset_in_thread, starting)
+
+    async def _take_tickets(self, slots: list[_EnvSlot]) -> None:
+        """A ticket per slot from the replay buffer's ledger (the slot's sampled task is its proposal
+        for a new group). While draining only open groups are filled: a slot without a ticket steps
+        an episode that is never pushed (``resume`` restarts it)."""
+        deadline = time.monotonic() + self.cfg.actor_timeout_s
+        for slot in slots:
+            while True:
+                try:
+                    found = await wait_for(self.replay.ticket.remote(f"worker-{self.index}", slot.task, self._draining),
+                                           max(deadline - time.monotonic(), 0.001), "replay buffer", "ticket")
+                    break
+                except ray.exceptions.RayActorError:  # restarting: ask the new buffer
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+            slot.ticket = None if found is None else Ticket(*found)
+            if slot.ticket is not None:
+                slot.task = slot.ticket.task
+
+    async def _groups_filled(self) -> bool:
+        """Synchronous mode, step budget spent: whether the worker may pause. With group rollouts it
+        first hands out the members still missing from open groups and finishes every ticketed
+        episode, so no group straddles the pause (and the policy update after it)."""
+        if not self.grouped:
+            return True
+        self._draining = True
+        await self._reset_envs()
+        return all(slot.ticket is None for slot in self.slots)
 
     def _step_in_thread(self, env_actions: np.ndarray) -> tuple[list[tuple], list[TensorDict]]:
         results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
         return results, [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
 
     def _end_episode(self, slot: _EnvSlot) -> None:
+        if self.grouped:
+            steps = slot.segmenter.take()
+            if slot.ticket is not None and steps is not None:
+                self._episodes.append(stamp_episode(steps, slot.ticket.group_id, slot.success))
         self.sampler.record(slot.task, slot.success)
         self.stats.record_episode.remote(self.task_names[slot.task], slot.episode_return, slot.episode_length,
                                          slot.success, time.monotonic() - slot.started)
@@ -243,6 +296,8 @@ class RolloutWorkerActor:
 
     def _drop_episode(self, slot: _EnvSlot) -> None:
         slot.segmenter = self._segmenter()
+        if slot.ticket is not None:  # its group cannot complete
+            self.replay.abandon_group.remote(slot.ticket.group_id)
         self.stats.record_health.remote("dropped_episodes")
         self._start_episode(slot)
 
@@ -250,10 +305,11 @@ class RolloutWorkerActor:
         self._stopped = True
         self._resume.set()
 
-    async def _push(self, batch: TensorDict) -> None:
+    async def _push(self, batch: Any, method: str = "add_batch") -> None:
         # At most one push in flight: bounds memory and surfaces replay errors here.
         await self._settle_push()
-        self._push_ref, self._push_batch = self.replay.add_batch.remote(batch), batch
+        self._push_method = method
+        self._push_ref, self._push_batch = getattr(self.replay, method).remote(batch), batch
 
     async def _settle_push(self) -> None:
         """Wait for the push in flight. If the buffer died meanwhile, Ray restarts it from the last
@@ -267,12 +323,18 @@ class RolloutWorkerActor:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.5)
-                self._push_ref = self.replay.add_batch.remote(self._push_batch)
+                self._push_ref = getattr(self.replay, self._push_method).remote(self._push_batch)
 
     async def _push_and_count(self, batch: TensorDict) -> None:
         """Push to the replay buffer and count its env steps (step records, or the steps of segments)."""
         await self._push(batch)
         self.stats.record_steps.remote(f"worker-{self.index}", env_steps(batch))
+
+    async def _push_episodes(self) -> None:
+        """Hand the finished group members to the replay buffer's group assembler."""
+        episodes, self._episodes = self._episodes, []
+        await self._push(episodes, "add_episodes")
+        self.stats.record_steps.remote(f"worker-{self.index}", sum(e.batch_size[0] for e in episodes))
 
     async def _make_slots(self) -> None:
         """The task set (awaited: the constructor of an async actor must not block on it) and the envs."""
@@ -315,25 +377,29 @@ class RolloutWorkerActor:
                 self._paused.clear()
                 continue
             await self._reset_envs()
-            out = await self.policy.act(torch.stack([slot.obs for slot in self.slots]))
+            obs = torch.stack([slot.obs for slot in self.slots])
+            out = await self.policy.act(obs)
             env_actions = out["env_action"].numpy()
             results, next_obs = await self._env_thread.call(self._step_in_thread, env_actions)
             # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
-            broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and is_finite_obs(next_obs[k]))}
+            finite = finite_rows(torch.stack(next_obs))
+            broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and finite[k])}
             # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
             cut = [k for k, r in enumerate(results) if r[3] and not r[2] and k not in broken]
             bootstrap = {}
             if cut:
                 values = (await self.policy.act(torch.stack([next_obs[k] for k in cut])))["value"]
                 bootstrap = dict(zip(cut, values.tolist()))
+            dones = [bool(r[2] or r[3]) for r in results]
+            records = step_records(obs, out, [r[1] * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
+                                              for k, r in enumerate(results)], dones)
             pieces = []
             for k, (slot, (_, reward, terminated, truncated, info)) in enumerate(zip(self.slots, results)):
                 if k in broken:
                     self._drop_episode(slot)
                     continue
-                done = terminated or truncated
-                learn_reward = reward * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
-                piece = slot.segmenter.add(step_record(slot.obs, out[k], learn_reward, done), next_obs[k])
+                done = dones[k]
+                piece = slot.segmenter.add(records[k], next_obs[k])
                 if piece is not None:
                     pieces.append(piece)
                 slot.episode_return += reward
@@ -346,7 +412,11 @@ class RolloutWorkerActor:
             self.env_steps += len(self.slots)
             if pieces:
                 await self._push_and_count(torch.cat(pieces))
-            if self._pause_at is not None and self.env_steps >= self._pause_at:
+            if self._episodes:
+                await self._push_episodes()
+            if self.grouped:  # the next members' tickets now: between two steps every slot holds one
+                await self._reset_envs()
+            if self._pause_at is not None and self.env_steps >= self._pause_at and await self._groups_filled():
                 self._pause_at = None
                 self._resume.clear()
         await self._settle_push()

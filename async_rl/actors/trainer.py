@@ -25,7 +25,8 @@ from async_rl.actors.prefetch import Prefetcher, poll, sample_once
 from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
 from async_rl.policies.lora import apply_lora
-from async_rl.runtime import configure_torch, resolve_device, use_bf16
+from async_rl.policies.reference import ReferencePolicy, frozen_copy
+from async_rl.runtime import configure_torch, precision_dtype, resolve_device
 from async_rl.weight_sync import (
     WeightSyncGroup,
     connect_store,
@@ -49,7 +50,12 @@ def warmup_cosine(warmup: int, decay_steps: int, min_ratio: float) -> Callable[[
     return factor
 
 
-def deepspeed_config(cfg: Any, bf16: bool) -> dict:
+def deepspeed_config(cfg: Any, dtype: torch.dtype = torch.float32) -> dict:
+    """DeepSpeed's config for training with weights in ``dtype`` (float32, bfloat16 or float16).
+
+    float16 turns on dynamic loss scaling: the loss is multiplied by a scale that halves after
+    an overflowing step (that step is skipped) and doubles after ``loss_scale_window`` clean ones.
+    """
     return {
         "train_micro_batch_size_per_gpu": cfg.train_batch_size,
         "gradient_accumulation_steps": cfg.accumulation_steps,
@@ -58,10 +64,19 @@ def deepspeed_config(cfg: Any, bf16: bool) -> dict:
         # torch AdamW needs no compiled op; DeepSpeed's own Adams JIT-compile for ~100 s on CPU.
         "zero_allow_untested_optimizer": True,
         # A non-finite gradient norm skips the step (counted in engine.skipped_steps) in bf16 too.
-        "bf16": {"enabled": bf16, "check_grad_overflow": True},
+        "bf16": {"enabled": dtype == torch.bfloat16, "check_grad_overflow": True},
+        # loss_scale 0 = dynamic, starting at 2**initial_scale_power; hysteresis: overflows in a row
+        # tolerated before the scale drops.
+        "fp16": {"enabled": dtype == torch.float16, "loss_scale": 0, "initial_scale_power": 16,
+                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+# An epoch "waited for data" when its super-batch was not ready: a prefetched one is handed over in
+# microseconds, one fetched at the epoch's start (sync mode) in a few milliseconds.
+DATA_WAIT_S = 0.01
 
 
 @ray.remote
@@ -85,11 +100,13 @@ class TrainerActor:
         self.skipped_minibatches = 0  # this rank's minibatches left out (ratio guard, non-finite loss)
         self._window_useful = 0  # minibatches of the current accumulation window that this rank used
         self.engine = None
+        self.reference: Optional[ReferencePolicy] = None  # only when the objective reads one (setup)
         self._prefetch: Optional[Prefetcher] = None  # created on the actor's event loop
         self._sync: Optional[WeightSyncGroup] = None
         self.global_step = 0
         self.skipped_updates = 0
         self.next_version = 0  # the policy version the next train_epoch will be called with
+        self.data_waits, self.data_wait_seconds = 0, 0.0  # epochs that waited for their super-batch, and how long
         self._restored: list[TensorDict] = []  # super-batches from a checkpoint, trained on first
 
     # ---- set-up -------------------------------------------------------------------------
@@ -122,11 +139,16 @@ class TrainerActor:
         backend = "nccl" if device.type == "cuda" else "gloo"
         self._init_training_group(backend)
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group made above
-        bf16 = use_bf16(self.cfg.precision, device)
+        dtype = precision_dtype(self.cfg.precision, device)
         model = self.policy_factory()
         if self.cfg.lora_rank > 0:
             model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_dropout,
                                self.cfg.lora_target_modules, self.cfg.lora_trainable)
+        if not model.has_critic:  # the estimator needs none; LoRA gave the value head adapters: frozen too
+            model.drop_critic()
+        # The reference policy (KL to it, PACS): with LoRA this model with its adapters off, else a frozen
+        # copy taken here, before DeepSpeed hooks the model.
+        frozen = frozen_copy(model) if self.objective.needs_reference else None
         value_ids = {id(p) for p in model.value_parameters()}
         trainable = [p for p in model.parameters() if p.requires_grad]
         # value_parameters() is asked after LoRA injection, so the value head's adapters are in it.
@@ -134,13 +156,16 @@ class TrainerActor:
             {"params": [p for p in trainable if id(p) not in value_ids], "lr": self.cfg.lr_policy, "name": "policy"},
             {"params": [p for p in trainable if id(p) in value_ids], "lr": self.cfg.lr_value, "name": "value"},
         ]
+        groups = [g for g in groups if g["params"]]  # without a critic there is no value group
         optimizer = torch.optim.AdamW(groups, weight_decay=self.cfg.weight_decay)
         schedule = warmup_cosine(self.cfg.warmup_steps, self.cfg.lr_decay_steps, self.cfg.min_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [schedule, schedule])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [schedule] * len(groups))
         self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(self.cfg, bf16)
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(self.cfg, dtype)
         )
         self.device = self.engine.device
+        if self.objective.needs_reference:
+            self.reference = ReferencePolicy(self.engine.module, frozen)
         return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
 
     def _init_training_group(self, backend: str) -> None:
@@ -173,8 +198,10 @@ class TrainerActor:
     def _ask(self, n: Optional[int] = None) -> Awaitable[Optional[TensorDict]]:
         """One ask of the replay buffer for a super-batch (or ``n`` items): None while it holds too few."""
         cfg = self.cfg
+        # max_sample_reuse counts training passes per collected item; the buffer counts draws.
+        draws = None if cfg.max_sample_reuse is None or cfg.sync else cfg.max_sample_reuse / cfg.updates_per_epoch
         return sample_once(self.replay, n or cfg.super_batch_size, cfg.replay_sampling == "consume", self._min_version(),
-                           cfg.actor_timeout_s, self.name)
+                           cfg.actor_timeout_s, self.name, draws)
 
     async def _sample(self, n: Optional[int] = None) -> TensorDict:
         """A super-batch (or ``n`` items), polling while the buffer holds too little; ActorTimeoutError
@@ -212,16 +239,23 @@ class TrainerActor:
     async def train_epoch(self, policy_version: int) -> dict[str, float]:
         """One epoch on a fresh super-batch; returns mean metrics of this rank."""
         self.next_version = policy_version
+        asked = time.perf_counter()
         batch = await self._drop_stale(await self._next_super_batch())
+        waited = time.perf_counter() - asked
+        self.data_waits += waited > DATA_WAIT_S
+        self.data_wait_seconds += waited
         self.next_version = policy_version + 1  # what a prefetch from now on is for
-        return await asyncio.to_thread(self._train_on, batch, policy_version)
+        metrics = await asyncio.to_thread(self._train_on, batch, policy_version)
+        metrics.update(data_waits=self.data_waits, data_wait_seconds=self.data_wait_seconds)
+        return metrics
 
     def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, float]:
         start = time.perf_counter()
         lag = (policy_version - policy_versions(batch)).float()
         batch = self.estimator.prepare(batch.to(self.device), self.cfg)
         module = self.engine.module
-        model = TrainModel(evaluate=self.engine, value=module.value, action_key=module.action_key)
+        model = TrainModel(evaluate=self.engine, value=module.value, action_key=module.action_key,
+                           reference=self.reference)
         mb = self.cfg.train_batch_size
         rows = []
         self._window_useful = 0
@@ -236,7 +270,7 @@ class TrainerActor:
             "policy_lag_mean": float(lag.mean()),
             "policy_lag_max": float(lag.max()),
             "lr_policy": self.scheduler.get_last_lr()[0],
-            "lr_value": self.scheduler.get_last_lr()[1],
+            **({"lr_value": self.scheduler.get_last_lr()[1]} if len(self.scheduler.get_last_lr()) > 1 else {}),
             "global_step": self.global_step,
             "skipped_updates": self.skipped_updates,
             "skipped_minibatches": self.skipped_minibatches,

@@ -1,16 +1,19 @@
 """The maths of the system: policy losses, advantage estimators and loss pieces."""
-from async_rl.algo.advantages import gae, grpo_advantages, rloo_advantages, vtrace
+from async_rl.algo.advantages import gae, group_relative, grpo_advantages, naive_advantages, rloo_advantages, vtrace
 from async_rl.algo.estimators import (
     ESTIMATORS,
     AdvantageEstimator,
     TrainModel,
     advantage_estimator,
     check_advantage,
+    check_group_size,
+    check_objective,
 )
 from async_rl.algo.functional import (
     categorical_entropy,
     distributed_normalize,
     kl_penalty,
+    kl_reward_penalty,
     masked_mean,
     masked_whiten,
     ratio_guard,
@@ -20,6 +23,7 @@ from async_rl.algo.functional import (
 )
 from async_rl.algo.losses import (
     LossTerms,
+    PolicyInputs,
     PolicyLoss,
     PolicyLossParams,
     compute_policy_loss,
@@ -37,20 +41,26 @@ __all__ = [
     "LossTerms",
     "Objective",
     "ObjectiveOut",
+    "PolicyInputs",
     "PolicyLoss",
     "PolicyLossParams",
     "TrainModel",
     "advantage_estimator",
     "categorical_entropy",
     "check_advantage",
+    "check_group_size",
+    "check_objective",
     "compute_policy_loss",
     "distributed_normalize",
     "gae",
+    "group_relative",
     "grpo_advantages",
     "kl_penalty",
+    "kl_reward_penalty",
     "load_clip_config",
     "masked_mean",
     "masked_whiten",
+    "naive_advantages",
     "policy_loss_modes",
     "ratio_guard",
     "register_policy_loss",

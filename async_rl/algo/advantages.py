@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 Tensor = torch.Tensor
@@ -24,17 +25,21 @@ def gae(
     with returns = advantages + values.
     """
     values = values.detach()
-    rewards = rewards.to(values.dtype)
-    not_done = 1.0 - dones.to(values.dtype)
-    next_value = torch.as_tensor(bootstrap_value, dtype=values.dtype, device=values.device).expand_as(values[0])
-    advantages = torch.empty_like(values)
-    running = torch.zeros_like(values[0])
-    for t in range(values.shape[0] - 1, -1, -1):
-        delta = rewards[t] + gamma * next_value * not_done[t] - values[t]
+    # The backward recursion runs over float64 numpy rows: a loop of torch ops on scalars costs
+    # ~30x more per step, and this runs on the rollout workers for every piece they push.
+    v = values.cpu().double().numpy()
+    r = rewards.detach().cpu().double().numpy()
+    not_done = 1.0 - dones.detach().cpu().double().numpy()
+    next_value = np.broadcast_to(np.asarray(torch.as_tensor(bootstrap_value).detach().cpu(), np.float64), v.shape[1:])
+    advantages = np.empty_like(v)
+    running = np.zeros(v.shape[1:])
+    for t in range(v.shape[0] - 1, -1, -1):
+        delta = r[t] + gamma * next_value * not_done[t] - v[t]
         running = delta + gamma * lam * not_done[t] * running
         advantages[t] = running
-        next_value = values[t]
-    return advantages, advantages + values
+        next_value = v[t]
+    adv = torch.from_numpy(advantages).to(dtype=values.dtype, device=values.device)
+    return adv, adv + values
 
 
 @torch.no_grad()
@@ -78,21 +83,78 @@ def vtrace(
     return vs, pg_advantages
 
 
+GROUP_METHODS = ("grpo", "rloo", "naive")
+
+
+def group_relative(values: Tensor, group_id: Tensor, method: str, *, scale_by_std: bool = True, eps: float = 1e-6,
+                   valid: Optional[Tensor] = None) -> Tensor:
+    """Each value against the others of its group, for groups of any size in any order (differentiable).
+
+    ``values`` and ``group_id`` ``[N]``; members of a group share a ``group_id``; ``valid`` ``[N]``
+    (bool) leaves elements out of every group's statistics. ``method``:
+
+    - ``grpo``: (v - group mean) / (unbiased group std + eps); ``scale_by_std=False`` keeps only the
+      centring (Dr. GRPO).
+    - ``rloo``: v - mean of the other members.
+    - ``naive``: v itself (no baseline).
+
+    A group with a single (valid) member has no one to compare with: it keeps its own value. Invalid
+    elements come back as 0.
+    """
+    if method not in GROUP_METHODS:
+        raise ValueError(f"unknown group method '{method}'; valid: {', '.join(GROUP_METHODS)}")
+    if values.shape != group_id.shape or values.dim() != 1:
+        raise ValueError(f"values {tuple(values.shape)} and group_id {tuple(group_id.shape)} must both be [N]")
+    valid = torch.ones_like(values, dtype=torch.bool) if valid is None else valid.bool()
+    v = torch.where(valid, values, torch.zeros_like(values))  # a masked-out NaN must not reach a group's sums
+    if method == "naive":
+        return v
+    per_group = lambda x: group_sum(x, group_id)  # noqa: E731
+    count = per_group(valid.to(values.dtype))
+    total = per_group(v)
+    if method == "rloo":
+        out = v - (total - v) / (count - 1.0).clamp_min(1.0)
+    else:
+        centred = v - total / count.clamp_min(1.0)
+        out = centred
+        if scale_by_std:
+            var = per_group(torch.where(valid, centred, 0.0) ** 2) / (count - 1.0).clamp_min(1.0)
+            # sqrt has an infinite slope at 0 (a group of equal values): keep its gradient finite.
+            positive = var > 0
+            std = torch.where(positive, torch.sqrt(torch.where(positive, var, 1.0)), 0.0)
+            out = centred / (std + eps)
+    return torch.where(valid & (count > 1.0), out, v)
+
+
+def group_sum(x: Tensor, group_id: Tensor) -> Tensor:
+    """For each element of ``x`` ``[N]``, the sum of ``x`` over its group (same ``group_id``)."""
+    _, index = torch.unique(group_id, return_inverse=True)
+    return torch.zeros(x.shape[0], dtype=x.dtype, device=x.device).index_add(0, index, x)[index]
+
+
+def _by_rows(rewards: Tensor, method: str, min_n: int = 2, **kwargs) -> Tensor:
+    """``group_relative`` over rows: rewards ``[G, n]``, one group per row."""
+    if rewards.dim() != 2 or rewards.shape[1] < min_n:
+        raise ValueError(f"{method} advantages need rewards of shape [G, n] with n >= {min_n}, got {tuple(rewards.shape)}")
+    g, n = rewards.shape
+    ids = torch.arange(g, device=rewards.device).repeat_interleave(n)
+    return group_relative(rewards.reshape(-1), ids, method, **kwargs).reshape(g, n)
+
+
 @torch.no_grad()
-def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
-    """Group-normalised advantages for rewards ``[G, n]``: (r - mean) / (unbiased std + eps)."""
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"grpo_advantages needs rewards of shape [G, n] with n >= 2, got {tuple(rewards.shape)}")
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, unbiased=True, keepdim=True)
-    return (rewards - mean) / (std + eps)
+def grpo_advantages(rewards: Tensor, eps: float = 1e-6, scale_by_std: bool = True) -> Tensor:
+    """Group-normalised advantages for rewards ``[G, n]``: (r - mean) / (unbiased std + eps);
+    ``scale_by_std=False``: r - mean (Dr. GRPO)."""
+    return _by_rows(rewards, "grpo", eps=eps, scale_by_std=scale_by_std)
 
 
 @torch.no_grad()
 def rloo_advantages(rewards: Tensor) -> Tensor:
     """Leave-one-out baseline for rewards ``[G, n]``: r_i - mean_{j != i} r_j."""
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rloo_advantages needs rewards of shape [G, n] with n >= 2, got {tuple(rewards.shape)}")
-    n = rewards.shape[1]
-    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (n - 1)
-    return rewards - others_mean
+    return _by_rows(rewards, "rloo")
+
+
+@torch.no_grad()
+def naive_advantages(rewards: Tensor) -> Tensor:
+    """No baseline: the advantage is the raw outcome, rewards ``[G, n]`` (any n)."""
+    return _by_rows(rewards, "naive", min_n=1)

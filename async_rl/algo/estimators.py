@@ -11,10 +11,13 @@ vtrace   trainer  segment  yes     the worker ships segments of rollout_local_bu
                                    corrects them off-policy with its current weights (``loss_inputs``)
 grpo     worker   step     no      group-relative advantages over n rollouts of one start state
 rloo     worker   step     no      leave-one-out baseline over the same groups
+naive    worker   step     no      the raw outcome, no baseline (seed 003)
 =======  =======  =======  ======  ==================================================================
 
-grpo and rloo need group rollouts, which the workers do not make yet (issue 16): the config refuses
-them (``check_advantage``), their maths (``group_advantages``) is here and tested.
+grpo and rloo need group rollouts (``group_size`` >= 2, ``check_group_size``): the rollout workers take
+tickets (group, task, start) at episode start and push whole episodes; the replay buffer's group
+assembler (async_rl/actors/groups.py) releases a group into the sampling pool once all its episodes
+are in, with ``episode_advantages`` on every step of each episode.
 """
 from __future__ import annotations
 
@@ -24,8 +27,9 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 from tensordict import TensorDict
 
-from async_rl.algo.advantages import gae, grpo_advantages, rloo_advantages, vtrace
-from async_rl.algo.functional import distributed_normalize
+from async_rl.algo.advantages import gae, grpo_advantages, naive_advantages, rloo_advantages, vtrace
+from async_rl.algo.functional import distributed_normalize, kl_reward_penalty
+from async_rl.algo.losses import PolicyLoss
 from async_rl.algo.objective import LossInputs
 from async_rl.errors import ConfigError
 from async_rl.experience import segment
@@ -50,6 +54,14 @@ class TrainModel:
     evaluate: Callable[[TensorDict, Tensor], tuple[Tensor, Tensor, Tensor]]  # (obs, action) -> logp, entropy, value
     value: Callable[[TensorDict], Tensor]  # obs -> V(obs)
     action_key: str
+    reference: Optional[Callable[[TensorDict, Tensor], Tensor]] = None  # (obs, action) -> logp_ref, no gradient
+
+
+def batch_fields(steps: TensorDict, model: TrainModel) -> dict[str, Optional[Tensor]]:
+    """The optional ``LossInputs`` of step records: the reference log-probs (when the model has a
+    reference) and the group fields (``group_id``, ``success``) where the records carry them."""
+    reference = None if model.reference is None else model.reference(steps["obs"], steps[model.action_key])
+    return {"logp_ref": reference, "group_id": steps.get("group_id", None), "success": steps.get("success", None)}
 
 
 class AdvantageEstimator:
@@ -60,6 +72,7 @@ class AdvantageEstimator:
     unit: str = "step"  # a replay item: "step" (one step record) | "segment" (rollout_local_buf steps)
     needs_critic: bool = True
     needs_group_rollouts: bool = False
+    rewards_on_trainer: bool = False  # reads the rewards on the trainer: a KL-to-reference reward penalty applies
 
     def segmenter(self, cfg: Any) -> Segmenter:
         raise NotImplementedError
@@ -76,7 +89,7 @@ class AdvantageEstimator:
         """Trainer side, per minibatch: the current policy's outputs next to the stored fields."""
         logp, entropy, value = model.evaluate(mb["obs"], mb[model.action_key])
         target = mb["value_target"] if self.needs_critic else None
-        return LossInputs(logp, mb["logp"], entropy, value, mb["value"], target, mb["advantage"])
+        return LossInputs(logp, mb["logp"], entropy, value, mb["value"], target, mb["advantage"], **batch_fields(mb, model))
 
 
 ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry("advantage estimator")
@@ -93,15 +106,35 @@ def advantage_estimator(name: str) -> AdvantageEstimator:
 
 
 def check_advantage(name: str) -> str:
-    """``name`` if a run can use it; otherwise a one-line ConfigError."""
-    if advantage_estimator(name).needs_group_rollouts:
-        raise ConfigError(_no_group_rollouts(name))
+    """``name`` if it names a registered estimator; otherwise a one-line ConfigError naming the valid ones."""
+    advantage_estimator(name)
     return name
 
 
-def _no_group_rollouts(name: str) -> str:
-    usable = ", ".join(n for n in ESTIMATORS.names() if not ESTIMATORS.get(n).needs_group_rollouts)
-    return f"advantage '{name}' needs group rollouts (issue 16), which are not available yet; use one of: {usable}"
+def check_group_size(name: str, group_size: int) -> None:
+    """Group estimators need groups (``group_size`` >= 2); the others need none (``group_size`` 1)."""
+    grouped = advantage_estimator(name).needs_group_rollouts
+    if grouped and group_size < 2:
+        raise ConfigError(f"advantage '{name}' compares the episodes of a group: pass --group-size 2 or more "
+                          f"(e.g. --group-size 8), got {group_size}")
+    if not grouped and group_size != 1:
+        kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_group_rollouts)
+        raise ConfigError(f"advantage '{name}' makes no use of groups: drop --group-size {group_size} (or pass "
+                          f"--group-size 1), or choose a group estimator ({kinds})")
+
+
+def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: float, kl_ref_as: str) -> None:
+    """The estimator ``name`` gives what the objective reads (the clip mode's batch fields; a
+    KL-to-reference reward penalty needs rewards on the trainer); else a one-line ConfigError."""
+    estimator = advantage_estimator(name)
+    if {"group_id", "success"} & PolicyLoss(clip_mode, clip_params).reads and not estimator.needs_group_rollouts:
+        kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_group_rollouts)
+        raise ConfigError(f"clip mode '{clip_mode}' compares the episodes of a group (group_id, success): choose a "
+                          f"group estimator ({kinds}) with --group-size 2 or more, not advantage '{name}'")
+    if kl_ref_coef > 0 and kl_ref_as == "reward" and not estimator.rewards_on_trainer:
+        kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).rewards_on_trainer)
+        raise ConfigError(f"kl_ref_as 'reward' needs an estimator that reads rewards on the trainer ({kinds}); "
+                          f"advantage '{name}' computes them on the workers: use --kl-ref-as loss")
 
 
 # ---- gae ----------------------------------------------------------------------------------------
@@ -175,6 +208,7 @@ class Vtrace(AdvantageEstimator):
     name = "vtrace"
     where = "trainer"
     unit = "segment"
+    rewards_on_trainer = True
 
     def segmenter(self, cfg: Any) -> Segmenter:
         return VtraceSegmenter(cfg.rollout_local_buf)
@@ -187,22 +221,46 @@ class Vtrace(AdvantageEstimator):
         b, t = steps.batch_size
         flat = steps.reshape(b * t)
         logp, entropy, value = model.evaluate(flat["obs"], flat[model.action_key])
+        fields = batch_fields(flat, model)
+        rewards = flat["reward"]
+        if cfg.kl_ref_coef > 0 and cfg.kl_ref_as == "reward":  # r_t - coef * KL_t(behaviour || reference)
+            rewards = kl_reward_penalty(rewards, flat["logp"], fields["logp_ref"], cfg.kl_ref_coef, cfg.kl_ref_estimator)
         with torch.no_grad():
             bootstrap = model.value(mb["bootstrap_obs"]).float()
         # Targets and advantages in float32 whatever the model's precision (vtrace computes in the values' dtype).
         time_major = lambda x: x.reshape(b, t).transpose(0, 1).float()  # noqa: E731
         log_rhos = time_major((logp.detach().float() - flat["logp"]).sum(-1))
         discounts = cfg.gamma * (1.0 - time_major(flat["done"]))
-        vs, pg_adv = vtrace(log_rhos, discounts, time_major(flat["reward"]), time_major(value.detach()), bootstrap,
+        vs, pg_adv = vtrace(log_rhos, discounts, time_major(rewards), time_major(value.detach()), bootstrap,
                             cfg.vtrace_clip_rho, cfg.vtrace_clip_c, cfg.vtrace_clip_pg_rho)
         flat_major = lambda x: x.transpose(0, 1).reshape(b * t)  # noqa: E731
         adv = flat_major(pg_adv)
         if cfg.normalize_advantages:  # a collective: every rank calls it once per minibatch
             adv = distributed_normalize(adv)
-        return LossInputs(logp, flat["logp"], entropy, value, flat["value"], flat_major(vs), adv)
+        return LossInputs(logp, flat["logp"], entropy, value, flat["value"], flat_major(vs), adv, **fields)
 
 
-# ---- group-relative (need group rollouts, issue 16) ---------------------------------------------
+# ---- group-relative (group rollouts: async_rl/actors/groups.py) ---------------------------------
+class EpisodeSegmenter:
+    """Group estimators: an episode leaves the worker whole, at its end (``take``), never in pieces:
+    its advantage needs the returns of the other members of its group."""
+
+    def __init__(self) -> None:
+        self.steps: list[TensorDict] = []
+
+    def add(self, record: TensorDict, next_obs: TensorDict) -> Optional[TensorDict]:
+        self.steps.append(record)
+        return None
+
+    def flush(self) -> Optional[TensorDict]:
+        return None  # a pause keeps the episode; it goes out when it ends
+
+    def take(self) -> Optional[TensorDict]:
+        """The finished episode's steps ``[T]`` (None if it has none); the next episode starts empty."""
+        steps, self.steps = self.steps, []
+        return torch.stack(steps) if steps else None
+
+
 class GroupEstimator(AdvantageEstimator):
     """No critic: the advantage of a rollout compares its return with the others of its group."""
 
@@ -214,8 +272,13 @@ class GroupEstimator(AdvantageEstimator):
         """Returns ``[G, n]`` (G groups of n rollouts) -> advantages ``[G, n]``."""
         raise NotImplementedError
 
+    def episode_advantages(self, returns: Tensor, cfg: Any) -> Tensor:
+        """One group's returns ``[n]`` -> one outcome advantage per episode ``[n]`` (the group assembler
+        puts it on every step of the episode)."""
+        return self.group_advantages(returns.unsqueeze(0)).squeeze(0)
+
     def segmenter(self, cfg: Any) -> Segmenter:
-        raise ConfigError(_no_group_rollouts(self.name))  # the workers make no groups yet
+        return EpisodeSegmenter()
 
 
 @register_estimator
@@ -223,8 +286,18 @@ class Grpo(GroupEstimator):
     name = "grpo"
     group_advantages = staticmethod(grpo_advantages)
 
+    def episode_advantages(self, returns: Tensor, cfg: Any) -> Tensor:
+        # grpo_scale_by_std false: centring only (Dr. GRPO)
+        return grpo_advantages(returns.unsqueeze(0), scale_by_std=cfg.grpo_scale_by_std).squeeze(0)
+
 
 @register_estimator
 class Rloo(GroupEstimator):
     name = "rloo"
     group_advantages = staticmethod(rloo_advantages)
+
+
+@register_estimator
+class Naive(GroupEstimator):
+    name = "naive"
+    group_advantages = staticmethod(naive_advantages)

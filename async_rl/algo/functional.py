@@ -79,14 +79,35 @@ def tanh_gaussian_entropy(mu: Tensor, log_std: Tensor, num_samples: int = 1) -> 
     return 0.5 * _LOG_2PI_E + log_std + log_det.mean(dim=0)
 
 
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
 def kl_penalty(logp: Tensor, logp_ref: Tensor, kind: str = "k3") -> Tensor:
-    """Per-element estimate of KL(pi || pi_ref) from samples of pi: ``k1`` or ``k3``."""
+    """Per-element estimate of KL(pi || pi_ref) from samples of pi (Schulman's approximations).
+
+    With log r = logp_ref - logp: ``k1`` = -log r (unbiased, can be negative), ``k2`` = (log r)^2 / 2
+    (biased, low variance, >= 0), ``k3`` = (r - 1) - log r (unbiased, >= 0). Gradients flow through both.
+    """
     log_ratio = logp_ref - logp
     if kind == "k1":
         return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
     if kind == "k3":
         return torch.exp(log_ratio) - log_ratio - 1.0
-    raise ValueError(f"unknown KL estimator '{kind}'; valid: k1, k3")
+    raise ValueError(f"unknown KL estimator '{kind}'; valid: {', '.join(KL_ESTIMATORS)}")
+
+
+@torch.no_grad()
+def kl_reward_penalty(reward: Tensor, logp: Tensor, logp_ref: Tensor, coef: float, kind: str = "k1") -> Tensor:
+    """KL to the reference as a per-step reward penalty: ``reward - coef * kl``.
+
+    ``reward`` ``[...]``; ``logp`` (behaviour) and ``logp_ref`` ``[..., A]``, log-probs of the taken
+    action per dimension / token: the step's KL is the sum over the action's elements.
+    """
+    dtype = torch.promote_types(torch.promote_types(logp.dtype, reward.dtype), torch.float32)  # bf16 log-probs
+    kl = kl_penalty(logp.to(dtype), logp_ref.to(dtype), kind).sum(-1)
+    return (reward.to(dtype) - coef * kl).to(reward.dtype)
 
 
 def ratio_guard(ratio_mean: float, threshold: Optional[float]) -> bool:

@@ -1,23 +1,26 @@
 """Policy losses: one registry, one signature, one function per clip mode.
 
-Every mode maps (ratio r, advantage A, params) to a per-element loss ``l`` plus two boolean
-masks used for diagnostics: where a hard clip is active and where the gradient is exactly
-zero because of that clip. ``compute_policy_loss`` does the shared work around it: the
-ratio, broadcasting, masking, the mean and the metrics.
+Every mode maps (``PolicyInputs``: ratio r, advantage A, ...; params) to a per-element loss ``l``
+plus two boolean masks used for diagnostics: where a hard clip is active and where the gradient
+is exactly zero because of that clip. ``compute_policy_loss`` does the shared work around it: the
+ratio at the chosen level (``ratio_level``: per element, or one per action), broadcasting,
+masking, the mean and the metrics.
 
 Adding a mode is one function and one ``@register_policy_loss`` line.
 """
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Literal, Mapping, Optional
 
 import pydantic
 import torch
 import yaml
 
+from async_rl.algo.advantages import group_relative, group_sum
 from async_rl.errors import ConfigError
 from async_rl.registry import Registry
 from async_rl.validation import validate_model
@@ -39,16 +42,32 @@ class PolicyLossParams(pydantic.BaseModel):
     tau_neg: float = pydantic.Field(1.05, gt=0.0)
     beta1: float = pydantic.Field(0.75, ge=0.0)
     beta2: float = pydantic.Field(1.0, ge=0.0)
-    is_eps_low: Optional[float] = pydantic.Field(None, ge=0.0, lt=1.0)
+    is_eps_low: Optional[float] = pydantic.Field(None, ge=0.0)
+    """CISPO's lower IS bound 1 - is_eps_low; >= 1 means no lower bound (MiniMax-M1)"""
     is_eps_high: Optional[float] = pydantic.Field(None, ge=0.0)
+    ratio_level: Literal["token", "sequence", "geometric"] = "token"
+    """token: one ratio per action element (dimension / token); sequence: the joint ratio of the whole
+    action (sum of its log-ratios); geometric: their mean (GSPO). The last two need advantages [B, 1]."""
+    # PACS (seed 003): score = beta * sum(log pi - log pi_ref) (reward_method "1") or
+    # beta * mean(log pi) (reward_method "2"), compared within its group (adv_estimator), used as a logit.
+    beta: float = pydantic.Field(1.0, gt=0.0)
+    reward_method: Literal["1", "2"] = "1"
+    adv_estimator: Literal["rloo", "grpo", "naive"] = "rloo"
+    use_weight: bool = False
+    weight_mode: Literal["question", "only_positive", "only_negative"] = "question"
 
-    # strict=True refuses ints for floats; integers are fine for every key here.
+    # strict=True refuses ints for floats; integers are fine for every float key here.
     @pydantic.field_validator("*", mode="before")
     @classmethod
-    def _int_to_float(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
+    def _int_to_float(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and float in _types(cls.model_fields[info.field_name]):
             return float(value)
         return value
+
+    @pydantic.field_validator("reward_method", mode="before")
+    @classmethod
+    def _method_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @property
     def eps_low(self) -> float:
@@ -67,6 +86,27 @@ class PolicyLossParams(pydantic.BaseModel):
         return self.eps_high if self.is_eps_high is None else self.is_eps_high
 
 
+def _types(info: Any) -> tuple[Any, ...]:
+    annotation = info.annotation
+    return typing.get_args(annotation) or (annotation,)
+
+
+@dataclass
+class PolicyInputs:
+    """What a clip mode reads. ``ratio``/``adv``/``mask`` are at the ratio level (per element, or
+    ``[B, 1]`` per action); ``logp`` (with gradient), ``logp_ref`` and ``element_mask`` per element;
+    ``group_id``/``success`` ``[B]`` where the batch has them."""
+
+    ratio: Tensor
+    adv: Tensor
+    mask: Optional[Tensor]
+    logp: Tensor
+    element_mask: Optional[Tensor] = None
+    logp_ref: Optional[Tensor] = None
+    group_id: Optional[Tensor] = None
+    success: Optional[Tensor] = None
+
+
 @dataclass
 class LossTerms:
     """What a clip mode returns, per element (broadcast shape of logp and advantages)."""
@@ -77,7 +117,7 @@ class LossTerms:
     extra: dict[str, Tensor] = field(default_factory=dict)  # per-element diagnostics to average
 
 
-LossFn = Callable[[Tensor, Tensor, PolicyLossParams], LossTerms]
+LossFn = Callable[[PolicyInputs, PolicyLossParams], LossTerms]
 
 
 @dataclass(frozen=True)
@@ -85,6 +125,8 @@ class _ModeSpec:
     fn: LossFn
     fixed: Mapping[str, Any]
     dual_clip: bool
+    per_action: bool  # one loss per action (its ratio at the sequence level whatever ratio_level says)
+    reads: frozenset[str]  # batch fields besides the ratio and advantage: logp_ref, group_id, success
 
 
 _REGISTRY: Registry[_ModeSpec] = Registry("clip mode")  # modes and aliases
@@ -95,18 +137,21 @@ def register_policy_loss(
     name: str,
     aliases: Mapping[str, Mapping[str, Any]] | tuple[str, ...] = (),
     dual_clip: bool = False,
+    per_action: bool = False,
+    reads: tuple[str, ...] = (),
 ) -> Callable[[LossFn], LossFn]:
     """Register a clip mode under ``name``.
 
     ``aliases`` is a tuple of extra names, or a mapping alias -> params that alias fixes
     (e.g. ``{"soft_clip_alpha-2": {"soft_clip_alpha": 2.0}}``). ``dual_clip`` says whether
-    ``dual_clip_c`` applies to this mode.
+    ``dual_clip_c`` applies to this mode; ``per_action`` that it scores whole actions (``ratio_level``
+    does not apply); ``reads`` the batch fields it needs (``logp_ref``, ``group_id``, ``success``).
     """
     alias_map = dict(aliases) if isinstance(aliases, Mapping) else {a: {} for a in aliases}
 
     def wrap(fn: LossFn) -> LossFn:
         for mode_name, fixed in {name: {}, **alias_map}.items():
-            _REGISTRY.add(mode_name, _ModeSpec(fn=fn, fixed=fixed, dual_clip=dual_clip))  # twice: ValueError
+            _REGISTRY.add(mode_name, _ModeSpec(fn, fixed, dual_clip, per_action, frozenset(reads)))  # twice: ValueError
             _CANONICAL[mode_name] = name
         return fn
 
@@ -152,6 +197,9 @@ def resolve_policy_loss_params(
             f"clip param 'dual_clip_c' does not apply to clip mode '{clip_mode}'; "
             f"it applies to: {', '.join(dual_modes)}; remove it from the clip config"
         )
+    if spec.per_action and resolved.ratio_level != "token":
+        raise ConfigError(f"clip param 'ratio_level' does not apply to clip mode '{clip_mode}' (it scores whole "
+                          "actions); remove it from the clip config")
     return resolved
 
 
@@ -188,7 +236,8 @@ def _straight_through(ratio: Tensor) -> Tensor:
 
 
 @register_policy_loss("clip", dual_clip=True)
-def _clip_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+def _clip_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
+    ratio, adv = x.ratio, x.adv
     low, high = 1.0 - p.eps_low, 1.0 + p.eps_high
     unclipped = -ratio * adv
     clipped = -ratio.clamp(low, high) * adv
@@ -205,7 +254,8 @@ def _clip_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
     "soft_clip",
     aliases={"soft_clip_alpha-1": {"soft_clip_alpha": 1.0}, "soft_clip_alpha-2": {"soft_clip_alpha": 2.0}},
 )
-def _soft_clip_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+def _soft_clip_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
+    ratio, adv = x.ratio, x.adv
     # (1/max(r, 1/r))^alpha shrinks the gradient of far-off ratios without ever zeroing it.
     coeff = (1.0 / torch.maximum(ratio, 1.0 / ratio)).detach() ** p.soft_clip_alpha
     loss = -ratio * adv * coeff
@@ -214,7 +264,8 @@ def _soft_clip_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerm
 
 
 @register_policy_loss("sapo", aliases=("sapo_soft_clip", "sapo_gate"))
-def _sapo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+def _sapo_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
+    ratio, adv = x.ratio, x.adv
     tau = torch.where(adv > 0, ratio.new_tensor(p.tau_pos), ratio.new_tensor(p.tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     loss = -(4.0 / tau) * gate * adv
@@ -230,7 +281,8 @@ def _sapo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
 
 
 @register_policy_loss("ce-gppo_clip", dual_clip=True)
-def _ce_gppo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+def _ce_gppo_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
+    ratio, adv = x.ratio, x.adv
     low, high = 1.0 - p.eps_low, 1.0 + p.eps_high
     st = _straight_through(ratio)
     below = (adv < 0) & (ratio < low)
@@ -248,11 +300,63 @@ def _ce_gppo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
 
 
 @register_policy_loss("cispo", aliases=("cispo_clip", "is_clip", "is_weight_clip"))
-def _cispo_loss(ratio: Tensor, adv: Tensor, p: PolicyLossParams) -> LossTerms:
+def _cispo_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
+    ratio, adv = x.ratio, x.adv
+    # is_eps_low >= 1: the lower bound 1 - is_eps_low <= 0 never binds (a ratio is > 0): no lower bound.
     weight = ratio.clamp(1.0 - p.is_low, 1.0 + p.is_high).detach()
     loss = -weight * adv * _straight_through(ratio)
     clipped = (ratio < 1.0 - p.is_low) | (ratio > 1.0 + p.is_high)
     return LossTerms(loss, clipped=clipped, dead_grad=torch.zeros_like(clipped))
+
+
+@register_policy_loss("pacs", per_action=True, reads=("logp_ref", "group_id", "success"))
+def _pacs_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
+    """PACS (seed 003): the action's score against the reference, compared within its group, is the
+    logit of a binary cross-entropy against the episode's success."""
+    if x.group_id is None or x.success is None or (p.reward_method == "1" and x.logp_ref is None):
+        raise ValueError("clip mode 'pacs' needs group_id and success in the batch (group rollouts) and, with "
+                         "reward_method 1, the reference log-probs")
+    if p.reward_method == "1":
+        score = p.beta * per_action(x.logp - x.logp_ref.detach(), x.element_mask, "sum")
+    else:
+        score = p.beta * per_action(x.logp, x.element_mask, "mean")
+    score = score.to(torch.promote_types(score.dtype, torch.float32))  # group statistics of bf16 scores drift
+    valid = torch.ones_like(x.ratio, dtype=torch.bool) if x.mask is None else x.mask
+    group_id = x.group_id.reshape(score.shape)
+    logit = group_relative(score.flatten(), group_id.flatten(), p.adv_estimator, valid=valid.flatten()).reshape(score.shape)
+    label = x.success.reshape(score.shape).to(score.dtype)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, label, reduction="none")
+    if p.use_weight:
+        loss = loss * _class_weights(label > 0.5, group_id, valid, p.weight_mode).to(loss.dtype)
+    none = torch.zeros_like(loss, dtype=torch.bool)
+    return LossTerms(loss, clipped=none, dead_grad=none,
+                     extra={"pacs_loss": loss.detach(), "pacs_pos_frac": label, "pacs_score_mean": score.detach()})
+
+
+def _class_weights(positive: Tensor, group_id: Tensor, valid: Tensor, mode: str) -> Tensor:
+    """PACS sample weights: ``question`` balances the classes within each group present (sklearn's
+    'balanced': n / (classes * count of its class)); ``only_positive`` / ``only_negative`` keep one class."""
+    if mode == "only_positive":
+        return positive.float()
+    if mode == "only_negative":
+        return (~positive).float()
+    ids, v = group_id.flatten(), valid.flatten().float()
+    n = group_sum(v, ids)
+    k = group_sum(v * positive.flatten().float(), ids)
+    classes = (k > 0).float() + (k < n).float()
+    own = torch.where(positive.flatten(), k, n - k)
+    return (n / (classes * own).clamp_min(1.0)).reshape(positive.shape)
+
+
+def per_action(x: Tensor, mask: Optional[Tensor], how: str) -> Tensor:
+    """Sum (``how="sum"``) or mean (``"mean"``) of the valid elements of each action (last dim), as ``[..., 1]``."""
+    if mask is not None:
+        x = torch.where(mask.bool(), x, torch.zeros_like(x))  # a masked-out NaN must not reach the sum
+    total = x.sum(-1, keepdim=True)
+    if how == "sum":
+        return total
+    count = x.shape[-1] if mask is None else mask.bool().sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
+    return total / count
 
 
 def _masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -271,23 +375,38 @@ class PolicyLoss:
         self._spec = _mode_spec(clip_mode)
         self.params = resolve_policy_loss_params(clip_mode, params)
 
+    @property
+    def reads(self) -> frozenset[str]:
+        """Batch fields the mode needs besides log-probs and advantages (``logp_ref``, ``group_id``, ``success``)."""
+        return self._spec.reads
+
     def __call__(
-        self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Optional[Tensor] = None
+        self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Optional[Tensor] = None, *,
+        logp_ref: Optional[Tensor] = None, group_id: Optional[Tensor] = None, success: Optional[Tensor] = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """See ``compute_policy_loss``."""
         log_ratio = logp - logp_old.detach()
-        ratio = torch.exp(log_ratio)
-        adv = advantages.detach().to(ratio.dtype)
+        adv = advantages.detach().to(log_ratio.dtype)
         try:
-            shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+            shape = torch.broadcast_shapes(log_ratio.shape, adv.shape)
         except RuntimeError:
             shape = None
-        if shape != ratio.shape:
-            raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(ratio.shape)}")
-        if mask is not None and mask.shape != ratio.shape:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} must have logp's shape {tuple(ratio.shape)}")
-        adv = adv.expand(shape)
-        terms = self._spec.fn(ratio, adv, self.params)
+        if shape != log_ratio.shape:
+            raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(log_ratio.shape)}")
+        if mask is not None and mask.shape != log_ratio.shape:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} must have logp's shape {tuple(log_ratio.shape)}")
+        level = "sequence" if self._spec.per_action else self.params.ratio_level
+        element_mask = mask
+        if level != "token":  # one ratio per action: the joint (sum of log-ratios) or geometric (mean) one
+            if log_ratio.dim() < 2 or (adv.dim() > 0 and adv.shape[-1] != 1):
+                raise ValueError(f"ratio level '{level}' needs logp [B, A] and one advantage per action [B, 1]; got "
+                                 f"logp {tuple(log_ratio.shape)}, advantages {tuple(adv.shape)}")
+            log_ratio = per_action(log_ratio, mask, "sum" if level == "sequence" else "mean")
+            mask = None if mask is None else mask.bool().any(-1, keepdim=True)
+            shape = log_ratio.shape
+        ratio = torch.exp(log_ratio)
+        inputs = PolicyInputs(ratio, adv.expand(shape), mask, logp, element_mask, logp_ref, group_id, success)
+        terms = self._spec.fn(inputs, self.params)
         return _masked_mean(terms.loss, mask), _diagnostics(ratio, log_ratio, terms, mask)
 
 
@@ -324,12 +443,15 @@ def compute_policy_loss(
     advantages: Tensor,
     mask: Optional[Tensor] = None,
     params: Mapping[str, Any] | PolicyLossParams | None = None,
+    **batch: Optional[Tensor],
 ) -> tuple[Tensor, dict[str, float]]:
     """Policy loss of ``clip_mode`` and its diagnostics (validates ``params`` on every call: a loop
     builds a ``PolicyLoss`` once instead).
 
-    ``logp``/``logp_old``: log-probs of the taken actions (any shape); ``advantages``
-    broadcasts to that shape; ``mask`` (shape of ``logp``) marks valid elements. Gradients
-    flow through ``logp`` only. Returns the masked mean loss and a dict of floats.
+    ``logp``/``logp_old``: log-probs of the taken actions (any shape; ``[B, A]`` for a ratio level
+    other than token); ``advantages`` broadcasts to that shape; ``mask`` (shape of ``logp``) marks
+    valid elements. ``batch``: ``logp_ref`` (shape of ``logp``), ``group_id`` and ``success`` ``[B]``
+    for the modes that read them (pacs). Gradients flow through ``logp`` only. Returns the masked
+    mean loss and a dict of floats.
     """
-    return PolicyLoss(clip_mode, params)(logp, logp_old, advantages, mask)
+    return PolicyLoss(clip_mode, params)(logp, logp_old, advantages, mask, **batch)

@@ -20,6 +20,8 @@ TRAINER_ROUTES = {
     "skipped_updates": "health/skipped_updates",
     "skipped_minibatches": "health/skipped_minibatches",
     "broadcast_seconds": "sync/broadcast_seconds",
+    "data_waits": "health/data_waits",  # epochs whose super-batch was not ready (max_sample_reuse, slow workers)
+    "data_wait_seconds": "health/data_wait_seconds",
 }
 # Health counters shown from the start (as 0) so that a dashboard has them before anything fails.
 HEALTH_KEYS = ("worker_restarts", "inference_restarts", "evaluator_restarts", "replay_restarts", "dropped_episodes")

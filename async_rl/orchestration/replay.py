@@ -13,7 +13,7 @@ import ray
 from rich.console import Console
 
 from async_rl import checkpoint as ckpt
-from async_rl.actors.replay_buffer import ReplayBufferActor
+from async_rl.actors.replay_buffer import GroupSpec, ReplayBufferActor
 from async_rl.errors import ActorFailedError
 from async_rl.orchestration.placement import on_driver_node
 
@@ -21,11 +21,14 @@ console = Console(stderr=True)
 
 
 class ReplaySupervisor:
-    def __init__(self, cfg: Any, name: str, record_health: Callable[[str, int], None]) -> None:
+    def __init__(self, cfg: Any, name: str, record_health: Callable[[str, int], None],
+                 stats_name: Optional[str] = None) -> None:
         self.cfg, self.record_health = cfg, record_health
+        groups = GroupSpec(cfg.advantage, cfg.group_size, cfg.max_group_version_spread, cfg.num_rollout_workers,
+                           stats_name, cfg) if cfg.group_size > 1 else None
         self.actor = ReplayBufferActor.options(num_cpus=0, name=name, max_restarts=cfg.actor_max_restarts,
                                                max_task_retries=0, **on_driver_node()).remote(
-            cfg.replay_capacity, cfg.seed, str(ckpt.checkpoint_root(cfg.log_dir)))
+            cfg.replay_capacity, cfg.seed, str(ckpt.checkpoint_root(cfg.log_dir)), groups)
         self.restarts = 0
         self.pid: Optional[int] = None
         self.last_counters: dict[str, int] = {}

@@ -17,6 +17,7 @@ from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
 from async_rl.actors.peers import SharedValue
 from async_rl.actors.stats import StatsActor
 from async_rl.actors.trainer import TrainerActor
+from async_rl.algo import advantage_estimator
 from async_rl.logger import mean_metrics
 from async_rl.orchestration.actor_group import ActorGroup, failure_reason, get_named
 from async_rl.orchestration.checkpointer import Checkpointer
@@ -37,6 +38,11 @@ def _raised(ref: ray.ObjectRef) -> bool:
         return False
     except ray.exceptions.RayError:
         return True
+
+
+def critic_free(factory: Any) -> Any:
+    """The policy ``factory`` builds, without its critic (``ActorCritic.drop_critic``)."""
+    return factory().drop_critic()
 
 
 def obs_spec_of(task_set: Any) -> dict[str, Any]:
@@ -69,6 +75,8 @@ class Runtime:
         self.cfg, self.task_set = cfg, task_set
         obs_spec = obs_spec_of(task_set)
         self.policy_factory = functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs)
+        if not advantage_estimator(cfg.advantage).needs_critic:  # trainers and inference actors alike
+            self.policy_factory = functools.partial(critic_free, self.policy_factory)
         self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec, **cfg.policy_kwargs)
         self.policy_version = self.epoch = 0
         self.tag = f"run-{uuid.uuid4().hex[:8]}"  # actor names are unique to this run
@@ -80,7 +88,8 @@ class Runtime:
         self.stats = StatsActor.options(num_cpus=0, name=self.named("stats"), **on_driver_node()).remote()
         count = lambda counter: self.stats.record_health.remote(counter)  # noqa: E731
         self.replay_supervisor = ReplaySupervisor(cfg, self.named("replay"),
-                                                  lambda key, n: self.stats.record_health.remote(key, n))
+                                                  lambda key, n: self.stats.record_health.remote(key, n),
+                                                  self.named("stats"))
         self.replay = self.replay_supervisor.actor
         self.placement = Placement(cfg)
         # Ray restarts a killed worker or inference actor (the runtime re-joins / re-runs it);

@@ -49,9 +49,27 @@ class ActorCritic(torch.nn.Module):
         """Parameters of the value head (their own optimiser group and learning rate)."""
         raise NotImplementedError
 
+    has_critic = True  # False after drop_critic(): an estimator that needs no critic (grpo, rloo, ...)
+
+    def drop_critic(self) -> "ActorCritic":
+        """No critic for this run: the value parameters are frozen (no value loss trains them, no
+        optimiser state), left out of ``inference_tensors`` (not broadcast), and the inference
+        actor serves value 0. Call it again after LoRA: the value head's adapters freeze too."""
+        self.has_critic = False
+        for p in self.value_parameters():
+            p.requires_grad_(False)
+        return self
+
     def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Named tensors the inference copy needs, in a fixed order (what the weight sync sends);
-        with LoRA, the adapters are merged into the base weights under the plain names."""
+        with LoRA, the adapters are merged into the base weights under the plain names. Without a
+        critic the value head's tensors are left out."""
         from async_rl.policies.lora import merged_named_tensors
 
-        return merged_named_tensors(self)
+        tensors = merged_named_tensors(self)
+        if self.has_critic:
+            return tensors
+        value_ids = {id(p) for p in self.value_parameters()}
+        # Under LoRA a value weight lives at <layer>.base_layer.<leaf>; merged, it is <layer>.<leaf>.
+        value_names = {n.replace(".base_layer.", ".") for n, p in self.named_parameters() if id(p) in value_ids}
+        return [(n, t) for n, t in tensors if n not in value_names]

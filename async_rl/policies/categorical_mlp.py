@@ -1,8 +1,7 @@
 """MLP actor-critic over a discrete action space: the per-step CompilerGym baseline.
 
-Observations are CompilerGym dicts (Autophase, instruction counts, step); the preprocessor
-normalises Autophase by the program's instruction count and adds the log count and the
-episode's progress. The policy is a Categorical over ``obs_spec["num_actions"]`` passes; the
+Observations are CompilerGym dicts; the preprocessor reads their ``features`` vector (normalised
+Autophase, sizes, steps left and action history, built by the env). The policy is a Categorical over ``obs_spec["num_actions"]`` passes; the
 action is the pass index, shaped ``[B, 1]`` like its log-prob and entropy.
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Worker-side observation features shared by several policies (no model weights here).
 
 - ``StatePreprocessor``: a flat float32 state vector (MetaWorld).
-- ``compiler_features`` / ``AutophasePreprocessor``: CompilerGym's Autophase vector normalised by
-  the program's instruction count, plus the log count and the episode's progress (read by the
-  categorical MLP and by the Passformer's feature token).
+- ``compiler_features`` / ``AutophasePreprocessor``: CompilerGym's feature vector (normalised
+  Autophase, sizes, steps left, action history; built by the env, ``envs/compiler_gym.py``), read
+  by the categorical MLP and by the Passformer's feature token.
 """
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.policies.base import ObsSpec
-
-EXTRA_FEATURES = 2  # log instruction count, episode progress
 
 
 class StatePreprocessor:
@@ -32,23 +30,20 @@ class StatePreprocessor:
 
 
 def compiler_features(obs: Any, obs_spec: ObsSpec) -> torch.Tensor:
-    """Autophase / instruction count, log1p(count) / 10 and step / max_steps, float32."""
-    autophase = np.asarray(obs["autophase"], dtype=np.float32)
-    if autophase.shape != (int(obs_spec["autophase_dim"]),):
-        raise ValueError(f"Autophase of shape {autophase.shape}, expected ({obs_spec['autophase_dim']},)")
-    count = float(obs["ir_count"])
-    progress = float(obs.get("step", 0.0)) / max(float(obs_spec.get("max_steps", 1)), 1.0)
-    extra = np.array([np.log1p(count) / 10.0, progress], dtype=np.float32)
-    return torch.from_numpy(np.concatenate([autophase / max(count, 1.0), extra]))
+    """The env's ``features`` vector as float32, checked against ``obs_spec["feature_dim"]``."""
+    features = np.asarray(obs["features"], dtype=np.float32)
+    if features.shape != (feature_dim(obs_spec),):
+        raise ValueError(f"CompilerGym features of shape {features.shape}, expected ({feature_dim(obs_spec)},)")
+    return torch.from_numpy(features)
 
 
 def feature_dim(obs_spec: ObsSpec) -> int:
     """Length of ``compiler_features`` for this env."""
-    return int(obs_spec["autophase_dim"]) + EXTRA_FEATURES
+    return int(obs_spec["feature_dim"])
 
 
 class AutophasePreprocessor:
-    """CompilerGym observation -> ``{"features": float32 [autophase_dim + 2]}``."""
+    """CompilerGym observation -> ``{"features": float32 [feature_dim]}``."""
 
     def __init__(self, obs_spec: ObsSpec, **_policy_kwargs: Any) -> None:
         self.obs_spec = dict(obs_spec)

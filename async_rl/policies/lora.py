@@ -5,8 +5,9 @@ model can hold LoRA layers: a plain policy's weight sync never loads it.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -39,10 +40,7 @@ def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
     Without LoRA layers this is ``named_parameters`` + ``named_buffers``. The result never
     aliases a trainable tensor, so the trainer can keep training while it is sent.
     """
-    # A LoRA layer exists only once peft's lora module is loaded: without it there is nothing to merge.
-    peft_lora = sys.modules.get("peft.tuners.lora")
-    lora_layers = {} if peft_lora is None else \
-        {name: mod for name, mod in model.named_modules() if isinstance(mod, peft_lora.LoraLayer)}
+    lora_layers = named_lora_layers(model)
     if not lora_layers:
         return [*model.named_parameters(), *model.named_buffers()]
     out: list[tuple[str, torch.Tensor]] = []
@@ -58,3 +56,32 @@ def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
             name = f"{layer_name}.{leaf}"
         out.append((name, tensor))
     return out
+
+
+def named_lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The model's LoRA layers by name (none without peft loaded: a LoRA layer exists only once it is)."""
+    peft_lora = sys.modules.get("peft.tuners.lora")
+    if peft_lora is None:
+        return {}
+    return {name: mod for name, mod in model.named_modules() if isinstance(mod, peft_lora.LoraLayer)}
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Inside the block the model computes with its base weights only (LoRA adapters off), in eval mode:
+    the reference policy of a LoRA model, without a second copy. Trainability and mode are restored."""
+    layers = [layer for layer in named_lora_layers(model).values() if not layer.disable_adapters]
+    # peft's enable_adapters(True) marks every active adapter trainable: put back what was there.
+    trainable = {param: param.requires_grad for param in model.parameters()}
+    training = model.training
+    model.eval()
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+        for param, flag in trainable.items():
+            param.requires_grad_(flag)
+        model.train(training)

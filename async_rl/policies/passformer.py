@@ -7,6 +7,9 @@ then one token per pass flag), ids ``[P, P + ir_vocab_size)`` are IR tokens. The
 features. The decoder generates up to ``seq_len`` pass tokens from <bos>; only pass tokens and
 <eos> may be emitted. The action is the padded id sequence ``[B, seq_len]``; its log-prob is
 the masked sum of token log-probs up to and including the first <eos> (``logp`` ``[B, 1]``).
+Tokens are sampled from softmax(logits / ``temperature``), and that tempered distribution is the
+policy: ``act`` records its log-prob and ``evaluate`` recomputes it (and its entropy), so
+importance ratios compare the distribution actually sampled from with the trained one.
 The value head reads the mean of the encoder states.
 """
 from __future__ import annotations
@@ -89,7 +92,7 @@ class PassformerActorCritic(ActorCritic):
         d = self.seq2seq.config.d_model
         self.feature_proj = nn.Linear(feature_dim(obs_spec), d)
         self.value_head = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, 1))
-        self.temperature = float(temperature)
+        self.temperature = _check_temperature(temperature)
         # Only pass tokens and <eos> may be generated.
         allowed = torch.zeros(self.seq2seq.config.vocab_size, dtype=torch.bool)
         allowed[UNK_ID + 1 : self.num_pass_tokens] = True
@@ -113,13 +116,15 @@ class PassformerActorCritic(ActorCritic):
 
     def _decode(self, states: torch.Tensor, mask: torch.Tensor, decoder_ids: torch.Tensor,
                 cache: Any = None, use_cache: bool = False) -> tuple[torch.Tensor, Any]:
-        """Logits ``[B, T, V]`` over the allowed tokens for ``decoder_ids``; with ``use_cache``
-        also the decoder's key/value cache, so the next call feeds only the new token."""
+        """Tempered float32 logits ``[B, T, V]`` (divided by ``temperature``) over the allowed
+        tokens for ``decoder_ids``; with ``use_cache`` also the decoder's key/value cache, so the
+        next call feeds only the new token."""
         out = self.seq2seq(encoder_outputs=(states,), attention_mask=mask, decoder_input_ids=decoder_ids,
                            past_key_values=cache, use_cache=use_cache)
         if self.allowed.device != out.logits.device:
             self.allowed = self.allowed.to(out.logits.device)
-        return out.logits.masked_fill(~self.allowed, float("-inf")), out.past_key_values
+        logits = out.logits.float() / self.temperature
+        return logits.masked_fill(~self.allowed, float("-inf")), out.past_key_values
 
     # -- policy --
     @torch.no_grad()
@@ -132,9 +137,9 @@ class PassformerActorCritic(ActorCritic):
         tokens, logps, cache = [], [], None
         for _ in range(self.seq_len):  # one new token per step; earlier ones are in the cache
             logits, cache = self._decode(states, mask, token.unsqueeze(-1), cache, use_cache=True)
-            logits = logits[:, -1].float()
-            logp_all = torch.log_softmax(logits, -1)
-            sample = torch.distributions.Categorical(logits=logits / self.temperature).sample()
+            logits = logits[:, -1]
+            logp_all = torch.log_softmax(logits, -1)  # of the tempered distribution sampled from
+            sample = torch.distributions.Categorical(logits=logits).sample()
             token = torch.where(greedy, logits.argmax(-1), sample)
             token = torch.where(done, torch.full_like(token, PAD_ID), token)
             logps.append(torch.where(done, torch.zeros_like(token, dtype=logp_all.dtype),
@@ -150,7 +155,7 @@ class PassformerActorCritic(ActorCritic):
         action = action.long()
         states, mask = self.encode(obs)
         decoder_ids = torch.cat([torch.full_like(action[:, :1], BOS_ID), action[:, :-1]], 1)
-        logits = self._decode(states, mask, decoder_ids)[0].float()
+        logits = self._decode(states, mask, decoder_ids)[0]
         token_logp = torch.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
         seq_mask = sequence_mask(action)
         # where, not a product: padding is a disallowed token, its log-prob is -inf.
@@ -165,9 +170,17 @@ class PassformerActorCritic(ActorCritic):
         return list(self.value_head.parameters())
 
 
+def _check_temperature(temperature: Any) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ConfigError(f"passformer temperature must be a number > 0, got {temperature!r}")
+    return float(temperature)
+
+
 def prepare_passformer(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Driver-side check before Ray starts: ``--model-path`` must be a save_pretrained folder."""
+    """Driver-side checks before Ray starts: ``--model-path`` must be a save_pretrained folder,
+    the sampling temperature positive."""
     kwargs = dict(kwargs)
+    _check_temperature(kwargs.get("temperature", 1.0))
     model_path = model_path or kwargs.get("model_path")
     if model_path is not None:
         if not (Path(model_path) / "config.json").is_file():

@@ -2,8 +2,10 @@
 
 This module holds the two registered policies and their worker-side preprocessor; the parts
 they are made of live by job in ``vla_loading`` (backbone, processor and action statistics
-from ``model_path``), ``vla_heads`` (value, continuous and discrete heads) and ``vla_tiny``
-(the tiny test fixture used when no ``model_path`` is given).
+from ``model_path``), ``vla_layouts`` (how each checkpoint family takes images and prompt:
+Llava-style image tokens, Idefics3/SmolVLM, OpenVLA's Prismatic remote code), ``vla_heads``
+(value, continuous and discrete heads) and ``vla_tiny`` (tiny checkpoints of each family; the
+Llava one is used when no ``model_path`` is given).
 
 Both heads and the value head read the language model's last hidden state at the last prompt
 token (prompts are left-padded, so that is the last position).
@@ -42,8 +44,9 @@ from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.nets import cast_inputs
 from async_rl.policies.vla_heads import (NUM_BINS, ActionNormalizer, action_token_log_prob, action_token_logits,
                                          gaussian_head, gaussian_params, tokens_to_normalized, value_head)
-from async_rl.policies.vla_loading import (OPENVLA_PROMPT, backbone_hidden_size, check_model_dir, load_backbone,
-                                           load_norm_stats, load_processor, pixel_stats)
+from async_rl.policies.vla_layouts import checkpoint_layout, flat_pixels, run_backbone
+from async_rl.policies.vla_loading import (OPENVLA_PROMPT, backbone_hidden_size, check_model_dir, image_size,
+                                           load_backbone, load_norm_stats, load_processor, pixel_stats)
 from async_rl.policies.vla_tiny import tiny_vla_path
 
 Head = Literal["continuous", "discrete"]
@@ -53,16 +56,23 @@ Head = Literal["continuous", "discrete"]
 class VLAPreprocessor:
     """Raw LIBERO observation -> fixed-shape model inputs: ``pixel_values`` uint8
     ``[cameras, 3, H, W]``, ``input_ids``/``attention_mask`` int64 ``[max_prompt_tokens]``
-    (left-padded). Holds the processor only, never model weights."""
+    (left-padded). Holds the processor only, never model weights.
+
+    The prompt as the checkpoint family was trained on it (``vla_layouts``): image placeholder
+    tokens per camera where the model expects them; for OpenVLA (``prismatic``) none, the BOS
+    token first (the model puts the patches after it) and, as OpenVLA's ``predict_action``
+    does, the empty token "▁" (Llama-2's id 29871, what "Out: " ends with in training) appended
+    when the prompt does not end with it.
+    """
 
     def __init__(self, obs_spec: ObsSpec, model_path: str, cameras: Sequence[str] = ("agentview",),
                  prompt: str = OPENVLA_PROMPT, max_prompt_tokens: int = 64, trust_remote_code: bool = False,
                  **_policy_kwargs: Any) -> None:
         self.processor = load_processor(model_path, trust_remote_code)
         self.processor.tokenizer.padding_side = "left"
+        self.layout = checkpoint_layout(model_path)
         image_processor = self.processor.image_processor
-        crop = getattr(image_processor, "crop_size", None) or getattr(image_processor, "size", None) or {}
-        self.size = (int(crop.get("height", 224)), int(crop.get("width", 224)))
+        self.size = image_size(image_processor)
         self.cameras, self.prompt, self.max_tokens = list(cameras), prompt, int(max_prompt_tokens)
         self._image_processor = image_processor
         self._tokens: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -70,11 +80,15 @@ class VLAPreprocessor:
     def _prompt_tokens(self, instruction: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenised prompt of one instruction, cached (it changes only with the task)."""
         if instruction not in self._tokens:
-            image_token = getattr(self.processor, "image_token", None)
-            text = (image_token or "") * len(self.cameras) + self.prompt.format(instruction=instruction.lower())
-            dummy = [np.zeros((*self.size, 3), dtype=np.uint8)] * len(self.cameras)
-            enc = self.processor(text=text, images=dummy, return_tensors="np")
-            ids, mask = enc["input_ids"][0], enc["attention_mask"][0]
+            text = self.prompt.format(instruction=instruction.lower())
+            if self.layout == "prismatic":
+                ids = self._openvla_ids(text)
+                mask = np.ones_like(ids)
+            else:
+                text = (getattr(self.processor, "image_token", None) or "") * len(self.cameras) + text
+                dummy = [np.zeros((*self.size, 3), dtype=np.uint8)] * len(self.cameras)
+                enc = self.processor(text=text, images=dummy, return_tensors="np")
+                ids, mask = enc["input_ids"][0], enc["attention_mask"][0]
             if len(ids) > self.max_tokens:
                 raise ValueError(f"the prompt of '{instruction}' is {len(ids)} tokens (image tokens included), more than "
                                  f"max_prompt_tokens={self.max_tokens}; raise policy_kwargs max_prompt_tokens")
@@ -84,11 +98,23 @@ class VLAPreprocessor:
                                          torch.as_tensor(np.concatenate([np.zeros(pad), mask]), dtype=torch.int64))
         return self._tokens[instruction]
 
+    def _openvla_ids(self, text: str) -> np.ndarray:
+        """OpenVLA's prompt ids: BOS first, the empty token "▁" last (see the class docstring)."""
+        tokenizer = self.processor.tokenizer
+        ids = list(tokenizer(text)["input_ids"])
+        if tokenizer.bos_token_id is not None and ids[:1] != [tokenizer.bos_token_id]:
+            ids.insert(0, tokenizer.bos_token_id)
+        empty = tokenizer.convert_tokens_to_ids("\u2581")
+        if empty is not None and empty != tokenizer.unk_token_id and ids[-1] != empty:
+            ids.append(empty)
+        return np.asarray(ids, dtype=np.int64)
+
     def _image(self, image: np.ndarray) -> torch.Tensor:
         image = np.asarray(image)
         if image.shape[:2] != self.size:  # resize/crop with the processor, but keep uint8 on the wire
             out = self._image_processor(images=[image], do_rescale=False, do_normalize=False, return_tensors="np")
-            return torch.as_tensor(np.clip(np.rint(out["pixel_values"][0]), 0, 255).astype(np.uint8))
+            pixels = np.asarray(out["pixel_values"]).reshape(-1, 3, *self.size)[0]  # [B, (images,) 3, H, W]
+            return torch.as_tensor(np.clip(np.rint(pixels), 0, 255).astype(np.uint8))
         return torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def __call__(self, obs: Mapping[str, Any], task_name: str) -> TensorDict:
@@ -116,6 +142,7 @@ class VLAActorCritic(ActorCritic):
         self.head, self.action_dim = head, int(action_dim)
         self.action_key = "action" if head == "continuous" else "action_token"
         self.backbone = load_backbone(model_path, dtype, trust_remote_code)
+        self.layout = checkpoint_layout(model_path)
         processor = load_processor(model_path, trust_remote_code)
         mean, std = pixel_stats(processor.image_processor)
         self.register_buffer("pixel_mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
@@ -131,25 +158,21 @@ class VLAActorCritic(ActorCritic):
         self.vocab_end = int(processor.tokenizer.vocab_size)
         self.min_log_std, self.max_log_std = min_log_std, max_log_std
         self.value_head = value_head(hidden, value_hidden)
-        self._keep_logits = "logits_to_keep" in inspect.signature(self.backbone.forward).parameters
+        called = self.backbone.language_model if self.layout == "prismatic" else self.backbone
+        self._keep_logits = "logits_to_keep" in inspect.signature(called.forward).parameters
 
     # ---- backbone ------------------------------------------------------------------------
     def _pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """uint8 [B, cams, 3, H, W] -> normalised [B*cams, C, H, W] (C = 3k for fused backbones)."""
-        b, cams = pixel_values.shape[:2]
-        x = pixel_values.reshape(b * cams, *pixel_values.shape[2:]).float() / 255.0
+        """uint8 [B, cams, 3, H, W] -> normalised, in the layout's shape (``vla_layouts.flat_pixels``;
+        C = 3k for fused backbones)."""
+        x = pixel_values.flatten(0, 1).float() / 255.0
         repeats = self.pixel_mean.shape[1] // x.shape[1]
         x = (x.repeat(1, repeats, 1, 1) - self.pixel_mean.float()) / self.pixel_std.float()
-        return cast_inputs(x, self.backbone)
+        return cast_inputs(flat_pixels(self.layout, x.unflatten(0, pixel_values.shape[:2])), self.backbone)
 
     def _run(self, input_ids, attention_mask, pixel_values=None, past=None, keep: int = 1, hidden: bool = True):
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-        if past is not None:
-            position_ids = position_ids[:, -input_ids.shape[1]:]
-        kwargs = {"logits_to_keep": keep} if self._keep_logits else {}
-        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
-                             position_ids=position_ids, past_key_values=past, use_cache=past is not None or not hidden,
-                             output_hidden_states=hidden, return_dict=True, **kwargs)
+        return run_backbone(self.layout, self.backbone, input_ids, attention_mask, pixel_values, past, keep, hidden,
+                            self._keep_logits)
 
     # The heads may be in another dtype than the backbone (``dtype: bfloat16`` with fp32 training).
     def _value(self, last_hidden: torch.Tensor) -> torch.Tensor:

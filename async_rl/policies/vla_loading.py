@@ -2,7 +2,7 @@
 
 An OpenVLA checkpoint brings its own modeling code (``trust_remote_code: true``; its config's
 ``auto_map`` names the class); any model class transformers knows as
-``AutoModelForImageTextToText`` (e.g. Llava) loads through that auto class. Next to the
+``AutoModelForImageTextToText`` (e.g. Llava, Idefics3 / SmolVLM) loads through that auto class. Next to the
 weights: the processor (tokenizer + image processor) and the per-dataset action statistics
 (``dataset_statistics.json``, or ``norm_stats`` in the config, as OpenVLA saves them).
 transformers is imported inside the functions: importing this module stays cheap.
@@ -108,6 +108,20 @@ def pixel_stats(image_processor: Any) -> tuple[list[float], list[float]]:
     if hasattr(image_processor, "means"):  # OpenVLA's PrismaticImageProcessor
         return [x for m in image_processor.means for x in m], [x for s in image_processor.stds for x in s]
     return list(image_processor.image_mean), list(image_processor.image_std)
+
+
+def image_size(image_processor: Any) -> tuple[int, int]:
+    """(height, width) the model sees: CLIP-style ``crop_size``/``size``, Idefics3's square
+    ``longest_edge`` (no image splitting), or OpenVLA's ``input_sizes``."""
+    if hasattr(image_processor, "input_sizes"):  # OpenVLA's PrismaticImageProcessor: [[3, H, W], ...]
+        return int(image_processor.input_sizes[0][1]), int(image_processor.input_sizes[0][2])
+    for attr in ("crop_size", "max_image_size", "size"):
+        size = getattr(image_processor, attr, None) or {}
+        if "height" in size:
+            return int(size["height"]), int(size["width"])
+        if "longest_edge" in size:
+            return int(size["longest_edge"]), int(size["longest_edge"])
+    return 224, 224
 
 
 def backbone_hidden_size(backbone: nn.Module) -> int:

@@ -1,0 +1,45 @@
+"""The reference policy of a KL-to-reference term or of PACS: log-probs of stored actions, no gradient.
+
+With LoRA it is the trained model itself with its adapters off (no second copy); otherwise a frozen
+copy of the initial weights, built once on the trainer and never updated.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+from tensordict import TensorDict
+
+from async_rl.policies.lora import adapters_disabled, named_lora_layers
+
+
+def frozen_copy(model: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """A frozen copy of ``model`` for the reference, or None when it has LoRA layers (it needs none).
+    Take it before DeepSpeed wraps the model (its hooks are not to be copied)."""
+    if named_lora_layers(model):
+        return None
+    frozen = copy.deepcopy(model).eval()
+    frozen.requires_grad_(False)
+    return frozen
+
+
+class ReferencePolicy:
+    """``reference(obs, action)`` -> log pi_ref(action | obs) ``[B, A]``, without gradient."""
+
+    def __init__(self, trained: torch.nn.Module, frozen: Optional[torch.nn.Module]) -> None:
+        """``trained``: the model being trained (after DeepSpeed set it up); ``frozen``: from
+        ``frozen_copy`` (None with LoRA)."""
+        if frozen is not None:
+            # The trained tensors as they start (rank 0's, broadcast by DeepSpeed), in their dtype and device.
+            start = dict([*trained.named_parameters(), *trained.named_buffers()])
+            for name, tensor in [*frozen.named_parameters(), *frozen.named_buffers()]:
+                tensor.data = start[name].detach().clone()
+        self.trained, self.frozen = trained, frozen
+
+    @torch.no_grad()
+    def __call__(self, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
+        if self.frozen is not None:
+            return self.frozen.evaluate(obs, action)[0]
+        with adapters_disabled(self.trained):
+            return self.trained.evaluate(obs, action)[0]

@@ -1,0 +1,142 @@
+"""Evaluate a trained CompilerGym policy with search at inference time on a folder of programs.
+
+    python launch/eval_compilergym.py --checkpoint runs/compilergym_mlp --benchmark-dir envs/programs \\
+        --search best-of-16 --budget 720 --out eval.json
+
+--checkpoint: a run's log dir (its newest checkpoint), its checkpoints/ dir, or one epoch-* dir.
+The policy runs in this process (no Ray): --search (greedy, best-of-K, beam-K) with --budget
+compilations (pass applications) per program, on every .c/.cpp/.bc/.ll file of --benchmark-dir,
+next to -Oz and to random search with the same number of compilations. --out gets the
+per-program rows and ``geomean_vs_oz`` / ``random_search_geomean_vs_oz`` (geometric means over
+programs of -Oz count / count; > 1 beats -Oz). Bad input is one line on stderr and exit code 2,
+before any compiler or model starts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from async_rl import checkpoint as ckpt  # noqa: E402
+from async_rl.errors import ConfigError  # noqa: E402
+from envs.compiler_gym import format_search_table, program_uris, search_programs  # noqa: E402
+from envs.compiler_gym_search import ModelPolicy, SearchSpec, parse_search  # noqa: E402
+
+# Options of the saved run that pick its programs: the evaluation picks its own.
+_PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_search", "eval_search_budget")
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """The checkpoint ``path`` names: a checkpoint dir, a dir of them, or a run dir (the newest)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"--checkpoint {path}: no such directory; pass a run's log dir or one of its checkpoints")
+    if (p / ckpt.META).is_file():
+        return p
+    found = ckpt.complete_checkpoints(p) or ckpt.complete_checkpoints(ckpt.checkpoint_root(str(p)))
+    if not found:
+        raise ConfigError(f"--checkpoint {path}: no checkpoint there (no {ckpt.META} in it, in an {ckpt.PREFIX}* dir "
+                          "or under checkpoints/); pass a run's log dir written with checkpoints")
+    return found[-1]
+
+
+def read_run_config(checkpoint: Path) -> dict[str, Any]:
+    """The config the checkpoint was trained with; ConfigError unless it is a CompilerGym run with weights."""
+    try:
+        config = ckpt.read_meta(checkpoint)["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--checkpoint {checkpoint}: unreadable {ckpt.META} ({exc!r}); pass another checkpoint") from None
+    if config.get("env") != "compiler_gym":
+        raise ConfigError(f"--checkpoint {checkpoint}: a run of env '{config.get('env')}', not compiler_gym")
+    if not (checkpoint / "model.safetensors").is_file():
+        raise ConfigError(f"--checkpoint {checkpoint}: no model.safetensors (damaged checkpoint); pass an older one")
+    return config
+
+
+def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSpec, list[str]]:
+    """Every check that needs neither a compiler nor a model: (checkpoint, its config, search, programs)."""
+    spec = parse_search(args.search, allow_none=False, what="--search")
+    if args.budget < 1:
+        raise ConfigError(f"--budget must be a positive number of compilations per program, got {args.budget}")
+    programs = program_uris(args.benchmark_dir, "--benchmark-dir")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {args.out}: no directory {out.parent}; create it or write elsewhere")
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    return checkpoint, read_run_config(checkpoint), spec, programs
+
+
+def load_policy(checkpoint: Path, config: dict[str, Any], benchmark_dir: Optional[str]) -> tuple[Any, Any, Any]:
+    """(task set with ``benchmark_dir`` held out, or the run's own held-out programs if None; the
+    trained model; its preprocessor), in this process."""
+    from envs import make_task_set  # noqa: PLC0415
+    from async_rl.policies import build_policy, build_preprocessor  # noqa: PLC0415
+
+    env_kwargs = dict(config.get("env_kwargs") or {})
+    if benchmark_dir is not None:
+        env_kwargs = {k: v for k, v in env_kwargs.items() if k not in _PROGRAM_OPTIONS}
+        env_kwargs["eval_benchmark_dir"] = benchmark_dir
+    task_set = make_task_set("compiler_gym", **env_kwargs)
+    obs_spec, kwargs = dict(task_set.obs_spec), dict(config.get("policy_kwargs") or {})
+    model = build_policy(config["policy"], obs_spec, task_set.action_dim, **kwargs)
+    if config.get("lora_rank"):
+        from async_rl.policies.lora import apply_lora  # noqa: PLC0415
+
+        model = apply_lora(model, config["lora_rank"], config.get("lora_alpha", 16.0), 0.0,
+                           config.get("lora_target_modules"), config.get("lora_trainable") or ())
+    try:
+        ckpt.load_model(model, checkpoint)
+    except (ValueError, RuntimeError) as exc:  # the env's observations changed since the run
+        raise ConfigError(f"--checkpoint {checkpoint}: its weights do not fit the policy this env builds now "
+                          f"({str(exc).splitlines()[0]}); evaluate it with the code it was trained with") from None
+    return task_set, model, build_preprocessor(config["policy"], obs_spec, **kwargs)
+
+
+def evaluate(checkpoint: Path, config: dict[str, Any], spec: SearchSpec, budget: int, benchmark_dir: str,
+             seed: int = 0) -> dict[str, Any]:
+    """The search (and random search at its budget) with the checkpoint's policy on every program."""
+    import torch  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    task_set, model, preprocess = load_policy(checkpoint, config, benchmark_dir)
+    result = search_programs(task_set, ModelPolicy(model, preprocess, task_set), task_set.eval_benchmarks, spec,
+                             budget, seed)
+    return {"checkpoint": str(checkpoint), "epoch": ckpt.read_meta(checkpoint).get("epoch"), "policy": config["policy"],
+            "benchmark_dir": str(Path(benchmark_dir).resolve()), "seed": seed, **result}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="a run's log dir, its checkpoints/ dir or one checkpoint")
+    ap.add_argument("--benchmark-dir", required=True, help="folder of .c/.cpp/.bc/.ll programs (e.g. envs/programs)")
+    ap.add_argument("--search", required=True, help="greedy, best-of-K or beam-K")
+    ap.add_argument("--budget", type=int, required=True, help="compilations (pass applications) per program")
+    ap.add_argument("--out", required=True, help="JSON file for the results")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    started = time.monotonic()
+    try:
+        checkpoint, config, spec, _ = check_args(args)
+        result = evaluate(checkpoint, config, spec, args.budget, args.benchmark_dir, args.seed)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not result["rows"]:
+        print(f"error: no program of {args.benchmark_dir} could be compiled (skipped: {result['skipped']})",
+              file=sys.stderr)
+        return 1
+    result["seconds"] = time.monotonic() - started
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(format_search_table(result))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Group rollouts: the ticket ledger and group assembler (async_rl/actors/groups.py), the episode
+segmenter, the no-critic policy, and same-start resets of the MetaWorld env."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from async_rl.actors.groups import GroupAssembler, stamp_episode
+from async_rl.algo import advantage_estimator, grpo_advantages, rloo_advantages
+
+
+def episode(group_id: int, rewards: list[float], version: int | list[int] = 0, success: bool = False) -> TensorDict:
+    """A finished episode's steps as a rollout worker pushes them."""
+    n = len(rewards)
+    versions = torch.tensor(version if isinstance(version, list) else [version] * n, dtype=torch.int64)
+    steps = TensorDict({"obs": TensorDict({"state": torch.randn(n, 3)}, batch_size=[n]),
+                        "reward": torch.tensor(rewards, dtype=torch.float32),
+                        "done": torch.arange(n) == n - 1, "policy_version": versions}, batch_size=[n])
+    return stamp_episode(steps, group_id, success)
+
+
+def assembler(group_size: int = 4, max_spread: int = 1, num_workers: int = 2, name: str = "grpo") -> GroupAssembler:
+    from async_rl.config import RunConfig
+
+    est, cfg = advantage_estimator(name), RunConfig(advantage=name, group_size=group_size)
+    return GroupAssembler(group_size, max_spread, num_workers, lambda r: est.episode_advantages(r, cfg), seed=0)
+
+
+def test_tickets_spread_a_group_over_workers_and_fill_only_never_opens_one():
+    a = assembler(group_size=4, num_workers=2)
+    w0 = [a.ticket("worker-0", task=3) for _ in range(3)]
+    w1 = [a.ticket("worker-1", task=5) for _ in range(2)]
+    first = w0[0]
+    # At most ceil(4 / 2) = 2 members per worker: worker-0's third ticket opens a second group.
+    assert w0[1] == first and w0[2].group_id != first.group_id and w1 == [first, first]  # worker-1 fills the older one
+    assert first.task == 3 and w0[2].task == 3  # a new group plays the task its first worker proposed
+    assert a.counters["groups_opened"] == 2 and a.open_groups() == 2
+    # The second group has 1 of 4 issued: a draining worker fills it past its per-worker bound, then gets none.
+    assert [a.ticket("worker-1", 0, fill_only=True).group_id for _ in range(3)] == [w0[2].group_id] * 3
+    assert a.ticket("worker-1", 0, fill_only=True) is None
+    assert a.counters["groups_opened"] == 2
+
+
+@pytest.mark.parametrize("name, maths", [("grpo", grpo_advantages), ("rloo", rloo_advantages)])
+def test_a_group_is_released_whole_with_the_estimators_outcome_advantage_on_every_step(name, maths):
+    a = assembler(name=name)
+    ticket = a.ticket("worker-0", 1)
+    returns = [[1.0, 0.0], [0.0], [2.0, 2.0, 1.0], [0.5]]
+    released = []
+    for k, rewards in enumerate(returns):
+        assert released == []  # nothing leaves before the last member
+        released = a.add_episode(episode(ticket.group_id, rewards, success=k == 2))
+    assert len(released) == 1
+    group = released[0]
+    assert group.batch_size[0] == 7 and (group["group_id"] == ticket.group_id).all()
+    expected = maths(torch.tensor([[sum(r) for r in returns]]))[0]
+    per_step = torch.cat([expected[k].expand(len(r)) for k, r in enumerate(returns)]).float()
+    torch.testing.assert_close(group["advantage"], per_step)
+    torch.testing.assert_close(group["episode_return"], torch.cat([torch.full((len(r),), sum(r)) for r in returns]))
+    assert group["success"].tolist() == [False] * 3 + [True] * 3 + [False]
+    assert a.counters["groups_completed"] == 1 and a.counters["groups_dropped"] == 0 and a.open_groups() == 0
+
+
+def test_a_group_straddling_too_many_policy_versions_is_dropped_and_counted():
+    a = assembler(max_spread=1)
+    ticket = a.ticket("worker-0", 0)
+    assert a.add_episode(episode(ticket.group_id, [1.0, 1.0], version=[3, 4])) == []
+    assert a.add_episode(episode(ticket.group_id, [1.0], version=4)) == []
+    assert a.add_episode(episode(ticket.group_id, [0.0], version=4)) == []
+    assert a.add_episode(episode(ticket.group_id, [0.0, 1.0], version=[4, 5])) == []  # spans 3..5
+    assert a.counters["groups_dropped_spread"] == 1 and a.counters["groups_dropped"] == 1
+    assert a.counters["groups_completed"] == 0 and a.open_groups() == 0
+
+
+def test_the_incomplete_group_of_a_dead_worker_is_dropped_once_newer_policies_arrive():
+    a = assembler(group_size=2, max_spread=2, num_workers=2)
+    dead = a.ticket("worker-0", 0)  # worker-0 dies with this member
+    alive = a.ticket("worker-1", 0)
+    assert alive == dead
+    a.add_episode(episode(dead.group_id, [1.0], version=0))
+    version = 0
+    while a.counters["groups_dropped"] == 0:  # the other workers go on with newer policies
+        version += 1
+        other = a.ticket("worker-1", 0)
+        a.add_episode(episode(other.group_id, [1.0], version=version))
+        a.add_episode(episode(other.group_id, [0.0], version=version))
+        assert version < 10
+    assert version == 3  # newest (3) - oldest (0) > max_spread (2)
+    assert a.counters["groups_dropped_incomplete"] == 1 and a.counters["groups_completed"] == version
+    # A member that comes back late is discarded without counting the group again.
+    assert a.add_episode(episode(dead.group_id, [1.0], version=3)) == []
+    assert a.counters["groups_dropped"] == 1 and a.counters["group_episodes_discarded"] == 2
+
+
+def test_a_restarted_ledger_drops_the_groups_it_never_issued_once_each_and_abandon_drops_now():
+    before = assembler()
+    old = before.ticket("worker-0", 0)
+    after = assembler()  # the replay buffer restarted: soft state gone
+    assert after.add_episode(episode(old.group_id, [1.0])) == []
+    assert after.add_episode(episode(old.group_id, [1.0])) == []
+    assert after.counters["groups_dropped_unknown"] == 1 and after.counters["groups_dropped"] == 1
+    fresh = after.ticket("worker-0", 0)
+    assert fresh.group_id != old.group_id
+    after.abandon(fresh.group_id)  # a member's episode broke
+    assert after.counters["groups_dropped_incomplete"] == 1 and after.open_groups() == 0
+
+
+def test_episode_segmenter_hands_over_whole_episodes_only():
+    seg = advantage_estimator("grpo").segmenter(None)
+    steps = episode(0, [1.0, 2.0, 3.0])
+    for k in range(3):
+        assert seg.add(steps[k], steps[k]["obs"]) is None
+        assert seg.flush() is None  # a pause keeps the episode
+    taken = seg.take()
+    assert taken.batch_size[0] == 3 and seg.take() is None
+
+
+def test_a_policy_without_critic_freezes_and_hides_its_value_head():
+    from async_rl.policies import build_policy
+
+    policy = build_policy("mlp", {"state_dim": 39}, 4)
+    full = dict(policy.inference_tensors())
+    policy.drop_critic()
+    value = {id(p) for p in policy.value_parameters()}
+    sent = dict(policy.inference_tensors())
+    assert not policy.has_critic and all(not p.requires_grad for p in policy.value_parameters())
+    assert all(p.requires_grad for p in policy.parameters() if id(p) not in value)
+    assert set(full) - set(sent) == {n for n, p in policy.named_parameters() if id(p) in value}
+    assert not any(id(t) in value for t in sent.values())
+
+
+def test_metaworld_resets_with_the_same_start_give_the_same_first_observation():
+    from envs import make_task_set
+
+    task_set = make_task_set("metaworld", benchmark="MT1", task="reach-v3")
+    a, b = task_set.make_env(0, seed=1), task_set.make_env(0, seed=2)  # two workers' envs
+    try:
+        np.testing.assert_array_equal(a.reset(start=123), b.reset(start=123))
+        a.step(np.full(4, 0.5, dtype=np.float32))
+        np.testing.assert_array_equal(a.reset(start=123), b.reset(start=123))  # again, after steps
+        assert not np.array_equal(a.reset(start=123), a.reset(start=124))  # another start, another goal
+    finally:
+        a.close()
+        b.close()
+
+
+def test_compiler_gym_resets_with_the_same_start_give_the_same_program():
+    from contextlib import closing
+
+    from envs import make_task_set
+    from envs.compiler_gym import compiler_gym_unavailable_reason
+
+    if compiler_gym_unavailable_reason() is not None:
+        pytest.skip(str(compiler_gym_unavailable_reason()))
+    task_set = make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[1000002, 1000004],
+                             eval_seeds=[0, 1], ir_tokens=64, call_timeout_s=60)
+    with closing(task_set.make_env(0, seed=1)) as env:  # the program is chosen by index: the env seed plays no part
+        first = env.reset(start=11)
+        uri = env.program["uri"]
+        env.reset(start=12)
+        assert env.program["uri"] != uri  # the next start, the other program
+        again = env.reset(start=11)
+        assert env.program["uri"] == uri and first.keys() == again.keys()
+        for key in first:
+            np.testing.assert_array_equal(first[key], again[key], err_msg=key)
+
+
+def test_every_launch_config_takes_grpo_with_groups_of_8():
+    from pathlib import Path
+
+    from async_rl.config import load_config
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))  # launches' and presets
+    assert len(configs) >= 5
+    for config in configs:
+        cfg = load_config(["--advantage", "grpo", "--group-size", "8"], str(config))
+        assert (cfg.advantage, cfg.group_size) == ("grpo", 8), config.name
+
+
+def test_without_critic_under_lora_the_value_head_and_its_adapters_stay_frozen_and_unsent():
+    from async_rl.policies import build_policy
+    from async_rl.policies.lora import apply_lora
+
+    plain = build_policy("mlp", {"state_dim": 39}, 4, hidden_sizes=[16, 16]).drop_critic()
+    lora = apply_lora(build_policy("mlp", {"state_dim": 39}, 4, hidden_sizes=[16, 16]).drop_critic(), 4, 8.0, 0.0,
+                      None, ["value_net"])  # even a value head named fully trainable
+    lora.drop_critic()  # what the trainer does after LoRA
+    assert not any(p.requires_grad for p in lora.value_parameters())
+    assert any(p.requires_grad for p in lora.parameters())
+    # The trainer's merged tensors and the inference copy's (no LoRA) have the same names: the signatures match.
+    assert [n for n, _ in lora.inference_tensors()] == [n for n, _ in plain.inference_tensors()]

@@ -1,0 +1,63 @@
+"""The reference policy: a frozen copy of the initial weights, or the LoRA model with its adapters off."""
+import copy
+
+import torch
+from tensordict import TensorDict
+
+from async_rl.policies import build_policy
+from async_rl.policies.lora import adapters_disabled, apply_lora
+from async_rl.policies.reference import ReferencePolicy, frozen_copy
+
+SPEC = {"state_dim": 6}
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    return TensorDict({"state": torch.randn(5, 6, generator=g)}, [5]), torch.rand(5, 3, generator=g) * 1.8 - 0.9
+
+
+def test_frozen_copy_keeps_the_initial_weights_while_the_model_trains():
+    torch.manual_seed(0)
+    model = build_policy("mlp", SPEC, 3, hidden_sizes=(8,))
+    initial = copy.deepcopy(model)
+    frozen = frozen_copy(model)
+    with torch.no_grad():  # DeepSpeed may change the weights before the reference is built (rank 0's broadcast)
+        model.log_std.add_(0.3)
+    reference = ReferencePolicy(model, frozen)
+    with torch.no_grad():  # training goes on
+        for p in model.parameters():
+            p.add_(0.1)
+    obs, action = _batch()
+    got = reference(obs, action)
+    with torch.no_grad():  # the weights as they were when the reference was built
+        initial.log_std.add_(0.3)
+        want = initial.evaluate(obs, action)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not got.requires_grad and all(not p.requires_grad for p in frozen.parameters())
+    assert not torch.allclose(got, model.evaluate(obs, action)[0])
+
+
+def test_lora_reference_is_the_base_model_without_a_copy():
+    torch.manual_seed(0)
+    plain = build_policy("mlp", SPEC, 3, hidden_sizes=(8,))
+    model = apply_lora(copy.deepcopy(plain), rank=2, alpha=4.0, trainable=["log_std"])
+    with torch.no_grad():  # trained adapters (peft starts B at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    assert frozen_copy(model) is None
+    reference = ReferencePolicy(model, None)
+    trainable = {n: p.requires_grad for n, p in model.named_parameters()}
+    model.train()
+    obs, action = _batch()
+    with_adapters = model.evaluate(obs, action)[0]
+    got = reference(obs, action)
+    torch.testing.assert_close(got, plain.evaluate(obs, action)[0], rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(got, with_adapters)
+    # afterwards: adapters on, same trainability, training mode, gradients reach the adapters
+    torch.testing.assert_close(model.evaluate(obs, action)[0], with_adapters, rtol=0, atol=0)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == trainable and model.training
+    model.evaluate(obs, action)[0].sum().backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n and "policy_net" in n)
+    with adapters_disabled(plain):  # no LoRA layers: nothing to switch off
+        torch.testing.assert_close(plain.evaluate(obs, action)[0], got, rtol=1e-6, atol=1e-6)
