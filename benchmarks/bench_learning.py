@@ -12,6 +12,8 @@ Methods (one run each per task, one after the other, same seed, same machine):
 - ``clip``, ``soft_clip``, ``sapo``: this system, ``configs/metaworld_mt1_ppo.yaml`` (GAE on the workers)
   with ``--clip-mode <method>`` and the loss's default parameters.
 - ``vtrace``: this system, ``configs/metaworld_mt1_vtrace.yaml`` (V-trace on the trainers), clip mode ``clip``.
+- ``grpo``, ``rloo``: this system, ``configs/metaworld_mt1_ppo.yaml`` with ``--advantage grpo|rloo --group-size 8``
+  (critic-free group advantages, clip mode ``clip``).
 - ``sb3``: Stable-Baselines3 PPO on the same environment (``envs.make_task_set(...).make_env(i, seed + i)``
   behind a small gymnasium adapter), 2 envs.
 
@@ -87,13 +89,17 @@ from benchmarks import common  # noqa: E402
 
 TASKS = ("reach-v3", "push-v3")
 OVERHEAD_S = {"system": 25.0, "sb3": 10.0}  # per run, beyond its --max-minutes (see the module docstring)
-SYSTEM_METHODS = {  # method -> (launch config, clip mode)
-    "clip": ("metaworld_mt1_ppo.yaml", "clip"),
-    "soft_clip": ("metaworld_mt1_ppo.yaml", "soft_clip"),
-    "sapo": ("metaworld_mt1_ppo.yaml", "sapo"),
-    "vtrace": ("metaworld_mt1_vtrace.yaml", "clip"),
+GROUP_SIZE = 8  # members per group for the critic-free estimators (issue 16)
+SYSTEM_METHODS = {  # method -> (launch config, clip mode, extra flags)
+    "clip": ("metaworld_mt1_ppo.yaml", "clip", []),
+    "soft_clip": ("metaworld_mt1_ppo.yaml", "soft_clip", []),
+    "sapo": ("metaworld_mt1_ppo.yaml", "sapo", []),
+    "vtrace": ("metaworld_mt1_vtrace.yaml", "clip", []),
+    "grpo": ("metaworld_mt1_ppo.yaml", "clip", ["--advantage", "grpo", "--group-size", str(GROUP_SIZE)]),
+    "rloo": ("metaworld_mt1_ppo.yaml", "clip", ["--advantage", "rloo", "--group-size", str(GROUP_SIZE)]),
 }
 METHODS = (*SYSTEM_METHODS, "sb3")
+DEFAULT_METHODS = ("clip", "soft_clip", "sapo", "vtrace", "sb3")
 TARGET = 0.9
 SMOOTH = 3  # log points in the trailing mean
 LOG_INTERVAL_S = common.LOG_INTERVAL_S  # SB3 logs on the same clock as this system
@@ -154,11 +160,11 @@ def _round(x: Optional[float], nd: int = 3) -> Optional[float]:
 def run_system(task: str, method: str, minutes: float, seed: int, log_root: Path) -> dict[str, Any]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
 
-    config, clip_mode = SYSTEM_METHODS[method]
+    config, clip_mode, extra = SYSTEM_METHODS[method]
     log_dir = log_root / f"{task}_{method}"
     timed = common.timed_run(
         common.ROOT / "configs" / config, log_dir, minutes,
-        ["--clip-mode", clip_mode, "--seed", str(seed),
+        [*extra, "--clip-mode", clip_mode, "--seed", str(seed),
          "--env-kwargs", f"{{benchmark: MT1, task: {task}, max_episode_steps: {MAX_EPISODE_STEPS}}}"])
     summary, t0 = timed.summary, timed.started
     wall = time.time() - t0
@@ -347,7 +353,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--minutes-per-run", type=float, default=None, help="default: --budget-minutes shared out")
     ap.add_argument("--budget-minutes", type=float, default=None, help="whole benchmark (default 9.5; quick 1.75)")
     ap.add_argument("--tasks", default=TASKS[0], help=f"comma-separated MetaWorld MT1 tasks, e.g. {','.join(TASKS)}")
-    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma-separated, from {','.join(METHODS)}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", default=None, help="comma list: every method runs once per seed, figures get the "
                     "suffix _s<seed>, and speedup_vs_sb3 compares the mean seconds to 0.9 over the seeds "
