@@ -382,13 +382,14 @@ class RolloutWorkerActor:
             env_actions = out["env_action"].numpy()
             results, next_obs = await self._env_thread.call(self._step_in_thread, env_actions)
             # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
-            finite = finite_rows(torch.stack(next_obs))
+            stacked_next = torch.stack(next_obs)  # stacked once: the finiteness check and the bootstrap read it
+            finite = finite_rows(stacked_next)
             broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and finite[k])}
             # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
             cut = [k for k, r in enumerate(results) if r[3] and not r[2] and k not in broken]
             bootstrap = {}
             if cut:
-                values = (await self.policy.act(torch.stack([next_obs[k] for k in cut])))["value"]
+                values = (await self.policy.act(stacked_next[torch.tensor(cut)]))["value"]
                 bootstrap = dict(zip(cut, values.tolist()))
             dones = [bool(r[2] or r[3]) for r in results]
             records = step_records(obs, out, [r[1] * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
