@@ -106,7 +106,7 @@ class ObjectiveSection(_Section):
     group_size: Positive = 1
     """episodes per group started from the same initial state (group estimators need >= 2; 1 = no groups)"""
     max_group_version_spread: pydantic.NonNegativeInt = 4
-    """a group whose members' steps span more policy versions than this (or that stays incomplete that long) is dropped"""
+    """a group whose members' start versions span more than this is dropped; an incomplete one is given up this many versions plus an episode's span after its last ticket (actors/groups.py)"""
 
     @pydantic.field_validator("advantage")
     @classmethod
@@ -251,6 +251,14 @@ class RunConfig(TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, 
                 self.device == "auto" and not self.ray_address and not _cuda_visible())):
             raise ValueError("precision fp16 needs a CUDA device (DeepSpeed has no fp16 on CPU); "
                              "use --precision bf16 on CPU, or --device cuda on a GPU machine")
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _reuse_bound_is_async(self) -> "RunConfig":
+        # Synchronous mode trains on each collected super-batch once; the bound would be silently ignored.
+        if self.sync and self.max_sample_reuse is not None:
+            raise ValueError(f"max_sample_reuse ({self.max_sample_reuse:g}) applies only to asynchronous mode; "
+                             "drop --sync or pass --max-sample-reuse null")
         return self
 
 

@@ -47,6 +47,7 @@ STEP_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("group_id", torch.int64, "[]", "worker", ("advantage", "trainer"), "the group of episodes sharing one start"),
     Field("success", torch.bool, "[]", "worker", ("trainer",), "the episode (not the step) succeeded"),
     Field("episode_return", torch.float32, "[]", "worker", ("advantage",), "sum of the episode's (scaled) rewards"),
+    Field("group_member", torch.int64, "[]", "advantage", ("trainer",), "which member of its group (stratified draws)"),
 )}
 SEGMENT_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("steps", None, "[T] step records", "worker", ("advantage", "trainer"), "rollout_local_buf consecutive steps"),

@@ -19,7 +19,8 @@ updates). ``--epochs`` also stops each run after that many epochs. ``--quick``: 
 mode with a log point every 2 s (an epoch cap used to end the faster mode after a few seconds, with
 too few log points for a rate). ``env_steps_per_update`` is each mode's env steps per optimizer step;
 ``trainer_data_waits`` the epochs whose super-batch was not ready (``--max-sample-reuse`` bounds
-updates per env step). Extra launch flags after ``--`` go to both runs. Nothing is asserted.
+updates per env step). Extra launch flags after ``--`` go to both runs, except the asynchronous-only
+``--max-sample-reuse`` (refused with ``--sync``), which goes to the async run only. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ if __package__ in (None, ""):  # run as a script
 from benchmarks import common  # noqa: E402
 
 ENV_KWARGS = "{benchmark: MT10, task: null, max_episode_steps: 500}"
+ASYNC_ONLY_FLAGS = ("--max-sample-reuse",)  # the config refuses them with --sync
+
+
+def flags_for(mode: str, extra: list[str]) -> list[str]:
+    """``extra`` without the asynchronous-only flags (and their values) for the sync run."""
+    if mode == "async":
+        return list(extra)
+    out, skip_value = [], False
+    for arg in extra:
+        if skip_value:
+            skip_value = False
+        elif arg in ASYNC_ONLY_FLAGS:
+            skip_value = True
+        elif not arg.startswith(tuple(f"{f}=" for f in ASYNC_ONLY_FLAGS)):
+            out.append(arg)
+    return out
 
 
 def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root: Path, task_set: Any,
@@ -44,7 +61,7 @@ def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root:
     timed = common.timed_run(
         common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", log_dir, minutes,
         ["--env-kwargs", ENV_KWARGS, "--seed", str(seed), "--num-eval-workers", "0",
-         *(["--sync"] if mode == "sync" else []), *(["--max-epochs", str(epochs)] if epochs else []), *extra],
+         *(["--sync"] if mode == "sync" else []), *(["--max-epochs", str(epochs)] if epochs else []), *flags_for(mode, extra)],
         task_set, log_interval_s)
     data_waits = common.scalars(log_dir, "health/data_waits")
     summary, t0 = timed.summary, timed.started

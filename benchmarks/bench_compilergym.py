@@ -3,6 +3,7 @@ held-out programs, against -Oz and random search at the same compilation budget.
 
     python benchmarks/bench_compilergym.py --policy mlp passformer --minutes 15 --out cg.json
     python benchmarks/bench_compilergym.py --checkpoint runs/compilergym_mlp --out cg.json   # no training
+    python benchmarks/bench_compilergym.py --checkpoint runs/compilergym_mlp --mask-noops --out cg.json  # no-op mask on
     python benchmarks/bench_compilergym.py --quick        # 1 minute of training per policy, 2 + 3 programs
 
 Per policy and program set (held-out csmith programs, seeds 1000000...; the real C programs bundled
@@ -67,6 +68,8 @@ def evaluate(checkpoint: Path, args: Any) -> tuple[str, dict[str, float], list[d
     config = read_run_config(checkpoint)
     policy_name = config["policy"]
     config["env_kwargs"] = {**config["env_kwargs"], "eval_seeds": [1_000_000, args.eval_programs]}
+    if args.mask_noops:  # the policy never repeats a pass that did nothing (a mask on its logits, no new weights)
+        config["env_kwargs"]["mask_noops"] = True
     task_set, model, preprocess = load_policy(checkpoint, config, None)
     policy = ModelPolicy(model, preprocess, task_set)
     budget = args.budget or 16 * search_horizon(task_set)
@@ -74,7 +77,8 @@ def evaluate(checkpoint: Path, args: Any) -> tuple[str, dict[str, float], list[d
     if args.quick:
         bundled = [u for u in bundled if Path(u).stem in QUICK_BUNDLED]
     sets = {"csmith": task_set.eval_benchmarks, "bundled": bundled}
-    figures: dict[str, float] = {f"{policy_name}_budget": budget, f"{policy_name}_horizon": search_horizon(task_set)}
+    figures: dict[str, float] = {f"{policy_name}_budget": budget, f"{policy_name}_horizon": search_horizon(task_set),
+                                 f"{policy_name}_mask_noops": bool(config["env_kwargs"].get("mask_noops", False))}
     results = []
     for set_name, benchmarks in sets.items():
         for search in ("greedy", "best-of-16", f"beam-{args.beam_width}"):
@@ -116,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beam-width", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-dir", default="runs/bench_compilergym")
+    ap.add_argument("--mask-noops", action="store_true", help="search with the env's no-op mask (mask_noops) on, "
+                    "whether or not the runs trained with it")
     ap.add_argument("extra", nargs="*", help="config flags for the runs (after --)")
     args = ap.parse_args(argv)
     if args.quick:

@@ -1,7 +1,7 @@
 """The whole system's env steps/s against the raw environment on this machine, and the broadcast cost.
 
-    python benchmarks/bench_throughput.py [--quick] [--minutes 3] [--envs metaworld,libero] [--out system.json]
-        [-- launch flags...]
+    python benchmarks/bench_throughput.py [--quick] [--minutes 3] [--envs metaworld,libero] [--workers 1,2,4]
+        [--out system.json] [-- launch flags...]
 
 For each environment, runs its launch config (MetaWorld: ``configs/metaworld_mt1_ppo.yaml``; LIBERO
 with the tiny VLA: ``--libero-config``, only where ``envs.libero`` and ``async_rl.policies.vla``
@@ -9,7 +9,10 @@ import, otherwise skipped with the reason printed) for ``--minutes``, then the s
 processes stepping that environment with random actions and no model. The system's rate is the
 growth of ``rollout/total_env_steps`` per second over the training phase (first log point, after
 the first epoch, to the last epoch; start-up and wind-down are left out). ``system_over_raw`` = system / raw; the
-weight-broadcast time is the mean over the run for the policy's size. Extra launch flags after
+weight-broadcast time is the mean over the run for the policy's size. Next to each rate, so that a
+faster collection cannot hide a starved trainer: ``updates_per_sec`` (optimizer steps of one rank),
+``env_steps_per_update`` and ``policy_lag_mean``. ``--quick`` measures both environments at 1, 2 and 4
+workers (MetaWorld 1.25 minutes per run, LIBERO 1.5; a log point every 2 s). Extra launch flags after
 ``--`` go to every run. Nothing is asserted.
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "lib
 
 
 def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root: Path,
-            extra: list[str], workers: int | None = None) -> dict[str, Any]:
+            extra: list[str], workers: int | None = None, log_interval_s: float = common.LOG_INTERVAL_S) -> dict[str, Any]:
     """The system's steps/s for ``minutes`` (with ``workers`` rollout workers, else the config's),
     then the raw env's with as many processes."""
     from async_rl.orchestration.runtime import obs_spec_of  # noqa: PLC0415
@@ -38,18 +41,23 @@ def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root
     log_dir = log_root / (env if workers is None else f"{env}_w{workers}")
     # Logical CPUs only (placement): 0.1 per worker lets 4 workers + 2 trainers fit a 2-core Ray.
     scale = [] if workers is None else ["--num-rollout-workers", str(workers), "--worker-num-cpus", "0.1"]
-    timed = common.timed_run(config, log_dir, minutes, [*scale, *extra])
+    timed = common.timed_run(config, log_dir, minutes, [*scale, *extra], log_interval_s=log_interval_s)
     cfg, task_set, summary, t0 = timed.cfg, timed.task_set, timed.summary, timed.started
     policy = build_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, **cfg.policy_kwargs)
     policy_mib = sum(t.numel() * t.element_size() for _, t in policy.inference_tensors()) / 2**20
     del policy
-    steps, _ = common.training_steps(log_dir)
+    steps, updates = common.training_steps(log_dir)
     system = common.rate(steps)
+    updates_in = [p for p in updates if not steps or p[0] >= steps[0][0]] or updates
+    lag = [v for _, v in common.scalars(log_dir, "rollout/policy_lag")]
     raw = raw_env_steps_per_sec(task_set, cfg.num_rollout_workers, raw_seconds, cfg.seed)
     return {
         "system_env_steps_per_sec": system,
         "raw_env_steps_per_sec": raw,
         "system_over_raw": common.ratio(system, raw),
+        "updates_per_sec": common.rate(updates_in),
+        "env_steps_per_update": common.ratio(system, common.rate(updates_in)),
+        "policy_lag_mean": sum(lag) / len(lag) if lag else float("nan"),
         "num_rollout_workers": cfg.num_rollout_workers,
         "envs_per_worker": cfg.envs_per_worker,
         "num_trainers": cfg.num_trainers,
@@ -63,39 +71,52 @@ def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """Side by side: env steps/s of the system and of the raw env per run, ``system_over_raw`` against
+    workers per environment (target 0.7), and the trainers' updates/s of the same runs."""
     plt = common.pyplot()
-    fig, axes = plt.subplots(1, 2 * len(results), figsize=(7 * len(results), 4.5), squeeze=False)
-    for i, (env, r) in enumerate(results.items()):
-        ax_bar, ax_curve = axes[0, 2 * i], axes[0, 2 * i + 1]
-        ax_bar.bar(["raw env\n(random actions)", "whole system"],
-                   [r["raw_env_steps_per_sec"], r["system_env_steps_per_sec"]], color=["C7", "C0"])
-        ax_bar.axhline(0.7 * r["raw_env_steps_per_sec"], color="C3", ls=":", label="target 0.7 x raw")
-        ax_bar.set(ylabel="env steps/s", title=f"{env}: system_over_raw {r['system_over_raw']:.2f} "
-                                                f"({r['num_rollout_workers']} workers)")
-        ax_bar.legend(fontsize=8)
-        if r["curve"]:
-            ax_curve.plot(*zip(*r["curve"]), "o-", ms=3)
-        ax_curve.set(xlabel="seconds since run() started", ylabel="total env steps", title=f"{env}: env steps")
-        for ax in (ax_bar, ax_curve):
-            ax.grid(alpha=0.3)
+    fig, (ax_rate, ax_ratio, ax_upd) = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [3, 2, 2]})
+    labels = list(results)
+    x = range(len(labels))
+    ax_rate.bar([i - 0.2 for i in x], [results[k]["raw_env_steps_per_sec"] for k in labels], 0.4, color="C7",
+                label="raw env, random actions, same processes")
+    ax_rate.bar([i + 0.2 for i in x], [results[k]["system_env_steps_per_sec"] for k in labels], 0.4, color="C0",
+                label="whole system (training)")
+    ax_rate.set_xticks(list(x), [f"{k}\n{results[k]['num_rollout_workers']}w x {results[k]['envs_per_worker']} envs"
+                                 for k in labels], fontsize=8)
+    ax_rate.set(yscale="log", ylabel="env steps/s", title="env steps/s")
+    ax_rate.legend(fontsize=8)
+    for i, env in enumerate(sorted({k.split("_w")[0] for k in labels})):
+        runs = sorted((r["num_rollout_workers"], r["system_over_raw"]) for k, r in results.items() if k.split("_w")[0] == env)
+        ax_ratio.plot(*zip(*runs), "o-", color=f"C{i}", label=env)
+        runs = sorted((r["num_rollout_workers"], r["updates_per_sec"]) for k, r in results.items() if k.split("_w")[0] == env)
+        ax_upd.plot(*zip(*runs), "s-", color=f"C{i}", label=env)
+    ax_ratio.axhline(0.7, color="C3", ls=":", label="target 0.7")
+    ax_ratio.set(xlabel="rollout workers", ylabel="system / raw", title="system_over_raw", ylim=(0, 1))
+    ax_upd.set(xlabel="rollout workers", ylabel="optimizer steps/s (one rank)", title="trainer updates/s (same runs)")
+    for ax in (ax_rate, ax_ratio, ax_upd):
+        ax.grid(alpha=0.3)
+    for ax in (ax_ratio, ax_upd):
+        ax.legend(fontsize=8)
     common.save(fig, path, title)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.parser(__doc__, "1.25 minutes of MetaWorld only, 5 s of raw stepping (about 2 minutes)")
+    ap = common.parser(__doc__, "MetaWorld and LIBERO at 1, 2, 4 workers: 1.25 / 1.5 minutes per run, 5 s of raw "
+                                "stepping (about 10 minutes; --envs metaworld: about 5)")
     ap.add_argument("--minutes", type=float, default=None, help="system run per env, start-up included "
-                                                                 "(default 3; quick 1.25)")
+                                                                 "(default 3; quick 1.25, LIBERO 1.5)")
     ap.add_argument("--raw-seconds", type=float, default=None, help="raw stepping window (default 20; quick 5)")
-    ap.add_argument("--envs", default=None, help="comma list from metaworld,libero (default both; quick metaworld)")
+    ap.add_argument("--envs", default=None, help="comma list from metaworld,libero (default both)")
     ap.add_argument("--libero-config", default=str(common.LIBERO_CONFIG), help="LIBERO launch config")
     ap.add_argument("--workers", default=None, help="comma list of rollout-worker counts, each a run of its own with "
-                    "figures suffixed _w<N> (default: the config's count, unsuffixed; quick 1,2,4 for MetaWorld)")
+                    "figures suffixed _w<N> (default: the config's count, unsuffixed; quick 1,2,4)")
     ap.add_argument("--log-root", default="runs/bench_throughput")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     minutes = args.minutes or (1.25 if args.quick else 3.0)
     raw_seconds = args.raw_seconds or (5.0 if args.quick else 20.0)
-    wanted = [e.strip() for e in (args.envs or ("metaworld" if args.quick else "metaworld,libero")).split(",")]
+    wanted = [e.strip() for e in (args.envs or "metaworld,libero").split(",")]
+    log_interval_s = 2.0 if args.quick else common.LOG_INTERVAL_S
     configs = {**CONFIGS, "libero": Path(args.libero_config)}
     unknown = [e for e in wanted if e not in configs]
     if unknown:
@@ -112,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"{env}_skipped"] = skip
             continue
         counts = [int(w) for w in args.workers.split(",")] if args.workers else (
-            [1, 2, 4] if args.quick and env == "metaworld" else [None])
+            [1, 2, 4] if args.quick else [None])
+        # LIBERO starts slower (env creation ~4 s per worker, the VLA's DeepSpeed engine): a longer quick run
+        run_minutes = args.minutes or (1.5 if args.quick and env == "libero" else minutes)
         for workers in counts:
             label = env if workers is None else f"{env}_w{workers}"
-            print(f"=== {label}: {minutes:g} min system run, then {raw_seconds:g} s raw ===", flush=True)
-            r = results[label] = measure(env, configs[env], minutes, raw_seconds, Path(args.log_root), extra, workers)
+            print(f"=== {label}: {run_minutes:g} min system run, then {raw_seconds:g} s raw ===", flush=True)
+            r = results[label] = measure(env, configs[env], run_minutes, raw_seconds, Path(args.log_root), extra, workers,
+                                         log_interval_s)
             # the issue's figure names are MetaWorld's; other envs and worker counts are prefixed / suffixed
             prefix, suffix = ("" if env == "metaworld" else f"{env}_"), ("" if workers is None else f"_w{workers}")
             for key, value in r.items():
@@ -126,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                     "bench_seconds": clock()})
 
     common.print_table([{"env": env, **{k: r[k] for k in ("system_env_steps_per_sec", "raw_env_steps_per_sec",
-                                                            "system_over_raw", "num_rollout_workers", "envs_per_worker",
-                                                            "policy_mib", "broadcast_seconds_mean", "epochs")}}
+                                                            "system_over_raw", "updates_per_sec", "policy_lag_mean",
+                                                            "num_rollout_workers", "envs_per_worker", "num_trainers",
+                                                            "broadcast_seconds_mean", "epochs")}}
                         for env, r in results.items()], title="\nwhole system vs raw environment")
     title = (f"env steps/s, whole system ({minutes:g} min) vs raw env ({raw_seconds:g} s), {info['cores']} cores, "
              f"1-min load {info['load_avg_1min']}")

@@ -205,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, "5 repetitions per case (< 2 min)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 10; quick 5)")
     ap.add_argument("--sizes-mib", default="1,10,100", help="comma list of MiB")
-    ap.add_argument("--params-m", default="", help="comma list of parameter counts in millions (e.g. 1,10,100), "
-                    "each one float32 tensor: figures broadcast_<N>m_params_seconds (weight-broadcast time vs model size)")
+    ap.add_argument("--params-m", default="1,10,100", help="comma list of parameter counts in millions (default "
+                    "1,10,100; '' for none), each one float32 tensor: figures broadcast_<N>m_params_seconds "
+                    "(weight-broadcast time vs model size)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="the group's timeout")
     args = ap.parse_args(argv)
     reps = args.reps or (5 if args.quick else 10)

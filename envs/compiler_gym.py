@@ -21,20 +21,32 @@ Reward (seed 000 section 3.1): reduction r = (c0 - c) / (c0 - c_oz) (``reward_ba
 1.0 = as good as -Oz, so every program weighs the same whatever its size) or (c0 - c) / c0
 (``initial``); the -Oz denominator is at least ``oz_floor * c0`` (programs that -Oz barely
 shrinks would otherwise give huge rewards); above ``baseline_thre`` it grows with slope
-``leakiness``; minus ``step_penalty`` per pass. Per-step rewards are the increments of that
+``leakiness``; minus ``step_penalty`` per pass and, per step, ``noop_penalty`` per pass that left the
+instruction count unchanged (a pass spent for nothing). Per-step rewards are the increments of that
 shaped value, so an episode's return equals the reward of its whole sequence.
 
 Observation: a dict with the raw values (``autophase``, ``ir_count``, ``o0_count``, ``oz_count``,
 ``step``, ``ir_tokens`` if asked) and ``features``, the float32 vector the policies read
 (``obs_spec["feature_dim"]`` long, layout in ``observation_features``): Autophase divided by the
 program's -O0 instruction count, its size, how far it has shrunk, the steps remaining, and the
-action history (how often each pass ran, and the last pass).
+action history (how often each pass ran, and the last pass). With ``mask_noops`` (per step) also
+``action_mask`` (bool per pass, True = allowed): the passes run since the instruction count last
+changed did nothing to this program, and LLVM passes are deterministic, so running one of them
+again would do nothing either (up to passes that rewrote the IR without changing its count); the
+policy gives them probability 0, in training and in every search with the policy alike.
 
-Episode ends: reaching ``max_steps`` is a time limit (``truncated``: the worker bootstraps from
-the value); a pass the service fails on, a crashed server and an out-of-range pass index are
-terminal (``terminated``) with ``info["end_reason"]`` and the error logged on stderr and counted in
-``counters()``. A crashed compilation leaves no optimised program: its step's reward takes the
-episode's return back to that of the unchanged program.
+Episode ends: reaching ``max_steps`` ends the task (``time_limit: terminal``, the default): the
+budget of passes is part of the problem and the observation shows the steps left, so nothing
+follows the last pass and its value is 0. ``time_limit: truncate`` reports a time limit instead
+(``truncated``: the worker bootstraps from V of the state after the last pass). With the steps
+left observed that state is never trained on, and gamma = 1 carries whatever V extrapolates
+there into every return: measured, V(unchanged program, 0 steps left) grew to 2.2 -Oz reductions
+within 2.5 minutes, so 45 passes that change nothing scored more than 45 good ones and the
+greedy policy became a no-op (benchmarks/RESULTS.md, issue 17). A pass the service fails on, a
+crashed server and an out-of-range pass index are terminal (``terminated``) with
+``info["end_reason"]`` and the error logged on stderr and counted in ``counters()``. A crashed
+compilation leaves no optimised program: its step's reward takes the episode's return back to that
+of the unchanged program.
 """
 from __future__ import annotations
 
@@ -67,6 +79,7 @@ _MODES = ("per_step", "sequence")
 # Errors that mean CompilerGym's service (not the program) is in trouble: replace the server.
 _SERVICE_TROUBLE = re.compile(r"Service|Session|did not answer|died|exited|pipe broke")
 _BASELINES = ("oz", "initial")
+_TIME_LIMITS = ("terminal", "truncate")
 # Scalars of the feature vector after the Autophase block (see observation_features).
 _SCALARS = ("log_size", "size_vs_o0", "oz_vs_o0", "steps_left")
 
@@ -103,6 +116,7 @@ class RewardConfig:
     step_penalty: float = 0.0
     reward_baseline: str = "oz"  # "oz": 1.0 = matches -Oz; "initial": fraction of the -O0 count removed
     oz_floor: float = 0.01  # "oz": the denominator c0 - c_oz is at least this fraction of c0
+    noop_penalty: float = 0.0  # per step: minus this for a pass that leaves the instruction count as it was
 
     def reduction(self, c0: int, c: int, c_oz: int) -> float:
         """(c0 - c) over -Oz's reduction (or over c0 for ``initial``)."""
@@ -314,6 +328,8 @@ class CompilerGymTaskSet:
     reuse_programs: bool = True  # keep each program's start state in the server (see _compiler_gym_server.py)
     eval_search: str = "none"  # search in the final evaluation (envs/compiler_gym_search.py): none, greedy, best-of-K, beam-K
     eval_search_budget: int = 0  # its compilations (pass applications) per program; 0 = 16 x the episode length
+    mask_noops: bool = False  # per step: obs["action_mask"] rules out the passes run since the count last changed
+    time_limit: str = "terminal"  # max_steps ends the task ("terminal") or is a cut bootstrapped from V ("truncate")
     task_names: list[str] = field(default_factory=lambda: ["compiler_gym"])
 
     @property
@@ -340,6 +356,7 @@ class CompilerGymTaskSet:
                 "action_vocab": self.action_vocab.tokens, "seq_len": self.seq_len, "max_steps": self.max_steps}
         if self.mode == "per_step":
             spec["num_actions"] = len(self.flags)  # a discrete action: the pass index
+            spec["action_mask"] = bool(self.mask_noops)  # obs["action_mask"]: passes the policy may pick
         return spec
 
     def make_env(self, task_index: int, seed: int, benchmarks: Optional[list[str]] = None) -> "CompilerGymTaskEnv":
@@ -369,6 +386,7 @@ class CompilerGymTaskEnv:
         self.program: Optional[dict[str, Any]] = None
         self._needs_reset = True
         self._pass_counts = np.zeros(len(task_set.flags), dtype=np.float32)
+        self._stale = np.zeros(len(task_set.flags), dtype=bool)  # passes run since the count last changed
         self._last_pass = -1
         self._autophase = np.zeros(AUTOPHASE_DIM, dtype=np.float32)
         self._start()
@@ -398,6 +416,9 @@ class CompilerGymTaskEnv:
                "oz_count": np.float32(p["oz_count"]), "step": np.float32(self._t),
                "features": observation_features(self._autophase, count, p["o0_count"], p["oz_count"], steps_left,
                                                 self._pass_counts, self._last_pass)}
+        if self.ts.mask_noops and self.ts.mode == "per_step":
+            allowed = ~self._stale
+            obs["action_mask"] = allowed if allowed.any() else np.ones_like(allowed)
         if self.ts.ir_tokens:
             obs["ir_tokens"] = tokenize_ir(msg.get("ir", ""), self.ts.ir_vocab_size, self.ts.ir_tokens)
         return obs
@@ -432,8 +453,10 @@ class CompilerGymTaskEnv:
         self.program = {"uri": uri, "o0_count": msg["o0_count"], "oz_count": msg["oz_count"]}
         self._t, self._count, self._needs_reset = 0, msg["ir_count"], False
         self._pass_counts[:] = 0.0
+        self._stale[:] = False
         self._last_pass = -1
         self._shaped = self.ts.reward.shaped(0.0, 0)
+        self._noops = 0  # passes this episode that left the count unchanged (noop_penalty)
         return self._obs(msg)
 
     def _call_reset(self, uri: str) -> dict[str, Any]:
@@ -510,20 +533,29 @@ class CompilerGymTaskEnv:
         self._record(passes)
         if error is not None:  # the service failed on a pass and ended its session
             return self._end_early("pass_error", error, info, msg)
+        noop = self.ts.mode == "per_step" and msg["ir_count"] == self._count
+        self._noops += noop
+        if noop:
+            self._stale[passes] = True
+        else:
+            self._stale[:] = False
         self._count = msg["ir_count"]
         p = self.program
         reduction = self.ts.reward.reduction(p["o0_count"], self._count, p["oz_count"])
         shaped = self.ts.reward.shaped(reduction, self._t if self.ts.mode == "per_step" else len(passes))
+        shaped -= self.ts.reward.noop_penalty * self._noops
         reward, self._shaped = shaped - self._shaped, shaped
         # Sequence mode: one step is the whole episode, and it is terminal (nothing to bootstrap).
-        # Per step: max_steps is a time limit, not a state of the program (truncated: bootstrapped).
-        terminated = self.ts.mode == "sequence"
-        truncated = not terminated and self._t >= self.ts.max_steps
+        # Per step: the pass budget ends the task (terminal, value 0; see the module docstring),
+        # or with time_limit "truncate" it is a cut the worker bootstraps from V.
+        at_limit = self.ts.mode == "per_step" and self._t >= self.ts.max_steps
+        terminated = self.ts.mode == "sequence" or (at_limit and self.ts.time_limit == "terminal")
+        truncated = at_limit and not terminated
         self._needs_reset = terminated or truncated
-        info.update(reduction=reduction, ir_count=self._count, oz_count=p["oz_count"], o0_count=p["o0_count"],
+        info.update(reduction=reduction, noop=noop, ir_count=self._count, oz_count=p["oz_count"], o0_count=p["o0_count"],
                     success=self._count <= p["oz_count"])
         if terminated or truncated:
-            info["end_reason"] = "sequence_applied" if terminated else "max_steps"
+            info["end_reason"] = "max_steps" if at_limit else "sequence_applied"
         return self._obs(msg), float(reward), terminated, truncated, info
 
     def _record(self, passes: list[int]) -> None:
@@ -576,10 +608,13 @@ def compiler_gym_task_set(
     step_penalty: float = 0.0,
     reward_baseline: str = "oz",
     oz_floor: float = 0.01,
+    noop_penalty: float = 0.0,
     call_timeout_s: float = 60.0,
     start_timeout_s: float = 120.0,
     episodes_per_program: int = 1,
     reuse_programs: bool = True,
+    time_limit: str = "terminal",
+    mask_noops: bool = False,
 ) -> CompilerGymTaskSet:
     """Build the CompilerGym TaskSet.
 
@@ -591,19 +626,27 @@ def compiler_gym_task_set(
     named datasets need the internet). ir_tokens: IR tokens per observation (0 = no IR).
     episodes_per_program: consecutive training episodes on each program (its first reset is slow).
     oz_floor: the reward's -Oz denominator is at least this fraction of the -O0 count.
+    noop_penalty: per step, subtracted for a pass that leaves the instruction count unchanged.
     reuse_programs: the server keeps each program's start state (false: rebuilt at every reset).
     eval_benchmark_dir: held-out programs of their own (every file of the folder, e.g. envs/programs),
     whatever the training programs are (csmith seeds, or all of ``benchmark_dir``). eval_search: a
     search the final evaluation adds (none, greedy, best-of-K, beam-K) with ``eval_search_budget``
-    compilations per program (0: 16 x the episode length).
+    compilations per program (0: 16 x the episode length). time_limit: reaching ``max_steps`` ends the
+    task (``terminal``, value 0 after it) or is a time limit bootstrapped from V (``truncate``).
+    mask_noops: per step, the observation's ``action_mask`` rules out the passes run since the
+    instruction count last changed (they would do nothing again).
     """
     if mode not in _MODES:
         raise ConfigError(f"compiler_gym mode '{mode}' is unknown; valid: {', '.join(_MODES)}")
     if reward_baseline not in _BASELINES:
         raise ConfigError(f"compiler_gym reward_baseline '{reward_baseline}' is unknown; valid: {', '.join(_BASELINES)}")
+    if time_limit not in _TIME_LIMITS:
+        raise ConfigError(f"compiler_gym time_limit '{time_limit}' is unknown; valid: {', '.join(_TIME_LIMITS)}")
     for name, value in (("max_steps", max_steps), ("seq_len", seq_len), ("episodes_per_program", episodes_per_program)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"compiler_gym {name} must be a positive integer, got {value!r}")
+    if isinstance(noop_penalty, bool) or not isinstance(noop_penalty, (int, float)) or not 0.0 <= noop_penalty < 1.0:
+        raise ConfigError(f"compiler_gym noop_penalty must be a number in [0, 1) (e.g. 0.01), got {noop_penalty!r}")
     if not 0.0 < float(oz_floor) <= 1.0:
         raise ConfigError(f"compiler_gym oz_floor must be in (0, 1], got {oz_floor!r}")
     if not 0.0 < float(eval_fraction) < 1.0:
@@ -655,10 +698,12 @@ def compiler_gym_task_set(
     return CompilerGymTaskSet(
         train_benchmarks=train, eval_benchmarks=evaluation, flags=flags, mode=mode, max_steps=max_steps,
         seq_len=seq_len, ir_tokens=int(ir_tokens), ir_vocab_size=int(ir_vocab_size),
-        reward=RewardConfig(float(baseline_thre), float(leakiness), float(step_penalty), reward_baseline, float(oz_floor)),
+        reward=RewardConfig(float(baseline_thre), float(leakiness), float(step_penalty), reward_baseline, float(oz_floor),
+                            float(noop_penalty)),
         python=str(python), site_data=str(site_data), call_timeout_s=float(call_timeout_s),
         start_timeout_s=float(start_timeout_s), episodes_per_program=episodes_per_program,
         reuse_programs=bool(reuse_programs), eval_search=str(eval_search), eval_search_budget=int(eval_search_budget),
+        time_limit=str(time_limit), mask_noops=bool(mask_noops),
     )
 
 

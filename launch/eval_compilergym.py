@@ -108,6 +108,7 @@ def evaluate(checkpoint: Path, config: dict[str, Any], spec: SearchSpec, budget:
     result = search_programs(task_set, ModelPolicy(model, preprocess, task_set), task_set.eval_benchmarks, spec,
                              budget, seed)
     return {"checkpoint": str(checkpoint), "epoch": ckpt.read_meta(checkpoint).get("epoch"), "policy": config["policy"],
+            "mask_noops": bool(task_set.mask_noops),
             "benchmark_dir": str(Path(benchmark_dir).resolve()), "seed": seed, **result}
 
 
@@ -119,10 +120,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--budget", type=int, required=True, help="compilations (pass applications) per program")
     ap.add_argument("--out", required=True, help="JSON file for the results")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mask-noops", action="store_true",
+                    help="per-step policies: rule out the passes run since the IR count last changed (the env's "
+                         "mask_noops), whether or not the run trained with it")
     args = ap.parse_args(argv)
     started = time.monotonic()
     try:
         checkpoint, config, spec, _ = check_args(args)
+        if args.mask_noops:
+            config["env_kwargs"] = {**(config.get("env_kwargs") or {}), "mask_noops": True}
         result = evaluate(checkpoint, config, spec, args.budget, args.benchmark_dir, args.seed)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

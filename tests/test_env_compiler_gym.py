@@ -137,7 +137,7 @@ def test_server_starts_offline_and_steps_a_csmith_program(per_step_set):
             # Each step's reward is its instruction-count reduction over -Oz's reduction.
             assert reward == pytest.approx((count - info["ir_count"]) / (c0 - oz))
             count = info["ir_count"]
-            assert not terminated and truncated == (t == 2)  # max_steps is a time limit
+            assert terminated == (t == 2) and not truncated  # the pass budget ends the task (time_limit terminal)
             # Steps left and the action history (n / (1 + n) per pass, the last pass one-hot).
             features = obs["features"]
             assert features[AUTOPHASE_DIM + 3] == pytest.approx((3 - t - 1) / 3)

@@ -65,13 +65,28 @@ def test_a_group_is_released_whole_with_the_estimators_outcome_advantage_on_ever
 
 def test_a_group_straddling_too_many_policy_versions_is_dropped_and_counted():
     a = assembler(max_spread=1)
+    a.latest_version = 3  # the ledger has seen policy 3 when it opens the group
     ticket = a.ticket("worker-0", 0)
     assert a.add_episode(episode(ticket.group_id, [1.0, 1.0], version=[3, 4])) == []
     assert a.add_episode(episode(ticket.group_id, [1.0], version=4)) == []
     assert a.add_episode(episode(ticket.group_id, [0.0], version=4)) == []
-    assert a.add_episode(episode(ticket.group_id, [0.0, 1.0], version=[4, 5])) == []  # spans 3..5
+    # Staleness is judged by the version each member started with (actors/groups.py): starts 3..5.
+    assert a.add_episode(episode(ticket.group_id, [0.0, 1.0], version=[5, 5])) == []
     assert a.counters["groups_dropped_spread"] == 1 and a.counters["groups_dropped"] == 1
     assert a.counters["groups_completed"] == 0 and a.open_groups() == 0
+
+
+def test_long_episodes_spanning_many_versions_but_started_together_make_a_whole_group():
+    """MetaWorld: one 500-step episode spans more versions than max_spread; that alone is no reason
+    to drop the group, and the incomplete-group bound waits an episode's span on top of max_spread."""
+    a = assembler(group_size=2, max_spread=1)
+    ticket = a.ticket("worker-0", 0)
+    a.ticket("worker-1", 0)
+    assert a.add_episode(episode(ticket.group_id, [1.0] * 4, version=[0, 2, 4, 6])) == []
+    assert a.episode_span() == 6 and a.open_groups() == 1  # newest 6 - last ticket 0 <= 1 + 6
+    released = a.add_episode(episode(ticket.group_id, [0.0] * 4, version=[1, 3, 5, 7]))
+    assert len(released) == 1 and released[0].batch_size[0] == 8
+    assert a.counters["groups_completed"] == 1 and a.counters["groups_dropped"] == 0
 
 
 def test_the_incomplete_group_of_a_dead_worker_is_dropped_once_newer_policies_arrive():

@@ -6,10 +6,21 @@ a group go to different workers where it can (at most ``ceil(G / num_workers)`` 
 slow or dead worker holds few members of any group.
 
 Finished episodes come back whole; the **assembler** keeps a group's episodes until all G are in,
-then releases them with the estimator's outcome advantage on every step. A group is dropped (and
-counted) when its members' steps span more than ``max_spread`` policy versions, or when it stays
-incomplete until the newest policy seen is more than ``max_spread`` versions past its oldest
-(a member whose worker died never comes back).
+then releases them with the estimator's outcome advantage on every step. Staleness is judged by
+the policy version at which each member **started** (its first step), not by all its steps: a
+MetaWorld episode is 500 steps and one episode alone can span more versions than ``max_spread``,
+so the old rule (span of all steps) dropped long groups whose members were in fact played by
+the same policies. Members sharing a start version compare like with like (the group baseline),
+and the ratio correction handles the within-episode drift as for any other episode.
+
+A group is dropped (and counted, by reason) when
+- ``groups_dropped_spread``: its members' start versions span more than ``max_spread`` versions;
+- ``groups_dropped_incomplete``: it is still incomplete when the newest policy seen is more than
+  ``max_spread + episode_span`` versions past the newest version at which it handed out a ticket,
+  ``episode_span`` being the largest version span of the last ``SPAN_WINDOW`` episodes that came
+  back (how many versions an episode takes now). Every member started at or after that version,
+  so by then a live member would have come back; one that did not is dead (its worker died)
+  or too slow to use. Also when a member's episode broke (``abandon``).
 
 Both live in the replay buffer actor (actors/replay_buffer.py): the assembler feeds its sampling
 pool directly, and Ray runs one call at a time there, so tickets and arrivals need no locking and
@@ -20,7 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
@@ -30,6 +41,7 @@ from tensordict import TensorDict
 
 FORGET_AFTER = 100_000  # closed group ids remembered (late members of a dropped group are discarded quietly)
 START_RANGE = 2**31  # starts are drawn from [0, START_RANGE)
+SPAN_WINDOW = 64  # recent episodes whose version span bounds how long an incomplete group is waited for
 
 
 class Ticket(NamedTuple):
@@ -43,7 +55,7 @@ class Ticket(NamedTuple):
 @dataclass
 class _Group:
     ticket: Ticket
-    opened_version: int  # newest policy version seen when the group was opened
+    issued_version: int  # newest policy version seen when the group last handed out a ticket
     issued: dict[str, int] = field(default_factory=dict)  # worker -> tickets handed to it
     episodes: list[TensorDict] = field(default_factory=list)
 
@@ -51,9 +63,9 @@ class _Group:
     def n_issued(self) -> int:
         return sum(self.issued.values())
 
-    def oldest_version(self) -> int:
-        """Of its members' steps; before any came back, the newest version seen when it opened."""
-        return min((int(e["policy_version"].min()) for e in self.episodes), default=self.opened_version)
+    def start_versions(self) -> list[int]:
+        """The policy version of each returned member's first step (the version it started with)."""
+        return [int(e["policy_version"][0]) for e in self.episodes]
 
 
 class GroupAssembler:
@@ -71,6 +83,7 @@ class GroupAssembler:
         self._groups: "OrderedDict[int, _Group]" = OrderedDict()  # oldest first
         self._closed: "OrderedDict[int, None]" = OrderedDict()
         self.latest_version = 0
+        self._spans: "deque[int]" = deque(maxlen=SPAN_WINDOW)  # version span of recent episodes
         self.counters = {"groups_opened": 0, "groups_completed": 0, "groups_dropped": 0, "groups_dropped_spread": 0,
                          "groups_dropped_incomplete": 0, "groups_dropped_unknown": 0, "group_episodes_discarded": 0}
 
@@ -92,9 +105,9 @@ class GroupAssembler:
         self.counters["groups_opened"] += 1
         return self._issue(group, worker)
 
-    @staticmethod
-    def _issue(group: _Group, worker: str) -> Ticket:
+    def _issue(self, group: _Group, worker: str) -> Ticket:
         group.issued[worker] = group.issued.get(worker, 0) + 1
+        group.issued_version = self.latest_version
         return group.ticket
 
     def open_groups(self) -> int:
@@ -106,7 +119,9 @@ class GroupAssembler:
         """One finished episode (steps ``[T]`` carrying ``group_id``, ``episode_return`` and
         ``policy_version``); returns the groups it completed, each ``[sum T]`` with ``advantage``."""
         group_id = int(episode["group_id"][0])
-        self.latest_version = max(self.latest_version, int(episode["policy_version"].max()))
+        versions = episode["policy_version"]
+        self.latest_version = max(self.latest_version, int(versions.max()))
+        self._spans.append(int(versions.max() - versions.min()))
         group = self._groups.get(group_id)
         if group is None:
             if group_id not in self._closed:  # issued by a ledger before a restart
@@ -121,23 +136,31 @@ class GroupAssembler:
         return [r for r in released if r is not None]
 
     def _release(self, group: _Group) -> Optional[TensorDict]:
-        versions = torch.cat([e["policy_version"] for e in group.episodes])
-        if int(versions.max() - versions.min()) > self.max_spread:
+        starts = group.start_versions()
+        if max(starts) - min(starts) > self.max_spread:
             self._close(group.ticket.group_id, "groups_dropped_spread")
             return None
         returns = torch.stack([e["episode_return"][0].float() for e in group.episodes])
         advantages = self.advantages(returns).to(torch.float32)
-        for episode, adv in zip(group.episodes, advantages):
+        for member, (episode, adv) in enumerate(zip(group.episodes, advantages)):
             episode["advantage"] = adv.expand(episode.batch_size[0]).clone()
+            # Which member each step belongs to, for group-stratified sampling (stratified_group_slots).
+            episode["group_member"] = torch.full((episode.batch_size[0],), member, dtype=torch.int64)
         del self._groups[group.ticket.group_id]
         self._remember(group.ticket.group_id)
         self.counters["groups_completed"] += 1
         return torch.cat(group.episodes)
 
+    def episode_span(self) -> int:
+        """How many policy versions an episode spans now (the largest of the last ``SPAN_WINDOW``)."""
+        return max(self._spans, default=0)
+
     def drop_stale(self) -> int:
-        """Drop the incomplete groups whose oldest policy version is more than ``max_spread`` behind
-        the newest seen (a member still out would straddle too many); returns how many."""
-        stale = [gid for gid, g in self._groups.items() if self.latest_version - g.oldest_version() > self.max_spread]
+        """Drop the incomplete groups whose last ticket went out more than ``max_spread +
+        episode_span()`` versions before the newest seen (a member still out is dead or too slow
+        to use, module docstring); returns how many."""
+        wait = self.max_spread + self.episode_span()
+        stale = [gid for gid, g in self._groups.items() if self.latest_version - g.issued_version > wait]
         for gid in stale:
             self._close(gid, "groups_dropped_incomplete")
         return len(stale)
@@ -169,3 +192,57 @@ def stamp_episode(steps: TensorDict, group_id: int, success: bool) -> TensorDict
     steps["success"] = torch.full((n,), bool(success), dtype=torch.bool)
     steps["episode_return"] = steps["reward"].float().sum().expand(n).clone()
     return steps
+
+
+def stratified_group_slots(group_ids: torch.Tensor, members: torch.Tensor, n: int, group_size: int,
+                           generator: Optional[torch.Generator] = None) -> Optional[torch.Tensor]:
+    """Indices of ``n`` items drawn by whole groups: groups are picked at random among those with
+    steps of all ``group_size`` members present, and each picked group gives the same number of
+    steps from every member (``n // (groups * group_size)`` each, ``groups`` as few as fit), so a
+    group in the batch is always represented by all its members (a group baseline over the batch
+    sees the whole group). None when the whole groups present cannot supply ``n`` items."""
+    if n % group_size:
+        raise ValueError(f"a group-stratified draw of {n} items needs a multiple of group_size {group_size}")
+    per_group_members: dict[int, dict[int, torch.Tensor]] = {}
+    for gid in group_ids.unique().tolist():
+        rows = (group_ids == gid).nonzero().squeeze(-1)
+        by_member = {int(m): rows[members[rows] == m] for m in members[rows].unique().tolist()}
+        if len(by_member) == group_size:
+            per_group_members[gid] = by_member
+    if not per_group_members:
+        return None
+    order = torch.randperm(len(per_group_members), generator=generator).tolist()
+    whole = [list(per_group_members.values())[i] for i in order]
+    per_member = n // group_size  # steps per member slot, spread over the picked groups
+    picked: list[torch.Tensor] = []
+    for by_member in whole:
+        take = min(min(len(r) for r in by_member.values()), per_member)
+        if take == 0:
+            continue
+        for rows in by_member.values():
+            picked.append(rows[torch.randperm(len(rows), generator=generator)[:take]])
+        per_member -= take
+        if per_member == 0:
+            return torch.cat(picked)
+    return None
+
+
+def group_minibatch_order(group_ids: torch.Tensor, members: torch.Tensor,
+                          generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """A random order of a batch's rows that keeps each group's rows together, its members taking
+    turns (m0, m1, ..., m0, m1, ...). Cut into minibatches of a multiple of the group size, a batch
+    drawn by ``stratified_group_slots`` then gives every minibatch each of its groups' members in
+    equal numbers, so a group baseline over a minibatch sees the whole group."""
+    group_ids, members = group_ids.cpu(), members.cpu()
+    width = int(members.max()) + 1
+    groups = group_ids.unique()
+    order = []
+    for g in torch.randperm(len(groups), generator=generator).tolist():
+        rows = (group_ids == groups[g]).nonzero().squeeze(-1)
+        rows = rows[torch.randperm(len(rows), generator=generator)]
+        turn = torch.empty_like(rows)  # the row's place among its member's rows
+        for m in members[rows].unique():
+            mine = members[rows] == m
+            turn[mine] = torch.arange(int(mine.sum()))
+        order.append(rows[torch.argsort(turn * width + members[rows])])
+    return torch.cat(order)

@@ -8,6 +8,7 @@ model, and every answer carries the policy version that produced it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -239,6 +240,7 @@ class InferenceActor:
         if self._server is None:  # created lazily: it needs the actor's running event loop
             self._server = BatchingServer(self._forward, self._batch_size, self._timeout_s, self.forward_in_thread,
                                           on_fatal=self._exit)
+            gc.freeze()  # the model and libraries live as long as the actor: full collections skip them
         return self._server
 
     def _exit(self, error: BaseException) -> None:
@@ -258,8 +260,10 @@ class InferenceActor:
 
         Nothing is served before the first weights arrived (a restarted actor holds random ones);
         a request that waited ``weights_timeout_s`` for them fails instead of lingering."""
+        has_weights = self._weights_event()
         try:
-            await asyncio.wait_for(self._weights_event().wait(), self._weights_timeout_s)
+            if not has_weights.is_set():  # wait_for wraps the wait in a task: not once per request
+                await asyncio.wait_for(has_weights.wait(), self._weights_timeout_s)
         except asyncio.TimeoutError:
             raise ActorTimeoutError(
                 f"{self.name}: no weights from trainer-0 within {self._weights_timeout_s:g} s (no broadcast reached "

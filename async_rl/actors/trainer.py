@@ -21,6 +21,7 @@ from tensordict import TensorDict
 
 from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator
 from async_rl import checkpoint as ckpt
+from async_rl.actors.groups import group_minibatch_order
 from async_rl.actors.prefetch import Prefetcher, poll, sample_once
 from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
@@ -260,7 +261,7 @@ class TrainerActor:
         rows = []
         self._window_useful = 0
         for _ in range(self.cfg.updates_per_epoch):
-            order = torch.randperm(batch.batch_size[0], device=self.device)
+            order = self._minibatch_order(batch)
             for i in range(0, len(order), mb):
                 rows.append(self._loss_and_step(self.estimator.loss_inputs(batch[order[i : i + mb]], model, self.cfg)))
         metrics = mean_metrics(rows)
@@ -277,6 +278,13 @@ class TrainerActor:
             "epoch_seconds": time.perf_counter() - start,
         })
         return metrics
+
+    def _minibatch_order(self, batch: TensorDict) -> torch.Tensor:
+        """Rows in random order; with group rollouts whole groups stay together, members taking turns
+        (a minibatch of a multiple of group_size rows then holds every member of its groups)."""
+        if self.cfg.group_size > 1 and "group_member" in batch.keys():
+            return group_minibatch_order(batch["group_id"], batch["group_member"]).to(self.device)
+        return torch.randperm(batch.batch_size[0], device=self.device)
 
     def _loss_and_step(self, inputs: LossInputs) -> dict[str, float]:
         """Backward and step one minibatch. ZeRO-2's backward and step hold collectives, so every rank

@@ -2,7 +2,8 @@
 
 Observations are CompilerGym dicts; the preprocessor reads their ``features`` vector (normalised
 Autophase, sizes, steps left and action history, built by the env). The policy is a Categorical over ``obs_spec["num_actions"]`` passes; the
-action is the pass index, shaped ``[B, 1]`` like its log-prob and entropy.
+action is the pass index, shaped ``[B, 1]`` like its log-prob and entropy. Where the observation
+carries ``action_mask`` (the env's ``mask_noops``), passes it rules out are never sampled nor chosen.
 """
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from async_rl.policies.features import AutophasePreprocessor, feature_dim
 from async_rl.policies.nets import cast_inputs, mlp
 
 
+MASKED_LOGIT = -1e9
+
+
 class CategoricalMLPActorCritic(ActorCritic):
     """Separate policy (logits) and value MLPs over the normalised features."""
 
@@ -31,7 +35,10 @@ class CategoricalMLPActorCritic(ActorCritic):
         self.value_net = mlp([n_in, *hidden_sizes, 1], out_gain=1.0)
 
     def _logits(self, obs: TensorDict) -> torch.Tensor:
-        return self.policy_net(cast_inputs(obs["features"], self)).float()
+        logits = self.policy_net(cast_inputs(obs["features"], self)).float()
+        if "action_mask" in obs.keys():  # passes the env rules out get probability 0 (finite: no NaN in entropy)
+            logits = logits.masked_fill(~obs["action_mask"].bool(), MASKED_LOGIT)
+        return logits
 
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
         logits = self._logits(obs)

@@ -43,10 +43,15 @@ def feature_dim(obs_spec: ObsSpec) -> int:
 
 
 class AutophasePreprocessor:
-    """CompilerGym observation -> ``{"features": float32 [feature_dim]}``."""
+    """CompilerGym observation -> ``{"features": float32 [feature_dim]}``, plus ``action_mask`` (bool
+    per pass, True = allowed) where the env declares one (``obs_spec["action_mask"]``)."""
 
     def __init__(self, obs_spec: ObsSpec, **_policy_kwargs: Any) -> None:
         self.obs_spec = dict(obs_spec)
+        self.masked = bool(self.obs_spec.get("action_mask", False))
 
     def __call__(self, obs: Any, task_name: str) -> TensorDict:
-        return TensorDict({"features": compiler_features(obs, self.obs_spec)}, batch_size=[])
+        out = {"features": compiler_features(obs, self.obs_spec)}
+        if self.masked:
+            out["action_mask"] = torch.as_tensor(np.asarray(obs["action_mask"], dtype=bool))
+        return TensorDict(out, batch_size=[])

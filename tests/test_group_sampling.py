@@ -1,0 +1,67 @@
+"""Group-stratified draws (actors/groups.stratified_group_slots) and the PACS group baseline."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from async_rl.actors.groups import group_minibatch_order, stratified_group_slots
+from async_rl.actors.replay_buffer import ReplayStorage
+
+
+def test_every_group_in_a_stratified_draw_has_all_its_members_in_equal_numbers():
+    g = torch.Generator().manual_seed(0)
+    # Three whole groups of 4 members (varying episode lengths) and one group missing member 3.
+    group_ids, members = [], []
+    for gid, lengths in {10: [5, 7, 6, 9], 11: [8, 3, 4, 5], 12: [6, 6, 6, 6], 13: [9, 9, 9]}.items():
+        for m, length in enumerate(lengths):
+            group_ids += [gid] * length
+            members += [m] * length
+    group_ids, members = torch.tensor(group_ids), torch.tensor(members)
+    for _ in range(20):
+        slots = stratified_group_slots(group_ids, members, 16, 4, g)
+        assert slots is not None and len(slots) == 16 and slots.unique().numel() == 16
+        for gid in group_ids[slots].unique().tolist():
+            assert gid != 13  # incomplete groups are never drawn
+            counts = torch.bincount(members[slots][group_ids[slots] == gid], minlength=4)
+            assert counts.min() == counts.max() > 0  # all G members, equally
+    assert stratified_group_slots(group_ids, members, 400, 4, g) is None  # more than whole groups hold
+
+
+def _stored_groups(lengths_by_group: dict[int, list[int]]) -> TensorDict:
+    """Step rows of groups as the group assembler releases them (group_id, group_member, a step index)."""
+    group_ids, members = [], []
+    for gid, lengths in lengths_by_group.items():
+        for m, length in enumerate(lengths):
+            group_ids += [gid] * length
+            members += [m] * length
+    n = len(group_ids)
+    return TensorDict({"group_id": torch.tensor(group_ids), "group_member": torch.tensor(members),
+                       "row": torch.arange(n)}, batch_size=[n])
+
+
+def test_replay_storage_draws_whole_groups_and_consumes_them():
+    store = ReplayStorage(capacity=256, seed=0)
+    store.add_batch(_stored_groups({1: [10, 12, 9, 11], 2: [8, 8, 8, 8], 3: [20, 20, 20]}))  # group 3 lacks a member
+    batch = store.sample_groups(32, 4, consume=True)
+    assert batch is not None and batch.batch_size[0] == 32 and batch["row"].unique().numel() == 32
+    assert 3 not in batch["group_id"].tolist()
+    for gid in batch["group_id"].unique().tolist():
+        counts = torch.bincount(batch["group_member"][batch["group_id"] == gid], minlength=4)
+        assert counts.min() == counts.max() > 0
+    assert store.size() == 10 + 12 + 9 + 11 + 32 + 60 - 32  # consumed rows left the buffer
+    assert store.sample_groups(64, 4) is None  # what is left of whole groups cannot supply 64
+
+
+def test_minibatches_of_a_group_draw_hold_every_member_of_their_groups_equally():
+    g = torch.Generator().manual_seed(1)
+    store = ReplayStorage(capacity=512, seed=1)
+    store.add_batch(_stored_groups({gid: [10 + gid, 9, 12, 11] for gid in range(6)}))  # 96 rows need 3 groups
+    batch = store.sample_groups(96, 4)
+    order = group_minibatch_order(batch["group_id"], batch["group_member"], g)
+    assert sorted(order.tolist()) == list(range(96))  # a permutation
+    assert batch["group_id"].unique().numel() >= 3
+    for start in range(0, 96, 16):  # minibatches of a multiple of G rows
+        mb = batch[order[start:start + 16]]
+        for gid in mb["group_id"].unique().tolist():
+            counts = torch.bincount(mb["group_member"][mb["group_id"] == gid], minlength=4)
+            assert counts.min() == counts.max() > 0, (start, gid, counts)
