@@ -45,7 +45,7 @@ async def poll(ask: SampleOnce, n: int, timeout_s: float, who: str) -> TensorDic
             return batch
         if time.monotonic() > deadline:
             raise ActorTimeoutError(f"replay buffer did not hold {n} items for {who} within {timeout_s:g} s "
-                                    "(are the rollout workers producing?)")
+                                    "(with --group-size: of whole groups; are the rollout workers producing?)")
         await asyncio.sleep(POLL_S)
 
 

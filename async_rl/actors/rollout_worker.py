@@ -39,14 +39,6 @@ def finite_rows(obs: TensorDict) -> list[bool]:
     return ok.tolist()
 
 
-def freeze_long_lived() -> bool:
-    """Move every object alive now (modules, envs, model) out of the garbage collector's view: its
-    full collections then scan only what the loop allocates. Measured at K = 16 (MetaWorld, one
-    process): a full collection every ~500 rounds cost 0.39 ms per round, 0.006 ms once frozen."""
-    gc.freeze()
-    return True
-
-
 class FailureWeightedTaskSampler:
     """Seed 004 section 3.2: P(task) proportional to (failures in its recent episodes + 1)."""
 
@@ -374,7 +366,7 @@ class RolloutWorkerActor:
             await self._make_slots()
         for slot in self.slots:
             self._start_episode(slot)
-        frozen = False  # freeze_long_lived() once the envs exist
+        frozen = False  # gc.freeze() once the envs exist (they are built at their first reset)
         while not self._stopped:
             if not self._resume.is_set():
                 # Hand over what this policy version collected before pausing (synchronous mode).
@@ -388,7 +380,10 @@ class RolloutWorkerActor:
                 continue
             await self._reset_envs()
             if not frozen:
-                frozen = freeze_long_lived()
+                # Everything alive now (modules, envs, model) leaves the collector's view: full collections
+                # then scan only what the loop allocates (K = 16, one process: 0.39 -> 0.006 ms per round).
+                gc.freeze()
+                frozen = True
             obs = torch.stack([slot.obs for slot in self.slots])
             out = await self.policy.act(obs)
             env_actions = out["env_action"].numpy()
