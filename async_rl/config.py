@@ -18,6 +18,7 @@ import yaml
 
 from async_rl.algo import (
     check_advantage,
+    check_group_minibatch,
     check_group_size,
     check_objective,
     load_clip_config,
@@ -241,6 +242,7 @@ class RunConfig(TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, 
         resolve_policy_loss_params(self.clip_mode, self.clip_params)
         check_group_size(self.advantage, self.group_size)
         check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)
+        check_group_minibatch(self.clip_mode, self.clip_params, self.group_size, self.train_batch_size)
         return self
 
     @pydantic.model_validator(mode="after")

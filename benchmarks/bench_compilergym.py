@@ -76,12 +76,13 @@ def evaluate(checkpoint: Path, args: Any) -> tuple[str, dict[str, float], list[d
     bundled = program_uris(str(BUNDLED_PROGRAMS), "bundled programs")
     if args.quick:
         bundled = [u for u in bundled if Path(u).stem in QUICK_BUNDLED]
-    sets = {"csmith": task_set.eval_benchmarks, "bundled": bundled}
+    sets = {name: programs for name, programs in (("csmith", task_set.eval_benchmarks), ("bundled", bundled))
+            if name in args.sets}
     figures: dict[str, float] = {f"{policy_name}_budget": budget, f"{policy_name}_horizon": search_horizon(task_set),
                                  f"{policy_name}_mask_noops": bool(config["env_kwargs"].get("mask_noops", False))}
     results = []
     for set_name, benchmarks in sets.items():
-        for search in ("greedy", "best-of-16", f"beam-{args.beam_width}"):
+        for search in args.searches:
             started = time.monotonic()
             result = search_programs(task_set, policy, benchmarks, parse_search(search), budget, args.seed)
             print(f"\n{policy_name}, {set_name}:\n{format_search_table(result)}", flush=True)
@@ -122,10 +123,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-dir", default="runs/bench_compilergym")
     ap.add_argument("--mask-noops", action="store_true", help="search with the env's no-op mask (mask_noops) on, "
                     "whether or not the runs trained with it")
+    ap.add_argument("--searches", default="greedy,best-of-16,beam-{beam}",
+                    help="comma list of searches per program set ({beam} is --beam-width)")
+    ap.add_argument("--sets", default="csmith,bundled", help="comma list of program sets: csmith (held out), bundled")
     ap.add_argument("extra", nargs="*", help="config flags for the runs (after --)")
     args = ap.parse_args(argv)
     if args.quick:
         args.minutes, args.eval_programs = 1.0, 2
+    args.searches = [s.strip().format(beam=args.beam_width) for s in args.searches.split(",") if s.strip()]
+    args.sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    unknown = sorted(set(args.sets) - {"csmith", "bundled"})
+    if unknown:
+        print(f"error: unknown --sets {', '.join(unknown)}: choose from csmith, bundled", file=sys.stderr)
+        return 2
+    for search in args.searches:
+        try:
+            parse_search(search, allow_none=False, what="--searches entry")
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     reason = compiler_gym_unavailable_reason()
     if reason:
         print(f"error: CompilerGym is not available: {reason}", file=sys.stderr)

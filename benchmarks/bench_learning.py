@@ -14,6 +14,8 @@ Methods (one run each per task, one after the other, same seed, same machine):
 - ``vtrace``: this system, ``configs/metaworld_mt1_vtrace.yaml`` (V-trace on the trainers), clip mode ``clip``.
 - ``grpo``, ``rloo``: this system, ``configs/metaworld_mt1_ppo.yaml`` with ``--advantage grpo|rloo --group-size 8``
   (critic-free group advantages, clip mode ``clip``).
+- ``pacs``: the same with ``--clip-mode pacs --clip-config configs/clip/pacs.yaml`` (seed 003: the policy's
+  log-ratio to the reference, compared within its group, is the logit of a BCE against the episode's success).
 - ``sb3``: Stable-Baselines3 PPO on the same environment (``envs.make_task_set(...).make_env(i, seed + i)``
   behind a small gymnasium adapter), 2 envs.
 
@@ -56,7 +58,8 @@ until the trailing mean of the last 3 logged success rates first reaches 0.9; nu
 steps of the whole run), ``..._wall_seconds`` (whole run, start-up and shut-down included),
 ``..._first_log_seconds`` (until the first log point: start-up, warm-up, first episodes),
 ``..._first_update_seconds`` (until the first policy update was done: this system's first epoch and
-broadcast, SB3's first rollout and train()), and
+broadcast, SB3's first rollout and train()), ``..._best_success`` (the highest trailing mean), for group
+runs ``..._groups_opened`` / ``_groups_completed`` / ``_groups_dropped`` (the replay buffer's counters), and
 ``..._error`` when a run failed (the benchmark goes on with the next one); and ``speedup_vs_sb3`` = SB3's
 seconds to 0.9 / the best of this system's on reach-v3 (null if either never reached 0.9).
 
@@ -97,6 +100,8 @@ SYSTEM_METHODS = {  # method -> (launch config, clip mode, extra flags)
     "vtrace": ("metaworld_mt1_vtrace.yaml", "clip", []),
     "grpo": ("metaworld_mt1_ppo.yaml", "clip", ["--advantage", "grpo", "--group-size", str(GROUP_SIZE)]),
     "rloo": ("metaworld_mt1_ppo.yaml", "clip", ["--advantage", "rloo", "--group-size", str(GROUP_SIZE)]),
+    "pacs": ("metaworld_mt1_ppo.yaml", "pacs", ["--clip-config", str(common.ROOT / "configs" / "clip" / "pacs.yaml"),
+                                                "--advantage", "grpo", "--group-size", str(GROUP_SIZE)]),
 }
 METHODS = (*SYSTEM_METHODS, "sb3")
 DEFAULT_METHODS = ("clip", "soft_clip", "sapo", "vtrace", "sb3")
@@ -104,6 +109,7 @@ TARGET = 0.9
 SMOOTH = 3  # log points in the trailing mean
 LOG_INTERVAL_S = common.LOG_INTERVAL_S  # SB3 logs on the same clock as this system
 MAX_EPISODE_STEPS = 500
+GROUP_COUNTERS = ("groups_opened", "groups_completed", "groups_dropped")
 
 
 def sb3_preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -148,6 +154,8 @@ def summarize(curve: dict[str, Any]) -> dict[str, Any]:
         "wall_seconds": _round(curve["wall_seconds"]),
         "first_log_seconds": _round(curve["seconds"][0]) if curve["seconds"] else None,
         "first_update_seconds": _round(curve.get("first_update_seconds")),
+        "best_success": _round(max(smooth)) if smooth else None,
+        **{name: int(value) for name, value in curve.get("groups", {}).items()},
     }
 
 
@@ -180,6 +188,9 @@ def run_system(task: str, method: str, minutes: float, seed: int, log_root: Path
                              "total_steps": totals[-1].value if totals else 0}
     if "sync/policy_version" in tags:  # logged right after the first epoch's weight broadcast
         curve["first_update_seconds"] = events.Scalars("sync/policy_version")[0].wall_time - t0
+    # Group runs (issue 16): how many groups reached the trainers, how many were given up.
+    curve["groups"] = {name: events.Scalars(f"replay/{name}")[-1].value for name in GROUP_COUNTERS
+                       if f"replay/{name}" in tags}
     for e in success:
         j = int(np.argmin(np.abs(total_times - e.wall_time))) if len(totals) else None
         curve["steps"].append(float(totals[j].value) if j is not None else float("nan"))

@@ -330,6 +330,7 @@ class CompilerGymTaskSet:
     eval_search_budget: int = 0  # its compilations (pass applications) per program; 0 = 16 x the episode length
     mask_noops: bool = False  # per step: obs["action_mask"] rules out the passes run since the count last changed
     time_limit: str = "terminal"  # max_steps ends the task ("terminal") or is a cut bootstrapped from V ("truncate")
+    success_vs_oz: float = 1.0  # a step counts as success when -Oz count / count reaches this (PACS's label)
     task_names: list[str] = field(default_factory=lambda: ["compiler_gym"])
 
     @property
@@ -553,7 +554,7 @@ class CompilerGymTaskEnv:
         truncated = at_limit and not terminated
         self._needs_reset = terminated or truncated
         info.update(reduction=reduction, noop=noop, ir_count=self._count, oz_count=p["oz_count"], o0_count=p["o0_count"],
-                    success=self._count <= p["oz_count"])
+                    success=p["oz_count"] >= self.ts.success_vs_oz * self._count)
         if terminated or truncated:
             info["end_reason"] = "max_steps" if at_limit else "sequence_applied"
         return self._obs(msg), float(reward), terminated, truncated, info
@@ -615,6 +616,7 @@ def compiler_gym_task_set(
     reuse_programs: bool = True,
     time_limit: str = "terminal",
     mask_noops: bool = False,
+    success_vs_oz: float = 1.0,
 ) -> CompilerGymTaskSet:
     """Build the CompilerGym TaskSet.
 
@@ -634,12 +636,16 @@ def compiler_gym_task_set(
     compilations per program (0: 16 x the episode length). time_limit: reaching ``max_steps`` ends the
     task (``terminal``, value 0 after it) or is a time limit bootstrapped from V (``truncate``).
     mask_noops: per step, the observation's ``action_mask`` rules out the passes run since the
-    instruction count last changed (they would do nothing again).
+    instruction count last changed (they would do nothing again). success_vs_oz: ``info["success"]``
+    (the episode label that success rates and PACS read) is -Oz count / count >= this; 1.0 = at least as
+    small as -Oz, lower values make a success reachable for an untrained policy.
     """
     if mode not in _MODES:
         raise ConfigError(f"compiler_gym mode '{mode}' is unknown; valid: {', '.join(_MODES)}")
     if reward_baseline not in _BASELINES:
         raise ConfigError(f"compiler_gym reward_baseline '{reward_baseline}' is unknown; valid: {', '.join(_BASELINES)}")
+    if not float(success_vs_oz) > 0:
+        raise ConfigError(f"compiler_gym success_vs_oz must be > 0 (1.0: as small as -Oz), not {success_vs_oz}")
     if time_limit not in _TIME_LIMITS:
         raise ConfigError(f"compiler_gym time_limit '{time_limit}' is unknown; valid: {', '.join(_TIME_LIMITS)}")
     for name, value in (("max_steps", max_steps), ("seq_len", seq_len), ("episodes_per_program", episodes_per_program)):
@@ -703,7 +709,7 @@ def compiler_gym_task_set(
         python=str(python), site_data=str(site_data), call_timeout_s=float(call_timeout_s),
         start_timeout_s=float(start_timeout_s), episodes_per_program=episodes_per_program,
         reuse_programs=bool(reuse_programs), eval_search=str(eval_search), eval_search_budget=int(eval_search_budget),
-        time_limit=str(time_limit), mask_noops=bool(mask_noops),
+        time_limit=str(time_limit), mask_noops=bool(mask_noops), success_vs_oz=float(success_vs_oz),
     )
 
 

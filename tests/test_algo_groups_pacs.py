@@ -283,6 +283,13 @@ def test_config_keys_and_what_each_estimator_allows():
         load_config(["--clip-mode", "pacs"])
     cfg = load_config(["--clip-mode", "pacs", "--advantage", "naive", "--group-size", "4", "--no-grpo-scale-by-std"])
     assert cfg.clip_mode == "pacs" and not cfg.grpo_scale_by_std
+    # PACS's group statistics run over a minibatch: a minibatch that cannot hold whole groups is refused.
+    with pytest.raises(ConfigError, match="^clip mode 'pacs' compares the members of a group within a minibatch: "
+                                          r"train_batch_size 20 must be a multiple of group_size 8 \(e.g. 16 or 24"):
+        load_config(["--clip-mode", "pacs", "--advantage", "grpo", "--group-size", "8", "--train-batch-size", "20",
+                     "--accumulation-steps", "1", "--super-batch-size", "20"])
+    assert load_config(["--advantage", "grpo", "--group-size", "8", "--train-batch-size", "20",  # GRPO: per episode
+                        "--accumulation-steps", "1", "--super-batch-size", "20"]).train_batch_size == 20
     returns = torch.tensor([1.0, 0.0, 0.0, 1.0])
     dr = advantage_estimator("grpo").episode_advantages(returns, cfg)
     torch.testing.assert_close(dr, returns - 0.5)

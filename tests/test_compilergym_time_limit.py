@@ -15,7 +15,8 @@ needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABL
 @needs_server
 @pytest.mark.parametrize("bad, match", [({"time_limit": "bootstrap"}, "time_limit 'bootstrap' is unknown"),
                                         ({"noop_penalty": -0.1}, "noop_penalty must be a number in"),
-                                        ({"noop_penalty": True}, "noop_penalty must be a number in")])
+                                        ({"noop_penalty": True}, "noop_penalty must be a number in"),
+                                        ({"success_vs_oz": 0}, "success_vs_oz must be > 0")])
 def test_bad_time_limit_or_noop_penalty_is_one_config_error(bad, match):
     with pytest.raises(ConfigError, match=match):
         make_task_set("compiler_gym", **bad)
@@ -26,7 +27,7 @@ def test_truncate_mode_and_noop_penalty():
     """``time_limit: truncate`` reports the budget as a cut (bootstrapped by the worker); a pass that
     leaves the count unchanged costs ``noop_penalty``, and the return still sums the step rewards."""
     ts = make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[1000002, 1], eval_seeds=[0, 1],
-                       time_limit="truncate", noop_penalty=0.05)
+                       time_limit="truncate", noop_penalty=0.05, success_vs_oz=0.5)
     mem2reg, instcombine = ts.flags.index("-mem2reg"), ts.flags.index("-instcombine")
     with closing(ts.make_env(0, seed=0)) as env:
         env.reset()
@@ -39,6 +40,7 @@ def test_truncate_mode_and_noop_penalty():
             assert info["noop"] == (not changed) and (t != 1 or info["noop"])  # mem2reg twice: the second does nothing
             assert reward == pytest.approx((count - info["ir_count"]) / (c0 - oz) - (0.0 if changed else 0.05))
             assert not terminated and truncated == (t == 2)
+            assert info["success"] == (oz / info["ir_count"] >= 0.5)  # the label's threshold, not -Oz itself
             count = info["ir_count"]
         assert info["end_reason"] == "max_steps"
         assert total == pytest.approx(ts.reward.reduction(c0, count, oz) - 0.05)

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 import envs
 
 from async_rl.actors.rollout_worker import EnvPool, EnvThread, PolicyClient
+from async_rl.errors import ActorTimeoutError
 from async_rl.experience import from_wire, to_wire
 from async_rl.media import frame_of
 from async_rl.runtime import configure_torch
@@ -116,13 +117,22 @@ class EvaluationWorkerActor:
         evaluate = envs.final_evaluation_for(env_name)
         if evaluate is None:
             return None
-        inference, timeout = self.policy.inference, self.policy.timeout_s
+        inference, timeout, loop = self.policy.inference, self.policy.timeout_s, asyncio.get_running_loop()
+
+        async def request(obs: TensorDict, deterministic: bool) -> Any:
+            try:
+                return await asyncio.wait_for(inference.request.remote(to_wire(obs), deterministic), timeout)
+            except asyncio.TimeoutError:
+                raise ActorTimeoutError(f"final evaluation: the inference actor did not answer within {timeout:g} s "
+                                        "(actor_timeout_s)") from None
 
         def act(obs: TensorDict, deterministic: bool) -> np.ndarray:
-            wire = ray.get(inference.request.remote(to_wire(obs), deterministic), timeout=timeout)
+            # The request is awaited on this actor's event loop: a blocking ray.get in an async actor
+            # (even from a thread) makes Ray warn that it blocks the loop.
+            wire = asyncio.run_coroutine_threadsafe(request(obs, deterministic), loop).result()
             return from_wire(wire)["env_action"].numpy()
 
-        # A thread: the evaluation blocks on env steps and on requests (ray.get), not the event loop.
+        # A thread: the evaluation blocks on env steps, not the event loop.
         return await asyncio.to_thread(evaluate, self.task_set, act, self.preprocess, seed)
 
     async def pid(self) -> int:

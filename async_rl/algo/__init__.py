@@ -6,6 +6,7 @@ from async_rl.algo.estimators import (
     TrainModel,
     advantage_estimator,
     check_advantage,
+    check_group_minibatch,
     check_group_size,
     check_objective,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "advantage_estimator",
     "categorical_entropy",
     "check_advantage",
+    "check_group_minibatch",
     "check_group_size",
     "check_objective",
     "compute_policy_loss",

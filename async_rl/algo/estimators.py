@@ -137,6 +137,16 @@ def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: fl
                           f"advantage '{name}' computes them on the workers: use --kl-ref-as loss")
 
 
+def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, train_batch_size: int) -> None:
+    """A loss that compares the members of a group inside a minibatch (PACS) needs whole groups
+    in every minibatch: ``train_batch_size`` a multiple of ``group_size``; else a one-line ConfigError."""
+    if group_size > 1 and "group_id" in PolicyLoss(clip_mode, clip_params).reads and train_batch_size % group_size:
+        lower = train_batch_size // group_size * group_size
+        raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group within a minibatch: "
+                          f"train_batch_size {train_batch_size} must be a multiple of group_size {group_size} "
+                          f"(e.g. {max(lower, group_size)} or {lower + group_size}; scale super_batch_size with it)")
+
+
 # ---- gae ----------------------------------------------------------------------------------------
 def with_gae(steps: list[TensorDict], bootstrap_value: float, gamma: float, lam: float) -> TensorDict:
     """Stack a trajectory piece and add ``advantage`` and ``value_target``."""
