@@ -206,3 +206,23 @@ def test_without_critic_under_lora_the_value_head_and_its_adapters_stay_frozen_a
     assert any(p.requires_grad for p in lora.parameters())
     # The trainer's merged tensors and the inference copy's (no LoRA) have the same names: the signatures match.
     assert [n for n, _ in lora.inference_tensors()] == [n for n, _ in plain.inference_tensors()]
+
+
+def test_the_trainer_optimises_no_value_parameter_without_a_critic_under_lora_or_not():
+    import functools
+
+    from async_rl.actors.trainer import optimizer_groups, training_model
+    from async_rl.config import RunConfig
+    from async_rl.orchestration.runtime import critic_free
+    from async_rl.policies import build_policy
+
+    factory = functools.partial(build_policy, "mlp", {"state_dim": 39}, 4, hidden_sizes=[16, 16])
+    for lora_rank in (0, 4):
+        cfg = RunConfig(lora_rank=lora_rank, lora_trainable=["value_net"])
+        with_critic = optimizer_groups(cfg, training_model(cfg, factory))
+        without = optimizer_groups(cfg, training_model(cfg, functools.partial(critic_free, factory)))
+        assert [g["name"] for g in with_critic] == ["policy", "value"], lora_rank
+        assert [g["name"] for g in without] == ["policy"], lora_rank
+        policy_count = lambda groups: sum(p.numel() for p in groups[0]["params"])  # noqa: E731
+        assert policy_count(without) == policy_count(with_critic), lora_rank  # the actor trains as before
+        assert all(p.requires_grad for g in without for p in g["params"])

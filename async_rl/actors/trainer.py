@@ -80,6 +80,30 @@ def deepspeed_config(cfg: Any, dtype: torch.dtype = torch.float32) -> dict:
 DATA_WAIT_S = 0.01
 
 
+def training_model(cfg: Any, policy_factory: Callable[[], Any]) -> Any:
+    """The model a trainer rank trains: the policy, with LoRA adapters when ``cfg.lora_rank`` > 0,
+    its critic frozen when the estimator needs none (LoRA gave the value head adapters: frozen too)."""
+    model = policy_factory()
+    if cfg.lora_rank > 0:
+        model = apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
+                           cfg.lora_trainable)
+    if not model.has_critic:
+        model.drop_critic()
+    return model
+
+
+def optimizer_groups(cfg: Any, model: Any) -> list[dict[str, Any]]:
+    """The trainable parameters as optimiser groups ``policy`` and ``value`` (own learning rates);
+    without a critic there is no value group."""
+    value_ids = {id(p) for p in model.value_parameters()}  # asked after LoRA: the value head's adapters are in
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in trainable if id(p) not in value_ids], "lr": cfg.lr_policy, "name": "policy"},
+        {"params": [p for p in trainable if id(p) in value_ids], "lr": cfg.lr_value, "name": "value"},
+    ]
+    return [g for g in groups if g["params"]]
+
+
 @ray.remote
 class TrainerActor:
     def __init__(self, rank: int, world_size: int, master_addr: Optional[str], master_port: Optional[int], cfg: Any,
@@ -141,23 +165,12 @@ class TrainerActor:
         self._init_training_group(backend)
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group made above
         dtype = precision_dtype(self.cfg.precision, device)
-        model = self.policy_factory()
-        if self.cfg.lora_rank > 0:
-            model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_dropout,
-                               self.cfg.lora_target_modules, self.cfg.lora_trainable)
-        if not model.has_critic:  # the estimator needs none; LoRA gave the value head adapters: frozen too
-            model.drop_critic()
+        model = training_model(self.cfg, self.policy_factory)
         # The reference policy (KL to it, PACS): with LoRA this model with its adapters off, else a frozen
         # copy taken here, before DeepSpeed hooks the model.
         frozen = frozen_copy(model) if self.objective.needs_reference else None
-        value_ids = {id(p) for p in model.value_parameters()}
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        # value_parameters() is asked after LoRA injection, so the value head's adapters are in it.
-        groups = [
-            {"params": [p for p in trainable if id(p) not in value_ids], "lr": self.cfg.lr_policy, "name": "policy"},
-            {"params": [p for p in trainable if id(p) in value_ids], "lr": self.cfg.lr_value, "name": "value"},
-        ]
-        groups = [g for g in groups if g["params"]]  # without a critic there is no value group
+        groups = optimizer_groups(self.cfg, model)
+        trainable = [p for g in groups for p in g["params"]]
         optimizer = torch.optim.AdamW(groups, weight_decay=self.cfg.weight_decay)
         schedule = warmup_cosine(self.cfg.warmup_steps, self.cfg.lr_decay_steps, self.cfg.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [schedule] * len(groups))
