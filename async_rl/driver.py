@@ -18,6 +18,7 @@ from rich.console import Console
 
 import envs
 from async_rl import checkpoint as ckpt
+from async_rl.algo import check_group_capacity
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.orchestration.evaluation import final_evaluation
@@ -40,6 +41,7 @@ def prepare(cfg: RunConfig) -> Any:
     # --eval-search(-budget), when set, are options of the env's final evaluation (the env checks them).
     search = {"eval_search": cfg.eval_search, "eval_search_budget": cfg.eval_search_budget}
     task_set = envs.make_task_set(cfg.env, **{**cfg.env_kwargs, **{k: v for k, v in search.items() if v not in ("none", 0)}})
+    check_group_capacity(cfg.group_size, cfg.replay_capacity, task_set.max_episode_steps)
     if not cfg.ray_address:
         check_resources(cfg, float(os.cpu_count() or 1))
     cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,

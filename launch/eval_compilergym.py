@@ -25,7 +25,9 @@ if __package__ in (None, ""):  # run as a script
 
 from async_rl import checkpoint as ckpt  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
-from envs.compiler_gym import format_search_table, program_uris, search_programs  # noqa: E402
+from envs.compiler_gym import (  # noqa: E402
+    CompilerGymServerError, format_search_table, program_uris, search_programs,
+)
 from envs.compiler_gym_search import ModelPolicy, SearchSpec, parse_search  # noqa: E402
 
 # Options of the saved run that pick its programs: the evaluation picks its own.
@@ -133,6 +135,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CompilerGymServerError as exc:  # the compiler service died or failed during the search
+        print(f"error: the CompilerGym server failed during the search, nothing written: {exc}", file=sys.stderr)
+        return 1
     if not result["rows"]:
         print(f"error: no program of {args.benchmark_dir} could be compiled (skipped: {result['skipped']})",
               file=sys.stderr)

@@ -83,6 +83,24 @@ def test_bad_input_is_one_line_and_exit_code_2_before_anything_starts(tmp_path, 
                                                                         "e.g. best-of-16, beam-4)"]
 
 
+def test_a_server_failure_during_the_search_is_one_line_exit_1_and_nothing_written(tmp_path, capsys, monkeypatch):
+    import launch.eval_compilergym as cli
+    from envs.compiler_gym import CompilerGymServerError
+
+    def server_dies(*args, **kwargs):
+        raise CompilerGymServerError("the CompilerGym server exited (code -9) while applying -sroa")
+
+    monkeypatch.setattr(cli, "check_args", lambda args: (tmp_path, {}, None, None))
+    monkeypatch.setattr(cli, "evaluate", server_dies)
+    out = tmp_path / "out.json"
+    code = cli.main(["--checkpoint", str(tmp_path), "--benchmark-dir", str(tmp_path), "--search", "greedy",
+                     "--budget", "5", "--out", str(out)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and lines == ["error: the CompilerGym server failed during the search, nothing written: the "
+                                   "CompilerGym server exited (code -9) while applying -sroa"]
+    assert not out.exists()
+
+
 @pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 def test_a_checkpoint_is_searched_with_on_a_folder_and_the_results_written(tmp_path):
     import torch

@@ -226,3 +226,39 @@ def test_the_trainer_optimises_no_value_parameter_without_a_critic_under_lora_or
         policy_count = lambda groups: sum(p.numel() for p in groups[0]["params"])  # noqa: E731
         assert policy_count(without) == policy_count(with_critic), lora_rank  # the actor trains as before
         assert all(p.requires_grad for g in without for p in g["params"])
+
+
+def test_group_advantages_are_scaled_but_not_centred_over_the_batch():
+    # A group estimator's baseline is its group's (grpo and rloo have mean 0 in every group; naive has none on
+    # purpose): normalize_advantages divides by the batch's std without subtracting the batch mean.
+    from types import SimpleNamespace
+
+    adv = torch.tensor([3.0, 1.0, -2.0, 6.0])
+    batch = TensorDict({"advantage": adv.clone()}, [4])
+    std = adv.std(unbiased=False)
+    for name, want in (("gae", (adv - adv.mean()) / std), ("grpo", adv / std), ("rloo", adv / std),
+                       ("naive", adv / std)):
+        got = advantage_estimator(name).prepare(batch, SimpleNamespace(normalize_advantages=True))["advantage"]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+        off = advantage_estimator(name).prepare(batch, SimpleNamespace(normalize_advantages=False))["advantage"]
+        torch.testing.assert_close(off, adv, rtol=0, atol=0, msg=name)
+
+
+def test_a_replay_buffer_smaller_than_a_whole_group_is_refused_before_ray_starts():
+    from pathlib import Path
+
+    from async_rl.algo import check_group_capacity
+    from async_rl.config import load_config
+    from async_rl.driver import prepare
+    from async_rl.errors import ConfigError
+
+    check_group_capacity(8, 4000, 500)  # exactly one group of the longest episodes fits
+    check_group_capacity(1, 16, 500)  # no groups: any capacity
+    with pytest.raises(ConfigError, match=r"replay_capacity 3999 cannot hold a whole group of 8 episodes of up to "
+                                          r"500 steps \(4000 steps\): pass --replay-capacity 4000 or more"):
+        check_group_capacity(8, 3999, 500)
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "metaworld_mt1_vtrace.yaml")  # capacity 128
+    with pytest.raises(ConfigError, match="--replay-capacity 4000"):
+        prepare(load_config(["--advantage", "grpo", "--group-size", "8"], config))
+    cfg = load_config(["--advantage", "grpo", "--group-size", "8", "--replay-capacity", "4000"], config)
+    assert prepare(cfg).max_episode_steps == 500

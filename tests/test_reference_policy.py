@@ -61,3 +61,22 @@ def test_lora_reference_is_the_base_model_without_a_copy():
     assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n and "policy_net" in n)
     with adapters_disabled(plain):  # no LoRA layers: nothing to switch off
         torch.testing.assert_close(plain.evaluate(obs, action)[0], got, rtol=1e-6, atol=1e-6)
+
+
+def test_lora_reference_keeps_the_start_values_of_parameters_trained_whole():
+    # lora_trainable parameters (here log_std; an action head in the LIBERO configs) are trained in place:
+    # switching the adapters off does not undo them, so the reference puts their start values in place.
+    torch.manual_seed(0)
+    plain = build_policy("mlp", SPEC, 3, hidden_sizes=(8,))
+    model = apply_lora(copy.deepcopy(plain), rank=2, alpha=4.0, trainable=["log_std"])
+    reference = ReferencePolicy(model, None)
+    with torch.no_grad():  # training moves the adapters and the whole-trained log_std
+        for name, p in model.named_parameters():
+            if "lora_B" in name or name == "log_std":
+                p.add_(0.4)
+    trained_log_std = model.log_std.detach().clone()
+    obs, action = _batch()
+    got = reference(obs, action)
+    torch.testing.assert_close(got, plain.evaluate(obs, action)[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(model.log_std.detach(), trained_log_std, rtol=0, atol=0)  # the trained value is back
+    assert model.log_std.requires_grad

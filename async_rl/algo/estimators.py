@@ -73,6 +73,7 @@ class AdvantageEstimator:
     needs_critic: bool = True
     needs_group_rollouts: bool = False
     rewards_on_trainer: bool = False  # reads the rewards on the trainer: a KL-to-reference reward penalty applies
+    center_batch: bool = True  # normalize_advantages subtracts the batch mean (group estimators: their group's is the baseline)
 
     def segmenter(self, cfg: Any) -> Segmenter:
         raise NotImplementedError
@@ -82,7 +83,7 @@ class AdvantageEstimator:
         if not cfg.normalize_advantages:
             return batch
         batch = batch.copy()
-        batch["advantage"] = distributed_normalize(batch["advantage"])
+        batch["advantage"] = distributed_normalize(batch["advantage"], center=self.center_batch)
         return batch
 
     def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: Any) -> LossInputs:
@@ -121,6 +122,17 @@ def check_group_size(name: str, group_size: int) -> None:
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_group_rollouts)
         raise ConfigError(f"advantage '{name}' makes no use of groups: drop --group-size {group_size} (or pass "
                           f"--group-size 1), or choose a group estimator ({kinds})")
+
+
+def check_group_capacity(group_size: int, replay_capacity: int, max_episode_steps: int) -> None:
+    """A group enters the replay buffer whole, at most ``group_size`` x ``max_episode_steps`` steps:
+    a smaller buffer would evict part of it and never hold a whole group (the trainers would wait
+    for data until they time out); a one-line ConfigError instead."""
+    need = group_size * max_episode_steps
+    if group_size > 1 and replay_capacity < need:
+        raise ConfigError(f"replay_capacity {replay_capacity} cannot hold a whole group of {group_size} episodes of up to "
+                          f"{max_episode_steps} steps ({need} steps): pass --replay-capacity {need} or more, or a smaller "
+                          f"--group-size")
 
 
 def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: float, kl_ref_as: str) -> None:
@@ -276,6 +288,9 @@ class GroupEstimator(AdvantageEstimator):
 
     needs_critic = False
     needs_group_rollouts = True
+    # Batch normalisation only scales: centering over the batch would add a baseline that naive leaves out
+    # on purpose (grpo's and rloo's advantages already have mean 0 in every group).
+    center_batch = False
 
     @staticmethod
     def group_advantages(returns: Tensor) -> Tensor:

@@ -124,8 +124,10 @@ def distributed_normalize(
     mask: Optional[Tensor] = None,
     group: Optional["dist.ProcessGroup"] = None,
     eps: float = 1e-8,
+    center: bool = True,
 ) -> Tensor:
-    """Whiten ``x`` with mean and std over every rank's valid, finite elements.
+    """Whiten ``x`` with mean and std over every rank's valid, finite elements (``center`` false:
+    only divide by the std, the mean stays where it was relative to 0).
 
     All-reduces (sum, sum of squares, count); with torch.distributed not initialised it is
     the local whitening. A non-finite element stays non-finite but does not poison the others
@@ -140,4 +142,4 @@ def distributed_normalize(
     count = max(count, 1.0)
     mean = total / count
     var = max(total_sq / count - mean * mean, 0.0)
-    return ((x.to(torch.float64) - mean) / (math.sqrt(var) + eps)).to(x.dtype)
+    return ((x.to(torch.float64) - (mean if center else 0.0)) / (math.sqrt(var) + eps)).to(x.dtype)

@@ -30,8 +30,13 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float =
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules if isinstance(target_modules, str) else list(target_modules))
     model = inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
-        param.requires_grad = "lora_" in name or any(name.startswith(prefix) for prefix in trainable)
+        param.requires_grad = is_lora_name(name) or any(name.startswith(prefix) for prefix in trainable)
     return model
+
+
+def is_lora_name(name: str) -> bool:
+    """Whether a parameter's name is one of a LoRA adapter's (``lora_A``/``lora_B`` ...)."""
+    return ".lora_" in name or name.startswith("lora_")
 
 
 def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -46,7 +51,7 @@ def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
     out: list[tuple[str, torch.Tensor]] = []
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         owner, _, leaf = name.rpartition(".")
-        if ".lora_" in name or name.startswith("lora_"):
+        if is_lora_name(name):
             continue  # folded into the base weight below
         if owner.endswith(".base_layer") and owner[: -len(".base_layer")] in lora_layers:
             layer_name = owner[: -len(".base_layer")]

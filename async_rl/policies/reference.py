@@ -1,7 +1,9 @@
 """The reference policy of a KL-to-reference term or of PACS: log-probs of stored actions, no gradient.
 
-With LoRA it is the trained model itself with its adapters off (no second copy); otherwise a frozen
-copy of the initial weights, built once on the trainer and never updated.
+With LoRA it is the trained model itself with its adapters off (no second copy); parameters that
+LoRA trains whole (``lora_trainable``: an action head, ``log_std``) are not undone by switching the
+adapters off, so their start values are kept (small) and put in place for the reference's forward.
+Otherwise a frozen copy of the initial weights, built once on the trainer and never updated.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Optional
 import torch
 from tensordict import TensorDict
 
-from async_rl.policies.lora import adapters_disabled, named_lora_layers
+from async_rl.policies.lora import adapters_disabled, is_lora_name, named_lora_layers
 
 
 def frozen_copy(model: torch.nn.Module) -> Optional[torch.nn.Module]:
@@ -36,10 +38,21 @@ class ReferencePolicy:
             for name, tensor in [*frozen.named_parameters(), *frozen.named_buffers()]:
                 tensor.data = start[name].detach().clone()
         self.trained, self.frozen = trained, frozen
+        # LoRA: the start values of the parameters trained whole (not adapters), which the adapters' switch leaves as trained.
+        self.whole_at_start = [] if frozen is not None else [
+            (param, param.detach().clone()) for name, param in trained.named_parameters()
+            if param.requires_grad and not is_lora_name(name)]
 
     @torch.no_grad()
     def __call__(self, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
         if self.frozen is not None:
             return self.frozen.evaluate(obs, action)[0]
-        with adapters_disabled(self.trained):
-            return self.trained.evaluate(obs, action)[0]
+        trained_values = [param.detach().clone() for param, _ in self.whole_at_start]
+        for param, start in self.whole_at_start:  # in place: DeepSpeed's views into its flat buffers stay
+            param.copy_(start)
+        try:
+            with adapters_disabled(self.trained):
+                return self.trained.evaluate(obs, action)[0]
+        finally:
+            for (param, _), value in zip(self.whole_at_start, trained_values):
+                param.copy_(value)
