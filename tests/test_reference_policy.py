@@ -76,7 +76,10 @@ def test_lora_reference_keeps_the_start_values_of_parameters_trained_whole():
                 p.add_(0.4)
     trained_log_std = model.log_std.detach().clone()
     obs, action = _batch()
+    model.train()
+    logp = model.evaluate(obs, action)[0]  # a minibatch's current-policy forward comes first, its graph kept
     got = reference(obs, action)
     torch.testing.assert_close(got, plain.evaluate(obs, action)[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(model.log_std.detach(), trained_log_std, rtol=0, atol=0)  # the trained value is back
-    assert model.log_std.requires_grad
+    (logp - got).sum().backward()  # the reference left the graph intact (no in-place write on log_std)
+    assert model.log_std.grad is not None and model.log_std.requires_grad

@@ -38,21 +38,19 @@ class ReferencePolicy:
             for name, tensor in [*frozen.named_parameters(), *frozen.named_buffers()]:
                 tensor.data = start[name].detach().clone()
         self.trained, self.frozen = trained, frozen
-        # LoRA: the start values of the parameters trained whole (not adapters), which the adapters' switch leaves as trained.
-        self.whole_at_start = [] if frozen is not None else [
-            (param, param.detach().clone()) for name, param in trained.named_parameters()
-            if param.requires_grad and not is_lora_name(name)]
+        # LoRA: the start values of the parameters trained whole (not adapters), which the adapters' switch leaves
+        # as trained; put in place by functional_call, which swaps the tensors (writing the trained parameters
+        # in place would break the autograd graph of the minibatch's current-policy forward).
+        self.whole_at_start = {} if frozen is not None else {
+            name: param.detach().clone() for name, param in trained.named_parameters()
+            if param.requires_grad and not is_lora_name(name)}
 
     @torch.no_grad()
     def __call__(self, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
         if self.frozen is not None:
             return self.frozen.evaluate(obs, action)[0]
-        trained_values = [param.detach().clone() for param, _ in self.whole_at_start]
-        for param, start in self.whole_at_start:  # in place: DeepSpeed's views into its flat buffers stay
-            param.copy_(start)
-        try:
-            with adapters_disabled(self.trained):
+        with adapters_disabled(self.trained):
+            if not self.whole_at_start:
                 return self.trained.evaluate(obs, action)[0]
-        finally:
-            for (param, _), value in zip(self.whole_at_start, trained_values):
-                param.copy_(value)
+            # forward is evaluate (ActorCritic)
+            return torch.func.functional_call(self.trained, self.whole_at_start, (obs, action), strict=False)[0]
