@@ -185,6 +185,8 @@ def test_compiler_gym_resets_with_the_same_start_give_the_same_program():
 def test_every_launch_config_takes_grpo_with_groups_of_8():
     from pathlib import Path
 
+    import envs
+    from async_rl.algo import check_group_capacity
     from async_rl.config import load_config
 
     configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))  # launches' and presets
@@ -192,6 +194,9 @@ def test_every_launch_config_takes_grpo_with_groups_of_8():
     for config in configs:
         cfg = load_config(["--advantage", "grpo", "--group-size", "8"], str(config))
         assert (cfg.advantage, cfg.group_size) == ("grpo", 8), config.name
+        # The replay buffer holds a whole group of the env's longest episodes (the configs' variants size it).
+        task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
+        check_group_capacity(cfg.group_size, cfg.replay_capacity, task_set.max_episode_steps)
 
 
 def test_without_critic_under_lora_the_value_head_and_its_adapters_stay_frozen_and_unsent():
@@ -257,8 +262,8 @@ def test_a_replay_buffer_smaller_than_a_whole_group_is_refused_before_ray_starts
     with pytest.raises(ConfigError, match=r"replay_capacity 3999 cannot hold a whole group of 8 episodes of up to "
                                           r"500 steps \(4000 steps\): pass --replay-capacity 4000 or more"):
         check_group_capacity(8, 3999, 500)
-    config = str(Path(__file__).resolve().parents[1] / "configs" / "metaworld_mt1_vtrace.yaml")  # capacity 128
-    with pytest.raises(ConfigError, match="--replay-capacity 4000"):
-        prepare(load_config(["--advantage", "grpo", "--group-size", "8"], config))
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "metaworld_mt1_vtrace.yaml")  # 500-step episodes
+    with pytest.raises(ConfigError, match="--replay-capacity 4000"):  # a flag wins over the config's group variant
+        prepare(load_config(["--advantage", "grpo", "--group-size", "8", "--replay-capacity", "128"], config))
     cfg = load_config(["--advantage", "grpo", "--group-size", "8", "--replay-capacity", "4000"], config)
     assert prepare(cfg).max_episode_steps == 500
