@@ -49,8 +49,5 @@ class ReferencePolicy:
     def __call__(self, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
         if self.frozen is not None:
             return self.frozen.evaluate(obs, action)[0]
-        with adapters_disabled(self.trained):
-            if not self.whole_at_start:
-                return self.trained.evaluate(obs, action)[0]
-            # forward is evaluate (ActorCritic)
+        with adapters_disabled(self.trained):  # forward is evaluate (ActorCritic); an empty dict swaps nothing
             return torch.func.functional_call(self.trained, self.whole_at_start, (obs, action), strict=False)[0]
