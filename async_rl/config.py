@@ -142,7 +142,7 @@ class ObjectiveSection(_Section):
     """grpo divides by the group's std; false = centring only (Dr. GRPO)"""
     ratio_threshold: Optional[pydantic.PositiveFloat] = None
     normalize_advantages: bool = True
-    """whiten the advantages over the batch (group estimators: divide by the batch's std only, no centring)"""
+    """whiten the advantages over the batch (group estimators: divide by the batch's RMS only, no centring)"""
     vtrace_clip_rho: Optional[pydantic.PositiveFloat] = 1.0
     vtrace_clip_c: Optional[pydantic.PositiveFloat] = 1.0
     vtrace_clip_pg_rho: Optional[pydantic.PositiveFloat] = 1.0

@@ -368,3 +368,26 @@ def test_estimators_carry_reference_and_group_fields_and_vtrace_penalises_reward
     got = advantage_estimator("grpo").loss_inputs(flat, model, cfg)
     assert torch.equal(got.group_id, flat["group_id"]) and torch.equal(got.success, flat["success"])
     assert torch.equal(got.logp_ref, logp_ref) and got.value_target is None
+
+
+def test_group_estimators_batch_scaling_cannot_blow_up_a_constant_super_batch():
+    # naive keeps no baseline, so a super-batch whose returns are all equal and non-zero has a batch std of 0:
+    # dividing by it (plus 1e-8) multiplied the advantages by ~1e8. The scale is the RMS, which only vanishes
+    # when every advantage is 0 (and then there is nothing to scale).
+    from types import SimpleNamespace
+
+    from tensordict import TensorDict
+
+    from async_rl.algo import advantage_estimator, distributed_normalize
+
+    on = SimpleNamespace(normalize_advantages=True)
+    for value in (2.5, -0.25):
+        batch = TensorDict({"advantage": torch.full((8,), value)}, [8])
+        for name in ("naive", "grpo", "rloo"):
+            got = advantage_estimator(name).prepare(batch, on)["advantage"]
+            torch.testing.assert_close(got, torch.full((8,), math.copysign(1.0, value)), msg=name)
+    zeros = distributed_normalize(torch.zeros(5), center=False)
+    assert torch.equal(zeros, torch.zeros(5))  # an all-zero batch (every group tied) stays 0, not NaN
+    # A batch with mean 0 (grpo's and rloo's advantages over whole groups): the RMS is the std, as before.
+    centred = grpo_advantages(t([[1.0, 2.0, 4.0], [0.0, 0.0, 3.0]])).reshape(-1)
+    torch.testing.assert_close(distributed_normalize(centred, center=False), centred / centred.std(unbiased=False))

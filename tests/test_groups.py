@@ -235,14 +235,14 @@ def test_the_trainer_optimises_no_value_parameter_without_a_critic_under_lora_or
 
 def test_group_advantages_are_scaled_but_not_centred_over_the_batch():
     # A group estimator's baseline is its group's (grpo and rloo have mean 0 in every group; naive has none on
-    # purpose): normalize_advantages divides by the batch's std without subtracting the batch mean.
+    # purpose): normalize_advantages divides by the batch's RMS without subtracting the batch mean.
     from types import SimpleNamespace
 
     adv = torch.tensor([3.0, 1.0, -2.0, 6.0])
     batch = TensorDict({"advantage": adv.clone()}, [4])
-    std = adv.std(unbiased=False)
-    for name, want in (("gae", (adv - adv.mean()) / std), ("grpo", adv / std), ("rloo", adv / std),
-                       ("naive", adv / std)):
+    std, rms = adv.std(unbiased=False), adv.square().mean().sqrt()
+    for name, want in (("gae", (adv - adv.mean()) / std), ("grpo", adv / rms), ("rloo", adv / rms),
+                       ("naive", adv / rms)):
         got = advantage_estimator(name).prepare(batch, SimpleNamespace(normalize_advantages=True))["advantage"]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
         off = advantage_estimator(name).prepare(batch, SimpleNamespace(normalize_advantages=False))["advantage"]

@@ -127,7 +127,7 @@ def distributed_normalize(
     center: bool = True,
 ) -> Tensor:
     """Whiten ``x`` with mean and std over every rank's valid, finite elements (``center`` false:
-    only divide by the std, the mean stays where it was relative to 0).
+    only divide by the root mean square, the mean stays where it was relative to 0).
 
     All-reduces (sum, sum of squares, count); with torch.distributed not initialised it is
     the local whitening. A non-finite element stays non-finite but does not poison the others
@@ -141,5 +141,10 @@ def distributed_normalize(
     total, total_sq, count = totals.tolist()
     count = max(count, 1.0)
     mean = total / count
-    var = max(total_sq / count - mean * mean, 0.0)
-    return ((x.to(torch.float64) - (mean if center else 0.0)) / (math.sqrt(var) + eps)).to(x.dtype)
+    if center:
+        var = max(total_sq / count - mean * mean, 0.0)
+        return ((x.to(torch.float64) - mean) / (math.sqrt(var) + eps)).to(x.dtype)
+    # Uncentred values are scaled by their RMS, not their std: the std measures the spread around a mean
+    # that is kept, so a batch of equal non-zero values (naive advantages of equal returns) has std 0 and
+    # would be multiplied by 1/eps. The RMS is 0 only if every value is 0, and equals the std at mean 0.
+    return (x.to(torch.float64) / (math.sqrt(total_sq / count) + eps)).to(x.dtype)
