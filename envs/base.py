@@ -5,6 +5,7 @@ picklable, and is handed to rollout workers, which call ``make_env`` to get ``Ta
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
@@ -39,12 +40,37 @@ class TaskSet(Protocol):
 
     A TaskSet with dict observations also has ``obs_spec`` (a dict describing them, e.g. camera
     names, image size, proprio dim); the driver hands it to the policy instead of ``obs_dim``.
+
+    ``success_rule`` says which steps' ``info["success"]`` make an episode a success: ``"any"`` (a
+    task once solved stays solved: MetaWorld, LIBERO) or ``"final"`` (the label judges the state the
+    episode ends in and an early end clears it: CompilerGym). A task set without it is ``"any"``;
+    every reader goes through ``success_rule`` and ``episode_success`` below.
     """
 
     task_names: list[str]
     obs_dim: int
     action_dim: int
     max_episode_steps: int
+    success_rule: str
 
     def make_env(self, task_index: int, seed: int) -> TaskEnv:
         ...
+
+
+SUCCESS_RULES = ("any", "final")
+
+
+def success_rule(task_set: Any) -> str:
+    """``task_set``'s ``success_rule`` (``"any"`` where it declares none); ValueError if it is not one of
+    ``SUCCESS_RULES``, since a misspelt rule would silently score every episode by the wrong steps."""
+    rule = getattr(task_set, "success_rule", "any")
+    if rule not in SUCCESS_RULES:
+        raise ValueError(f"{type(task_set).__name__}.success_rule is {rule!r}; valid: {', '.join(SUCCESS_RULES)}")
+    return rule
+
+
+def episode_success(rule: str, so_far: bool, info: Mapping[str, Any]) -> bool:
+    """An episode's success after one more step whose info is ``info``, given ``so_far`` (its success
+    before that step; False at the start) and the task set's ``success_rule``."""
+    step = bool(info.get("success", False))
+    return step if rule == "final" else so_far or step

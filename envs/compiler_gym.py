@@ -62,7 +62,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
@@ -332,6 +332,9 @@ class CompilerGymTaskSet:
     time_limit: str = "terminal"  # max_steps ends the task ("terminal") or is a cut bootstrapped from V ("truncate")
     success_vs_oz: float = 1.0  # a step counts as success when -Oz count / count reaches this (PACS's label)
     task_names: list[str] = field(default_factory=lambda: ["compiler_gym"])
+    # The program the episode ends with is what is judged: one that reached -Oz and then grew, or whose
+    # compilation failed (an early end clears the label), is no success.
+    success_rule: ClassVar[str] = "final"
 
     @property
     def action_vocab(self) -> PassVocab:

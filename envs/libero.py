@@ -50,7 +50,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, ClassVar, Optional, Sequence, Union
 
 import numpy as np
 
@@ -314,6 +314,7 @@ class LiberoTaskSet:
     reward_scale: float = 1.0
     action_dim: int = ACTION_DIM
     obs_dim: int = PROPRIO_DIM  # the flat part of the observation (proprio)
+    success_rule: ClassVar[str] = "any"  # success terminates the episode: its last step says it either way
 
     def __len__(self) -> int:
         return len(self.task_names)

@@ -15,7 +15,7 @@ import difflib
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 
@@ -108,6 +108,7 @@ class MetaWorldTaskSet:
     seed: int = 0
     obs_dim: int = field(default=OBS_DIM)
     action_dim: int = field(default=ACTION_DIM)
+    success_rule: ClassVar[str] = "any"  # a task once solved counts (MetaWorld's success is per step)
 
     def __len__(self) -> int:
         return len(self.task_names)

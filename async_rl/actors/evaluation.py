@@ -18,6 +18,7 @@ from async_rl.errors import ActorTimeoutError
 from async_rl.experience import from_wire, to_wire
 from async_rl.media import frame_of
 from async_rl.runtime import configure_torch
+from envs.base import episode_success, success_rule
 
 
 @ray.remote
@@ -33,6 +34,7 @@ class EvaluationWorkerActor:
         self.pools: list[EnvPool] = []  # pool k holds the env of every task's k-th parallel episode
         self.parallel = cfg.envs_per_worker
         self.task_names = list(task_set.task_names)
+        self.success_rule = success_rule(task_set)
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
         self._env_thread = EnvThread(f"eval-{index}-env")
         self.media_seconds = 0.0  # time spent rendering frames in the current evaluation
@@ -81,7 +83,7 @@ class EvaluationWorkerActor:
             results = await self._env_thread.call(step, running, out["env_action"].numpy())
             still = []
             for k, (next_obs, reward, info) in zip(running, results):
-                success[k] = success[k] or bool(info.get("success", False))
+                success[k] = episode_success(self.success_rule, success[k], info)
                 returns[k] += reward
                 if next_obs is not None:
                     obs[k] = next_obs

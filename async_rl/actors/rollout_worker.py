@@ -27,6 +27,7 @@ from async_rl.actors.groups import Ticket, stamp_episode
 from async_rl.experience import env_steps, from_wire, step_records, to_wire
 from async_rl.actors.peers import peer
 from async_rl.runtime import configure_torch, wait_for
+from envs.base import episode_success, success_rule
 
 
 def finite_rows(obs: TensorDict) -> list[bool]:
@@ -342,6 +343,7 @@ class RolloutWorkerActor:
         cfg, index = self.cfg, self.index
         task_set = await wait_for(self._task_set_holder.get.remote(), cfg.actor_timeout_s, "task-set holder", "get")
         self.task_names = list(task_set.task_names)
+        self.success_rule = success_rule(task_set)
         self.sampler = FailureWeightedTaskSampler(len(self.task_names), cfg.task_failure_window,
                                                   np.random.default_rng(cfg.seed + index))
         if self._curriculum is not None:  # from the checkpoint this run resumed
@@ -412,7 +414,7 @@ class RolloutWorkerActor:
                     pieces.append(piece)
                 slot.episode_return += reward
                 slot.episode_length += 1
-                slot.success = slot.success or bool(info.get("success", False))
+                slot.success = episode_success(self.success_rule, slot.success, info)
                 if done:
                     self._end_episode(slot)
                 else:
