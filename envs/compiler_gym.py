@@ -738,8 +738,15 @@ def random_search(env: CompilerGymTaskEnv, uri: str, length: int, trials: int, r
                 if env.reset_to(uri) is None:
                     return best
                 env.client.call("fork")
-        msg, _ = env.apply_passes([int(a) for a in rng.integers(len(env.ts.flags), size=length)])
-        best = msg["ir_count"] if best is None else min(best, msg["ir_count"])
+        passes = [int(a) for a in rng.integers(len(env.ts.flags), size=length)]
+        try:
+            msg, error = env.apply_passes(passes)
+        except CompilerGymServerError:  # the server died: the next trial's restore fails and resets
+            msg, error = {}, "server_error"
+        # A failed pass ends the trial as it ends a policy's episode (_end_early): the compilation did not
+        # finish, so the program is left unchanged. A pass that killed the session has no count at all.
+        count = env.program["o0_count"] if error is not None or "ir_count" not in msg else msg["ir_count"]
+        best = count if best is None else min(best, count)
     return best
 
 

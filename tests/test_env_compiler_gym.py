@@ -329,3 +329,77 @@ def test_held_out_evaluation_reports_greedy_sampled_and_random_search():
     assert SMALL_PROGRAM[-20:] in report["text"] and "geomean" in report["text"]
     written = json.loads(json.dumps(report["files"]["eval_programs.json"]))  # what the driver writes
     assert written["rows"][0]["policy_sequence"] == row["policy_sequence"] and written["skipped"] == report["skipped"]
+
+
+class ScriptedEnv:
+    """What ``random_search`` uses of a CompilerGymTaskEnv; each trial's passes get the next answer of
+    ``answers`` (a server answer, or an exception the call raises). A session that is gone takes the
+    server's fork with it, so the next ``restore`` fails, as on the real server."""
+
+    def __init__(self, answers):
+        from types import SimpleNamespace
+
+        self.ts = SimpleNamespace(flags=["-a", "-b", "-c"])
+        self.program = {"uri": "p", "o0_count": 100, "oz_count": 60}
+        self.answers, self.resets, self.forked = list(answers), 0, False
+        self.client = self
+
+    def reset_to(self, uri):
+        self.resets, self.forked = self.resets + 1, False
+        return {"ir_count": self.program["o0_count"]}
+
+    def call(self, cmd):
+        if cmd == "restore" and not self.forked:
+            raise CompilerGymServerError("CompilerGym 'restore' failed: restore without fork")
+        self.forked = True
+        return {}
+
+    def apply_passes(self, passes):
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            self.forked = False
+            raise answer
+        if "observe_error" in answer:  # the env replaces the server (apply_passes): no fork any more
+            self.forked = False
+        return answer, (answer.get("error") if answer.get("done") else None)
+
+
+def test_random_search_scores_a_trial_whose_pass_failed_as_the_unchanged_program():
+    # A pass that kills the compiler's session gets an answer without "ir_count" (the server cannot
+    # observe a gone session): that raised KeyError and crashed the held-out evaluation. Every failed
+    # trial (that one, a failed pass with a count, a dead server) is scored like the env scores a failed
+    # episode: nothing optimised is left, the -O0 count.
+    from envs.compiler_gym import random_search
+
+    gone = {"done": True, "error": "pass crashed", "observe_error": "ServiceError: session not found"}
+    answers = [{"done": False, "ir_count": 90}, gone, {"done": True, "error": "pass failed", "ir_count": 50},
+               CompilerGymServerError("CompilerGym server (pid 1) died during 'step'"), {"done": False, "ir_count": 95}]
+    env = ScriptedEnv(answers)
+    assert random_search(env, "p", 3, len(answers), np.random.default_rng(0)) == 90
+    assert env.resets == 3 and not env.answers  # the first start, then one after each trial that lost the fork
+    env = ScriptedEnv([gone, gone])
+    assert random_search(env, "p", 3, 2, np.random.default_rng(0)) == env.program["o0_count"]
+
+
+@needs_server
+def test_random_search_goes_on_after_a_trial_kills_the_compiler_service(per_step_set):
+    # The real server's answer when a trial takes CompilerGym's service down (no count, or the call fails).
+    from envs.compiler_gym import random_search
+
+    with closing(per_step_set.make_env(0, seed=0, benchmarks=[SMALL_PROGRAM])) as env:
+        real, answers = env.apply_passes, []
+
+        def apply_passes(passes):
+            if len(answers) == 1:  # the second trial: its service dies under it
+                os.kill(env.client.call("hello")["service_pid"], signal.SIGKILL)
+            try:
+                answers.append(real(passes))
+            except CompilerGymServerError as exc:
+                answers.append(exc)
+                raise
+            return answers[-1]
+
+        env.apply_passes = apply_passes
+        best = random_search(env, SMALL_PROGRAM, 4, 3, np.random.default_rng(7))
+        assert len(answers) == 3 and (isinstance(answers[1], CompilerGymServerError) or answers[1][1] is not None)
+        assert best is not None and 0 < best <= env.program["o0_count"] and env.server_restarts == 1
