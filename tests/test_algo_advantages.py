@@ -391,3 +391,23 @@ def test_group_estimators_batch_scaling_cannot_blow_up_a_constant_super_batch():
     # A batch with mean 0 (grpo's and rloo's advantages over whole groups): the RMS is the std, as before.
     centred = grpo_advantages(t([[1.0, 2.0, 4.0], [0.0, 0.0, 3.0]])).reshape(-1)
     torch.testing.assert_close(distributed_normalize(centred, center=False), centred / centred.std(unbiased=False))
+
+
+def test_grpo_gives_a_group_of_tied_float32_returns_no_advantage():
+    # In float32 the mean of equal values can be off by an ulp; dividing that ulp by a std made of the same
+    # ulp gave every member of a tied group the same advantage near +-0.93 (a push on all its actions).
+    from async_rl.algo import group_relative
+
+    for value in (0.1, 3.3333, 12345.678, 1e6 / 3):
+        for n in (3, 7, 8):
+            returns = torch.full((2, n), value, dtype=torch.float32)
+            returns[1, 0] = value * 0.5  # a group with spread next to the tied one
+            adv = grpo_advantages(returns)
+            assert adv.dtype == torch.float32 and torch.equal(adv[0], torch.zeros(n)), (value, n, adv[0])
+            assert adv[1].abs().max() > 0.3
+    # PACS calls it on scores that carry gradients: they still flow, in the input's dtype.
+    score = torch.full((4,), 3.3333, dtype=torch.float32, requires_grad=True)
+    out = group_relative(score * torch.tensor([1.0, 1.0, 1.0, 2.0]), torch.tensor([0, 0, 0, 1]), "grpo")
+    assert out.dtype == torch.float32 and torch.equal(out.detach()[:3], torch.zeros(3))  # a lone member keeps its own
+    out.sum().backward()
+    assert score.grad is not None and torch.isfinite(score.grad).all()

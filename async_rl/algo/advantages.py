@@ -109,8 +109,12 @@ def group_relative(values: Tensor, group_id: Tensor, method: str, *, scale_by_st
     v = torch.where(valid, values, torch.zeros_like(values))  # a masked-out NaN must not reach a group's sums
     if method == "naive":
         return v
+    # The statistics run in float64: there the sum of n equal float32 values is exact and so is its mean, so a
+    # group of tied values centres to exactly 0. In float32 the mean can be an ulp off, and grpo divided that
+    # ulp by a std made of the same ulp, giving every member of a tied group the same advantage near +-0.93.
+    dtype, v = v.dtype, v.to(torch.float64)
     per_group = lambda x: group_sum(x, group_id)  # noqa: E731
-    count = per_group(valid.to(values.dtype))
+    count = per_group(valid.to(torch.float64))
     total = per_group(v)
     if method == "rloo":
         out = v - (total - v) / (count - 1.0).clamp_min(1.0)
@@ -123,7 +127,7 @@ def group_relative(values: Tensor, group_id: Tensor, method: str, *, scale_by_st
             positive = var > 0
             std = torch.where(positive, torch.sqrt(torch.where(positive, var, 1.0)), 0.0)
             out = centred / (std + eps)
-    return torch.where(valid & (count > 1.0), out, v)
+    return torch.where(valid & (count > 1.0), out, v).to(dtype)
 
 
 def group_sum(x: Tensor, group_id: Tensor) -> Tensor:
