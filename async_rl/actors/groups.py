@@ -23,19 +23,21 @@ A group is dropped (and counted, by reason) when
   or too slow to use. Also when a member's episode broke (``abandon``).
 
 Both live in the replay buffer actor (actors/replay_buffer.py): the assembler feeds its sampling
-pool directly, and Ray runs one call at a time there, so tickets and arrivals need no locking and
-no second actor to keep consistent. The state is soft: after a restart, episodes of groups the new
-ledger never issued are dropped, one ``groups_dropped`` per group.
+pool directly, and each call runs there uninterrupted, so tickets and arrivals need no locking and
+no second actor to keep consistent. The assembler is deterministic (its starts and group ids come
+from the run seed, not from the process), so the buffer's log of tickets, episodes and abandons
+(actors/replay_log.py) replayed over a saved ``state_dict`` rebuilds it exactly after a restart:
+an episode the buffer answered for is durable while its group waits for the other members.
 """
 from __future__ import annotations
 
 import math
-import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
+import ray
 import torch
 from tensordict import TensorDict
 
@@ -74,18 +76,21 @@ class GroupAssembler:
     ``advantages(returns [G]) -> [G]`` is the estimator's outcome advantage of each member."""
 
     def __init__(self, group_size: int, max_spread: int, num_workers: int,
-                 advantages: Callable[[torch.Tensor], torch.Tensor], seed: int = 0) -> None:
+                 advantages: Callable[[torch.Tensor], torch.Tensor], seed: int = 0, id_base: int = 0) -> None:
         self.group_size, self.max_spread, self.advantages = group_size, max_spread, advantages
         self.per_worker = math.ceil(group_size / max(num_workers, 1))
-        self._rng = np.random.default_rng([seed, os.getpid()])
-        # Ids of a restarted ledger never meet those of the one before (soft state, module docstring).
-        self._next_id = int.from_bytes(os.urandom(3), "little") << 32
+        # From the run seed alone: the same run hands out the same starts, and a replay of the
+        # buffer's log rebuilds the same ledger. ``id_base`` keeps a ledger that could not be rebuilt
+        # (a restart without a log) apart from the ids its predecessor handed out.
+        self._rng = np.random.default_rng(seed)
+        self._next_id = id_base
         self._groups: "OrderedDict[int, _Group]" = OrderedDict()  # oldest first
         self._closed: "OrderedDict[int, None]" = OrderedDict()
         self.latest_version = 0
         self._spans: "deque[int]" = deque(maxlen=SPAN_WINDOW)  # version span of recent episodes
         self.counters = {"groups_opened": 0, "groups_completed": 0, "groups_dropped": 0, "groups_dropped_spread": 0,
-                         "groups_dropped_incomplete": 0, "groups_dropped_unknown": 0, "group_episodes_discarded": 0}
+                         "groups_dropped_incomplete": 0, "groups_dropped_unknown": 0, "group_episodes_discarded": 0,
+                         "group_steps_discarded": 0}
 
     # ---- tickets ------------------------------------------------------------------------
     def ticket(self, worker: str, task: int, fill_only: bool = False) -> Optional[Ticket]:
@@ -127,6 +132,7 @@ class GroupAssembler:
             if group_id not in self._closed:  # issued by a ledger before a restart
                 self._close(group_id, "groups_dropped_unknown")
             self.counters["group_episodes_discarded"] += 1
+            self.counters["group_steps_discarded"] += episode.batch_size[0]
             return []
         group.episodes.append(episode)
         released = []
@@ -174,6 +180,7 @@ class GroupAssembler:
         group = self._groups.pop(group_id, None)
         if group is not None:
             self.counters["group_episodes_discarded"] += len(group.episodes)
+            self.counters["group_steps_discarded"] += sum(e.batch_size[0] for e in group.episodes)
         self._remember(group_id)
         self.counters[why] += 1
         self.counters["groups_dropped"] += 1
@@ -182,6 +189,75 @@ class GroupAssembler:
         self._closed[group_id] = None
         while len(self._closed) > FORGET_AFTER:
             self._closed.popitem(last=False)
+
+    def held_steps(self) -> int:
+        """Steps of the episodes waiting in incomplete groups."""
+        return sum(e.batch_size[0] for g in self._groups.values() for e in g.episodes)
+
+    # ---- state (the replay buffer's checkpoints and log snapshots) ------------------------
+    def state_dict(self) -> tuple[dict[str, Any], list[TensorDict]]:
+        """The ledger as JSON-able data, and the held episodes (in the order of ``groups``)."""
+        groups = [{"ticket": list(g.ticket), "issued_version": g.issued_version, "issued": g.issued,
+                   "episodes": len(g.episodes)} for g in self._groups.values()]
+        state = {"groups": groups, "closed": list(self._closed), "latest_version": self.latest_version,
+                 "spans": list(self._spans), "next_id": self._next_id, "rng": self._rng.bit_generator.state,
+                 "counters": dict(self.counters)}
+        return state, [e for g in self._groups.values() for e in g.episodes]
+
+    def load_state_dict(self, state: dict[str, Any], episodes: list[TensorDict]) -> None:
+        self._groups.clear()
+        held = iter(episodes)
+        for g in state["groups"]:
+            group = _Group(Ticket(*g["ticket"]), g["issued_version"], dict(g["issued"]),
+                           [next(held) for _ in range(g["episodes"])])
+            self._groups[group.ticket.group_id] = group
+        self._closed = OrderedDict.fromkeys(state["closed"])
+        self.latest_version, self._next_id = state["latest_version"], state["next_id"]
+        self._spans = deque(state["spans"], maxlen=SPAN_WINDOW)
+        self._rng.bit_generator.state = state["rng"]
+        self.counters.update(state["counters"])
+
+
+class GroupSpec(NamedTuple):
+    """What the replay buffer's group assembler needs of the run config."""
+
+    advantage: str
+    group_size: int
+    max_spread: int
+    num_workers: int
+    stats_name: Optional[str]  # the stats actor, told groups_completed / groups_dropped (health/)
+    cfg: Any  # the estimator's episode_advantages may read its options
+
+
+class GroupPool:
+    """The assembler of a replay buffer actor and the health counts it sends to the stats actor."""
+
+    REPORTED = ("groups_completed", "groups_dropped")
+
+    def __init__(self, spec: GroupSpec, seed: int, id_base: int = 0) -> None:
+        from async_rl.algo import advantage_estimator  # noqa: PLC0415
+
+        estimator = advantage_estimator(spec.advantage)
+        self.assembler = GroupAssembler(spec.group_size, spec.max_spread, spec.num_workers,
+                                        lambda returns: estimator.episode_advantages(returns, spec.cfg), seed,
+                                        id_base)
+        self.stats_name, self._stats = spec.stats_name, None
+        self._reported = dict.fromkeys(self.REPORTED, 0)
+
+    def reported_all(self) -> None:
+        """A rebuilt assembler's counts were reported by its predecessor: report only what comes next."""
+        self._reported = {key: self.assembler.counters[key] for key in self.REPORTED}
+
+    def report(self) -> None:
+        """Send what changed since the last report (fire and forget: a lost count is not worth a wait)."""
+        if self.stats_name is None:
+            return
+        for key in self.REPORTED:
+            delta = self.assembler.counters[key] - self._reported[key]
+            if delta:
+                self._stats = self._stats or ray.get_actor(self.stats_name)
+                self._stats.record_health.remote(key, delta)
+                self._reported[key] += delta
 
 
 def stamp_episode(steps: TensorDict, group_id: int, success: bool) -> TensorDict:

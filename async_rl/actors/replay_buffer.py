@@ -1,19 +1,32 @@
-"""ReplayBufferActor: a bounded FIFO of experience records with uniform sampling."""
+"""ReplayBufferActor: a bounded FIFO of experience records with uniform sampling, and its log.
+
+Exactly once under ``replay_sampling: consume``: every change of the buffer's state is logged
+(actors/replay_log.py) before the caller hears of it, consumption included, so a buffer that Ray
+restarts is the one that died (same items, same counters) and never hands out again what a
+trainer drew. Pushes carry a batch id that the buffer remembers (through restarts too), so a
+worker pushing again a batch whose answer the dead buffer never sent adds it once.
+"""
 from __future__ import annotations
 
 import json
 import os
 import warnings
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import ray
 import torch
 from tensordict import TensorDict
 
+from async_rl.actors.groups import GroupPool, GroupSpec, stratified_group_slots
+from async_rl.actors.replay_log import LIMIT_FLOOR, ReplayLog, pack, unpack
 from async_rl.checkpoint import complete_checkpoints, load_tensordict, save_tensordict
-from async_rl.actors.groups import GroupAssembler, stratified_group_slots
 from async_rl.experience import policy_versions
+
+__all__ = ["GroupSpec", "ReplayBuffer", "ReplayBufferActor", "ReplayStorage", "reuse_allowed"]
+
+SEEN_IDS = 65_536  # batch ids remembered (a worker pushes again only its latest batch; this bounds memory)
 
 
 class ReplayStorage:
@@ -32,6 +45,7 @@ class ReplayStorage:
         self._next_stamp = 0
         self._generator = torch.Generator().manual_seed(seed)
         self.counters = {"added": 0, "sampled": 0, "evicted": 0, "dropped_stale": 0}
+        self.last_taken: list[int] = []
 
     def add_batch(self, batch: TensorDict) -> int:
         n = batch.batch_size[0]
@@ -75,8 +89,21 @@ class ReplayStorage:
     def _take(self, slots: torch.Tensor, consume: bool) -> TensorDict:
         if consume:
             self._live[slots] = False
+            self.last_taken = self._stamp[slots].tolist()  # what the buffer's log records of this draw
         self.counters["sampled"] += len(slots)
         return self._storage[slots].clone()
+
+    def take_stamps(self, stamps: list[int]) -> None:
+        """Consume the live items inserted with these stamps (a logged draw, replayed after a restart)."""
+        taken = self._live & torch.isin(self._stamp, torch.tensor(stamps, dtype=torch.int64))
+        self._live &= ~taken
+        self.counters["sampled"] += len(stamps)
+
+    def nbytes(self) -> int:
+        """Bytes of the preallocated storage (0 before the first item)."""
+        if self._storage is None:
+            return 0
+        return sum(v.numel() * v.element_size() for v in self._storage.values(include_nested=True, leaves_only=True))
 
     def _live_in_order(self) -> torch.Tensor:
         """Slots of the live items, oldest first."""
@@ -103,15 +130,18 @@ class ReplayStorage:
     def size(self) -> int:
         return int(self._live.sum())
 
-    def save(self, path: Path) -> None:
-        """Live items in insertion order, their slots, counters and sampler state (safetensors + JSON)."""
+    def state(self) -> tuple[TensorDict, dict[str, Any]]:
+        """A copy of the live items in insertion order and the rest of the state (for ``write_state``)."""
         order = self._live_in_order()
-        items = self._storage[order] if self._storage is not None else TensorDict({}, batch_size=[0])
-        save_tensordict(items, path)
-        state = {"counters": self.counters, "next_stamp": self._next_stamp, "capacity": self.capacity,
+        items = self._storage[order].clone() if self._storage is not None else TensorDict({}, batch_size=[0])
+        state = {"counters": dict(self.counters), "next_stamp": self._next_stamp, "capacity": self.capacity,
                  "slots": order.tolist(), "stamps": self._stamp[order].tolist(),
                  "generator": self._generator.get_state().tolist()}
-        Path(str(path) + ".json").write_text(json.dumps(state))
+        return items, state
+
+    def save(self, path: Path) -> None:
+        """Live items in insertion order, their slots, counters and sampler state (safetensors + JSON)."""
+        write_state(path, *self.state())
 
     def load(self, path: Path) -> None:
         """Restore what ``save`` wrote: the same items in the same slots (so sampling continues
@@ -132,44 +162,20 @@ class ReplayStorage:
         self._generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 
 
-class ReplayLog:
-    """Write-ahead log of accepted batches: a batch is on disk (fsynced) before ``add_batch``
-    acknowledges it, so a buffer that Ray restarts reloads the newest checkpoint and then every
-    batch accepted after it: nothing acknowledged is lost. A checkpoint records the last sequence
-    number it holds; once it is committed, the entries up to that number are deleted."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.next_seq = max((seq for seq, _ in self.entries()), default=-1) + 1
-
-    def entries(self, after: int = -1) -> list[tuple[int, Path]]:
-        found = sorted((int(p.stem), p) for p in self.directory.glob("*.safetensors") if p.stem.isdigit())
-        return [(seq, p) for seq, p in found if seq > after]
-
-    def append(self, batch: TensorDict) -> None:
-        final = self.directory / f"{self.next_seq:012d}.safetensors"
-        tmp = final.with_suffix(".tmp")
-        save_tensordict(batch, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)  # a torn write never carries an entry's name
-        self.next_seq += 1
-
-    def drop_through(self, seq: int) -> None:
-        for entry_seq, path in self.entries():
-            if entry_seq <= seq:
-                path.unlink(missing_ok=True)
-
-    def clear(self) -> None:
-        self.drop_through(self.next_seq)
-        for tmp in self.directory.glob("*.tmp"):
-            tmp.unlink()
+def write_state(path: Path, items: TensorDict, state: dict[str, Any]) -> None:
+    save_tensordict(items, path)
+    Path(str(path) + ".json").write_text(json.dumps(state))
 
 
-def log_seq_file(replay_path: Path) -> Path:
-    """Beside a checkpoint's replay.safetensors: the last log entry it contains."""
-    return Path(str(replay_path) + ".log.json")
+def extras_file(replay_path: Path) -> Path:
+    """Beside a saved replay state: batch ids seen, the group ledger, and the log position it holds."""
+    return Path(str(replay_path) + ".state.json")
+
+
+def held_file(replay_path: Path) -> Path:
+    """Beside a saved replay state: the episodes the group assembler holds (when there are any)."""
+    return Path(str(replay_path) + ".groups.safetensors")
 
 
 def reuse_allowed(counters: dict[str, int], n: int, max_draws_per_item: Optional[float]) -> bool:
@@ -186,37 +192,131 @@ def _restarted() -> bool:
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
-@ray.remote
-class ReplayBufferActor:
-    """Remote face of ReplayStorage; Ray runs one call at a time, so no locking is needed."""
+class ReplayBuffer:
+    """The buffer's state (storage, batch ids seen, group assembler) and its log; the actor's body.
+
+    Each method changes the state and appends the command that did it in one step without an
+    ``await`` (the log's order is the order of the changes), then waits until the command is
+    durable before it answers. ``restarted``: rebuild the state of the process that died from the
+    newest base (a checkpoint of this log, or the log's own snapshot) and the commands after it."""
 
     def __init__(self, capacity: int, seed: int = 0, checkpoint_root: Optional[str] = None,
-                 groups: Optional[GroupSpec] = None) -> None:
+                 groups: Optional[GroupSpec] = None, restarted: bool = False,
+                 log_limit_bytes: Optional[int] = None) -> None:
         self._store = ReplayStorage(capacity, seed)
-        self._groups = GroupPool(groups, seed) if groups is not None else None  # group rollouts only
+        self._store.counters["duplicate_pushes"] = 0
+        # A ledger that cannot be rebuilt (no log) must not reuse the ids its predecessor handed out.
+        id_base = int.from_bytes(os.urandom(3), "little") << 32 if restarted and checkpoint_root is None else 0
+        self._groups = GroupPool(groups, seed, id_base) if groups is not None else None  # group rollouts only
+        self._seen: "OrderedDict[str, None]" = OrderedDict()
         self._restored_from: Optional[str] = None
-        self._log = ReplayLog(Path(checkpoint_root) / "replay-log") if checkpoint_root is not None else None
-        if self._log is not None and _restarted():
-            self._recover(Path(checkpoint_root))
-        elif self._log is not None:
-            self._log.clear()  # a new run (or a resume): what an earlier process logged is not ours
-        # What the restore brought back (the supervisor counts the difference as lost).
+        self._log: Optional[ReplayLog] = None
+        self._limit = log_limit_bytes
+        if checkpoint_root is not None:
+            self._root = Path(checkpoint_root)
+            self._log = ReplayLog(self._root / "replay-log", fresh=not restarted)
+            self._log.start(self._recover() if restarted else 0)
+        # What the restore brought back (the supervisor counts what it lacks as lost).
         self._restored = {"restored_items": self._store.size(), "restored_added": self._store.counters["added"]}
 
-    def _recover(self, checkpoint_root: Path) -> None:
-        """Restarted by Ray after a crash: the newest complete checkpoint's items, then every batch
-        the log holds after it."""
-        found = complete_checkpoints(checkpoint_root)
-        last_in_checkpoint = -1
-        if found:
-            replay_path = found[-1] / "replay.safetensors"
-            self._store.load(replay_path)
-            if log_seq_file(replay_path).is_file():
-                last_in_checkpoint = json.loads(log_seq_file(replay_path).read_text())["last_seq"]
-        for _, path in self._log.entries(after=last_in_checkpoint):
-            self._store.add_batch(load_tensordict(path))
-        self._restored_from = str(found[-1]) if found else "the replay log"
+    # ---- recovery ------------------------------------------------------------------------
+    def _recover(self) -> int:
+        """Rebuild the state at the death; returns the next sequence number of the log."""
+        base_seq, base = -1, None
+        for found in complete_checkpoints(self._root):  # oldest first: the newest of this log wins
+            marker = _read_json(extras_file(found / "replay.safetensors")).get("log", {})
+            if marker.get("token") == self._log.token and marker["last_seq"] >= base_seq:
+                base_seq, base = marker["last_seq"], found / "replay.safetensors"
+        own = self._log.base()
+        if own is not None and own[0] > base_seq:
+            base_seq, base = own
+        if base is not None:
+            self._load_state(base, with_groups=True)
+        records = self._log.records(after=base_seq)
+        for record in records:
+            self._replay(record.header, record.payload)
+        if self._groups is not None:
+            self._groups.reported_all()
+        self._restored_from = str(base.parent) if base is not None else "the replay log"
+        return max(base_seq, records[-1].seq if records else -1) + 1
 
+    def _replay(self, header: dict[str, Any], payload: bytes) -> None:
+        """Apply one logged command as the live method did."""
+        op = header["op"]
+        if op == "add":
+            self._remember(header["id"])
+            self._store.add_batch(unpack(payload, header["sizes"])[0])
+        elif op == "episodes":
+            self._remember(header["id"])
+            self._enter_episodes(unpack(payload, header["sizes"]))
+        elif op == "take":
+            self._store.take_stamps(header["stamps"])
+        elif op == "count":
+            self._store.counters[header["key"]] = self._store.counters.get(header["key"], 0) + header["n"]
+        elif op == "drop":
+            self._store.drop_older_than(header["min_version"])
+        elif op == "ticket":
+            self._groups.assembler.ticket(header["worker"], header["task"], header["fill_only"])
+        elif op == "abandon":
+            self._groups.assembler.abandon(header["group"])
+        else:
+            raise ValueError(f"unknown replay log command {op!r}")
+
+    # ---- the log -------------------------------------------------------------------------
+    def _append(self, header: dict[str, Any], payload: bytes = b"") -> int:
+        if self._log is None:
+            return -1
+        seq = self._log.append(header, payload)
+        if self._log.live_bytes > self.log_limit():
+            self._log.compact(self._state_writer())  # trims the log without a checkpoint
+        return seq
+
+    async def _commit(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        """Append and wait until durable (the caller answers only then)."""
+        seq = self._append(header, payload)
+        if self._log is not None:
+            await self._log.durable(seq)
+
+    def log_limit(self) -> int:
+        """Log bytes beyond which it is compacted: twice the storage (a snapshot then costs at
+        most half of what it frees), at least ``LIMIT_FLOOR``, unless given."""
+        return self._limit if self._limit is not None else max(LIMIT_FLOOR, 2 * self._store.nbytes())
+
+    def _remember(self, batch_id: Optional[str]) -> None:
+        if batch_id is not None:
+            self._seen[batch_id] = None
+            while len(self._seen) > SEEN_IDS:
+                self._seen.popitem(last=False)
+
+    # ---- saved state (checkpoints and log snapshots) --------------------------------------
+    def _state_writer(self):
+        """A copy of the whole state now, and a function that writes it (the log's writer thread runs it)."""
+        items, store_state = self._store.state()
+        groups, held = self._groups.assembler.state_dict() if self._groups is not None else (None, [])
+        held = [e.clone() for e in held]  # the assembler adds fields to an episode when its group completes
+        extras = {"seen": list(self._seen), "groups": groups,
+                  "log": {"token": self._log.token, "last_seq": self._log.next_seq - 1} if self._log else {}}
+
+        def write(path: Path) -> None:
+            write_state(path, items, store_state)
+            if held:
+                blob, sizes = pack(held)
+                held_file(path).write_bytes(blob)
+                extras["held_sizes"] = sizes
+            extras_file(path).write_text(json.dumps(extras))
+        return write
+
+    def _load_state(self, path: Path, with_groups: bool) -> None:
+        self._store.load(path)
+        self._store.counters.setdefault("duplicate_pushes", 0)
+        extras = _read_json(extras_file(path))
+        for batch_id in extras.get("seen", []):
+            self._remember(batch_id)
+        if with_groups and self._groups is not None and extras.get("groups") is not None:
+            held = unpack(held_file(path).read_bytes(), extras["held_sizes"]) if extras.get("held_sizes") else []
+            self._groups.assembler.load_state_dict(extras["groups"], held)
+
+    # ---- what the actor serves ------------------------------------------------------------
     def restored_from(self) -> Optional[str]:
         """The checkpoint this buffer reloaded after a restart (None: first start, or none existed)."""
         return self._restored_from
@@ -224,33 +324,52 @@ class ReplayBufferActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         """Process id, the checkpoint reloaded after a restart, and the counters (one call)."""
         return {"pid": os.getpid(), "restored_from": self._restored_from,
-                "counters": {**self.counters(), **(self._restored if self._restored_from else {})}}
+                "counters": {**(await self.counters()), **(self._restored if self._restored_from else {})}}
 
-    def add_batch(self, batch: TensorDict) -> int:
-        if self._log is not None:
-            self._log.append(batch)  # durable before it is acknowledged
-        return self._store.add_batch(batch)
+    async def add_batch(self, batch: TensorDict, batch_id: Optional[str] = None) -> int:
+        """Store ``batch``; answers once it is durable. A ``batch_id`` seen before is not stored again."""
+        if await self._is_duplicate(batch_id):
+            return self._store.size()
+        blob, sizes = pack([batch]) if self._log is not None else (b"", None)
+        self._remember(batch_id)
+        size = self._store.add_batch(batch)
+        await self._commit({"op": "add", "id": batch_id, "sizes": sizes}, blob)
+        return size
 
-    def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None,
-               max_draws_per_item: Optional[float] = None) -> Optional[TensorDict]:
+    async def _is_duplicate(self, batch_id: Optional[str]) -> bool:
+        if batch_id is None or batch_id not in self._seen:
+            return False
+        self._store.counters["duplicate_pushes"] += 1
+        await self._commit({"op": "count", "key": "duplicate_pushes", "n": 1})  # the first push is durable too
+        return True
+
+    async def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None,
+                     max_draws_per_item: Optional[float] = None) -> Optional[TensorDict]:
         """``n`` items, or None while fewer than ``n`` are stored (with group rollouts: drawn by whole
         groups, None while the whole groups stored cannot supply them); with ``min_version`` items
         made by an older policy are dropped first (counted in ``dropped_stale``). With
         ``max_draws_per_item`` also None while drawing them would take the draws so far past that
-        many per item ever added (a bounded update-to-data ratio; counted in ``reuse_refusals``)."""
-        if min_version is not None:
-            self._store.drop_older_than(min_version)
+        many per item ever added (a bounded update-to-data ratio; counted in ``reuse_refusals``).
+        A consuming draw is durable before it is answered: a restarted buffer never holds it again."""
+        if min_version is not None and self._store.drop_older_than(min_version):
+            self._append({"op": "drop", "min_version": min_version})
         if not reuse_allowed(self._store.counters, n, max_draws_per_item):
             self._store.counters["reuse_refusals"] = self._store.counters.get("reuse_refusals", 0) + 1
+            self._append({"op": "count", "key": "reuse_refusals", "n": 1})
             return None
         group_size = self._groups.assembler.group_size if self._groups is not None else 1
         if group_size > 1 and n % group_size == 0:  # a trainer's super-batch: whole groups, every member
-            return self._store.sample_groups(n, group_size, consume)
-        # Without groups, or a trainer's refill of a few rows it dropped (not a multiple of the group).
-        return self._store.sample(n, consume) if self._store.size() >= n else None
+            batch = self._store.sample_groups(n, group_size, consume)
+        else:  # without groups, or a draw that is not a multiple of the group (no whole groups then)
+            batch = self._store.sample(n, consume) if self._store.size() >= n else None
+        if batch is None:
+            return None
+        await self._commit({"op": "take", "stamps": self._store.last_taken} if consume
+                           else {"op": "count", "key": "sampled", "n": n})
+        return batch
 
     def snapshot(self) -> Optional[TensorDict]:
         """Everything stored, in one call (for inspection and tests: a size() then sample(size)
@@ -260,88 +379,96 @@ class ReplayBufferActor:
     def count_dropped_stale(self, n: int) -> None:
         """Items a trainer dropped from an already-fetched batch for being too old."""
         self._store.counters["dropped_stale"] += n
+        self._append({"op": "count", "key": "dropped_stale", "n": n})
 
-    def save(self, path: str) -> int:
-        self._store.save(Path(path))
+    async def save(self, path: str) -> int:
+        """Write the state into a checkpoint being staged, with the log position it holds."""
         if self._log is not None:
-            log_seq_file(Path(path)).write_text(json.dumps({"last_seq": self._log.next_seq - 1}))
+            await self._log.durable()  # what the checkpoint holds was answered for, or never will be
+        self._state_writer()(Path(path))
         return self._store.size()
 
     def checkpoint_committed(self, path: str) -> None:
         """The checkpoint holding ``path`` (a replay.safetensors) is complete: forget the log up to it."""
-        if self._log is not None and log_seq_file(Path(path)).is_file():
-            self._log.drop_through(json.loads(log_seq_file(Path(path)).read_text())["last_seq"])
+        marker = _read_json(extras_file(Path(path))).get("log", {})
+        if self._log is not None and marker.get("token") == self._log.token:
+            self._log.drop_through(marker["last_seq"])
 
-    def load(self, path: str) -> int:
-        self._store.load(Path(path))
+    async def load(self, path: str) -> int:
+        """Resume from a checkpoint (a new run: the group ledger and its workers start afresh)."""
+        self._load_state(Path(path), with_groups=False)
+        if self._log is not None:  # the log starts from this state: snapshot it
+            self._log.compact(self._state_writer())
+            await self._log.durable()
         return self._store.size()
 
-    def drop_older_than(self, min_version: int) -> int:
-        return self._store.drop_older_than(min_version)
+    async def drop_older_than(self, min_version: int) -> int:
+        dropped = self._store.drop_older_than(min_version)
+        if dropped:
+            await self._commit({"op": "drop", "min_version": min_version})
+        return dropped
 
     def size(self) -> int:
         return self._store.size()
 
-    def counters(self) -> dict[str, int]:
-        groups = self._groups.assembler.counters if self._groups is not None else {}
-        return {**self._store.counters, "size": self._store.size(), **groups}
+    async def counters(self) -> dict[str, int]:
+        """Counters as a restart would restore them (what was counted so far is made durable first)."""
+        if self._log is not None:
+            await self._log.durable()
+        groups = {**self._groups.assembler.counters, "group_steps_held": self._groups.assembler.held_steps()} \
+            if self._groups is not None else {}
+        log = {"log_bytes": self._log.live_bytes, "log_limit_bytes": self.log_limit(), **self._log.counters} \
+            if self._log is not None else {}
+        return {**self._store.counters, "size": self._store.size(), **groups, **log}
 
     # ---- group rollouts (async_rl/actors/groups.py) ----------------------------------------
-    def ticket(self, worker: str, task: int, fill_only: bool = False) -> Optional[tuple[int, int, int]]:
+    async def ticket(self, worker: str, task: int, fill_only: bool = False) -> Optional[tuple[int, int, int]]:
         """(group_id, task, start) for an env slot of ``worker`` at episode start (GroupAssembler.ticket)."""
         found = self._groups.assembler.ticket(worker, task, fill_only)
+        await self._commit({"op": "ticket", "worker": worker, "task": int(task), "fill_only": bool(fill_only)})
         self._groups.report()
         return None if found is None else tuple(found)
 
-    def add_episodes(self, episodes: list[TensorDict]) -> int:
-        """Finished episodes of groups; the groups they complete enter the sampling pool (logged
-        like any batch). Returns how many steps entered."""
+    async def add_episodes(self, episodes: list[TensorDict], batch_id: Optional[str] = None) -> int:
+        """Finished episodes of groups, durable once this answers (held with their group until it
+        completes, then in the sampling pool). Returns how many steps entered the pool."""
+        if await self._is_duplicate(batch_id):
+            return 0
+        blob, sizes = pack(episodes) if self._log is not None else (b"", None)  # before the assembler adds fields
+        self._remember(batch_id)
+        entered = self._enter_episodes(episodes)
+        await self._commit({"op": "episodes", "id": batch_id, "sizes": sizes}, blob)
+        self._groups.report()
+        return entered
+
+    def _enter_episodes(self, episodes: list[TensorDict]) -> int:
         entered = 0
         for episode in episodes:
             for group in self._groups.assembler.add_episode(episode):
-                self.add_batch(group)
+                self._store.add_batch(group)
                 entered += group.batch_size[0]
-        self._groups.report()
         return entered
 
     def abandon_group(self, group_id: int) -> None:
         """A member of ``group_id`` broke off: the group cannot complete."""
         self._groups.assembler.abandon(group_id)
+        self._append({"op": "abandon", "group": int(group_id)})
         self._groups.report()
 
-
-class GroupSpec(NamedTuple):
-    """What the replay buffer's group assembler needs of the run config."""
-
-    advantage: str
-    group_size: int
-    max_spread: int
-    num_workers: int
-    stats_name: Optional[str]  # the stats actor, told groups_completed / groups_dropped (health/)
-    cfg: Any  # the estimator's episode_advantages may read its options
+    def close(self) -> None:
+        """Stop the log's writer once what is queued is written."""
+        if self._log is not None:
+            self._log.close()
 
 
-class GroupPool:
-    """The assembler of a replay buffer actor and the health counts it sends to the stats actor."""
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
 
-    REPORTED = ("groups_completed", "groups_dropped")
 
-    def __init__(self, spec: GroupSpec, seed: int) -> None:
-        from async_rl.algo import advantage_estimator  # noqa: PLC0415
+@ray.remote
+class ReplayBufferActor(ReplayBuffer):
+    """Remote face of ReplayBuffer (an async actor: calls interleave only where one awaits its log)."""
 
-        estimator = advantage_estimator(spec.advantage)
-        self.assembler = GroupAssembler(spec.group_size, spec.max_spread, spec.num_workers,
-                                        lambda returns: estimator.episode_advantages(returns, spec.cfg), seed)
-        self.stats_name, self._stats = spec.stats_name, None
-        self._reported = dict.fromkeys(self.REPORTED, 0)
-
-    def report(self) -> None:
-        """Send what changed since the last report (fire and forget: a lost count is not worth a wait)."""
-        if self.stats_name is None:
-            return
-        for key in self.REPORTED:
-            delta = self.assembler.counters[key] - self._reported[key]
-            if delta:
-                self._stats = self._stats or ray.get_actor(self.stats_name)
-                self._stats.record_health.remote(key, delta)
-                self._reported[key] += delta
+    def __init__(self, capacity: int, seed: int = 0, checkpoint_root: Optional[str] = None,
+                 groups: Optional[GroupSpec] = None, log_limit_bytes: Optional[int] = None) -> None:
+        super().__init__(capacity, seed, checkpoint_root, groups, _restarted(), log_limit_bytes)

@@ -1,9 +1,11 @@
 """ReplaySupervisor: the replay buffer actor, and what keeps a run going when it dies.
 
-Ray restarts the buffer (``max_restarts``); its constructor then reloads the newest complete
-checkpoint's items by itself, so no caller sees an empty buffer for long. The supervisor retries
-the driver's calls across the restart and counts restarts and the items the restore could not
-bring back (acknowledged after that checkpoint)."""
+Ray restarts the buffer (``max_restarts``); its constructor then rebuilds by itself the state it
+died in (the newest checkpoint or log snapshot, then its write-ahead log: actors/replay_log.py), so
+no caller sees an empty buffer for long and nothing it answered for is lost or handed out twice.
+The supervisor retries the driver's calls across the restart and counts restarts and any items
+the restore could not bring back (``added`` it read before the death minus ``added`` restored:
+0 while the log works)."""
 from __future__ import annotations
 
 import time
