@@ -243,23 +243,33 @@ def test_task_sampler_state_survives_a_json_checkpoint():
 
 
 def test_replay_log_keeps_what_a_checkpoint_lacks(tmp_path):
-    """The write-ahead log of the replay buffer: entries survive a new process, are listed in order
-    after a checkpoint's last sequence number, and are trimmed once a checkpoint covers them."""
-    from async_rl.actors.replay_buffer import ReplayLog
-    from async_rl.checkpoint import load_tensordict
+    """The replay buffer's write-ahead log: records survive a new process, are read in order after
+    a checkpoint's last sequence number, and are dropped once a checkpoint covers them (more in
+    tests/test_replay_exactly_once.py)."""
+    import asyncio
 
-    log = ReplayLog(tmp_path / "log")
-    for i in range(4):
-        log.append(TensorDict({"reward": torch.full((2,), float(i))}, batch_size=[2]))
-    reopened = ReplayLog(tmp_path / "log")  # what a restarted buffer sees
-    assert reopened.next_seq == 4
-    after = reopened.entries(after=1)
-    assert [seq for seq, _ in after] == [2, 3]
-    assert [float(load_tensordict(p)["reward"][0]) for _, p in after] == [2.0, 3.0]
-    reopened.drop_through(2)
-    assert [seq for seq, _ in reopened.entries()] == [3]
-    reopened.clear()
-    assert reopened.entries() == []
+    from async_rl.actors.replay_log import ReplayLog, pack, unpack
+
+    async def write():
+        log = ReplayLog(tmp_path / "log", fresh=True)
+        log.start(0)
+        for i in range(4):
+            blob, sizes = pack([TensorDict({"reward": torch.full((2,), float(i))}, batch_size=[2])])
+            await log.durable(log.append({"op": "add", "id": f"w/{i}", "sizes": sizes}, blob))
+        log.close()
+
+    asyncio.run(write())
+    reopened = ReplayLog(tmp_path / "log", fresh=False)  # what a restarted buffer sees
+    after = reopened.records(after=1)
+    assert [r.seq for r in after] == [2, 3]
+    assert [float(unpack(r.payload, r.header["sizes"])[0]["reward"][0]) for r in after] == [2.0, 3.0]
+    reopened.start(4)
+    reopened.drop_through(2)  # a segment goes once a checkpoint covers all of it: records 0-3 share one
+    asyncio.run(reopened.durable(reopened.append({"op": "count", "key": "x", "n": 1})))
+    reopened.drop_through(3)
+    reopened.close()
+    assert [r.seq for r in ReplayLog(tmp_path / "log", fresh=False).records(after=-1)] == [4]
+    assert ReplayLog(tmp_path / "log", fresh=True).records(after=-1) == []
 
 
 def test_finite_rows_flags_only_the_envs_with_a_non_finite_observation():

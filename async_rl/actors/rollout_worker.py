@@ -181,6 +181,9 @@ class RolloutWorkerActor:
         self._push_ref: Optional[ray.ObjectRef] = None
         self._push_batch: Optional[TensorDict] = None  # what _push_ref carries (pushed again if the buffer died)
         self._push_method = "add_batch"  # the replay method _push_ref called
+        # Each push is named (this process, a count): the buffer stores a name once, so pushing again a
+        # batch the dead buffer had already logged does not store it twice.
+        self._push_names, self._push_id = (f"worker-{index}/{os.getpid()}-{time.time_ns()}", 0), ""
         self.env_steps = 0
         self._env_thread = EnvThread(f"worker-{index}-env")
         self._resume = asyncio.Event()  # cleared by pause() (synchronous mode)
@@ -269,6 +272,9 @@ class RolloutWorkerActor:
         return all(slot.ticket is None for slot in self.slots)
 
     def _step_in_thread(self, env_actions: np.ndarray) -> tuple[list[tuple], list[TensorDict]]:
+        # Envs that score elsewhere (humaneval: the sandbox pool) start every slot's scoring first: in parallel.
+        for slot, a in zip(self.slots, env_actions):
+            getattr(slot.env, "prepare_step", lambda _action: None)(a)
         results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
         return results, [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
 
@@ -311,11 +317,14 @@ class RolloutWorkerActor:
         # At most one push in flight: bounds memory and surfaces replay errors here.
         await self._settle_push()
         self._push_method = method
-        self._push_ref, self._push_batch = getattr(self.replay, method).remote(batch), batch
+        prefix, count = self._push_names
+        self._push_names, self._push_id = (prefix, count + 1), f"{prefix}/{count}"
+        self._push_ref, self._push_batch = getattr(self.replay, method).remote(batch, self._push_id), batch
 
     async def _settle_push(self) -> None:
-        """Wait for the push in flight. If the buffer died meanwhile, Ray restarts it from the last
-        checkpoint, which lacks this batch: push it again (for at most ``actor_timeout_s``)."""
+        """Wait for the push in flight. If the buffer died meanwhile, Ray restarts it as its log left
+        it, with or without this batch: push it again under the same id (stored once; for at most
+        ``actor_timeout_s``)."""
         deadline = time.monotonic() + self.cfg.actor_timeout_s
         while self._push_ref is not None:
             try:
@@ -325,7 +334,7 @@ class RolloutWorkerActor:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.5)
-                self._push_ref = getattr(self.replay, self._push_method).remote(self._push_batch)
+                self._push_ref = getattr(self.replay, self._push_method).remote(self._push_batch, self._push_id)
 
     async def _push_and_count(self, batch: TensorDict) -> None:
         """Push to the replay buffer and count its env steps (step records, or the steps of segments)."""
