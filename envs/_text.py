@@ -1,0 +1,94 @@
+"""What the text tasks (``arithmetic``, ``humaneval``) share: one-step episodes over a prompt.
+
+An episode is one question: ``reset`` returns ``{"prompt": str}`` (the user message; the policy's
+worker-side preprocessor applies the chat template and tokenizes it), ``step`` receives the response
+as a 1-D array of token ids (ids < 0 are padding), decodes it with the model's tokenizer and scores
+it, or receives the decoded text itself (unit tests, evaluation scripts).
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from async_rl.errors import ConfigError
+
+OBS_SPEC = {"text": True}
+SPLITS = ("train", "heldout")
+
+
+def check_split(split: str, env: str) -> str:
+    if split not in SPLITS:
+        raise ConfigError(f"{env} split must be one of {', '.join(SPLITS)}, got {split!r}")
+    return split
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of a Hugging Face folder or a ``.gguf`` file, loaded once per process."""
+    from transformers import AutoTokenizer  # noqa: PLC0415  (heavy; only envs that decode ids need it)
+
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    if not p.is_dir():
+        raise ConfigError(f"tokenizer_path {path}: no such folder or .gguf file; pass the model's folder")
+    return AutoTokenizer.from_pretrained(str(p))
+
+
+def response_text(action: Union[str, np.ndarray, list], tokenizer_path: Optional[str], env: str) -> str:
+    """The response as text: ``action`` itself when it is a string, else its token ids (padding,
+    any id < 0, dropped) decoded without special tokens."""
+    if isinstance(action, str):
+        return action
+    ids = np.asarray(action).reshape(-1)
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"{env} expects the response's token ids (integers), got dtype {ids.dtype}")
+    if tokenizer_path is None:
+        raise ConfigError(f"{env} env got token ids but has no tokenizer_path; set env kwarg tokenizer_path "
+                          "(the driver fills it from --model-path)")
+    return load_tokenizer(str(tokenizer_path)).decode([int(i) for i in ids if i >= 0], skip_special_tokens=True)
+
+
+class TextEnvBase:
+    """One-step episodes: a subclass sets ``task_name`` and implements ``_problem(start)`` (-> its
+    prompt and whatever scoring needs) and ``score(text) -> (reward, info)``."""
+
+    task_name: str
+    reason_names: tuple[str, ...] = ()  # counted from zero, so that each is logged from the first episode
+
+    def __init__(self, tokenizer_path: Optional[str], seed: int) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.rng = np.random.default_rng(seed)
+        self.problem: Optional[dict] = None
+        self.reasons: Counter = Counter({r: 0 for r in self.reason_names})  # running totals for counters()
+
+    def reset(self, start: Optional[int] = None) -> dict[str, str]:
+        """A problem drawn by the env's seeded RNG, or (group rollouts) the problem of ``start``:
+        the same start, the same problem, whatever the env's seed."""
+        self.problem = self._problem(start)
+        return {"prompt": self.problem["prompt"]}
+
+    def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
+        if self.problem is None:
+            raise RuntimeError(f"{self.task_name} env: call reset() before step() (an episode is one step)")
+        reward, info = self.score(response_text(action, self.tokenizer_path, self.task_name))
+        self.reasons[info["reason"]] += 1
+        obs, self.problem = {"prompt": self.problem["prompt"]}, None
+        return obs, float(reward), True, False, info
+
+    def counters(self) -> dict[str, int]:
+        """Running totals the rollout worker logs as ``env/<name>``: how each response ended."""
+        return {f"{self.task_name}_{reason}": n for reason, n in self.reasons.items()}
+
+    def _problem(self, start: Optional[int]) -> dict:
+        raise NotImplementedError
+
+    def score(self, text: str) -> tuple[float, dict[str, Any]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

