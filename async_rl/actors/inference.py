@@ -293,13 +293,17 @@ class InferenceActor:
             local_addr=None if is_loopback(addr) else ray.util.get_node_ip_address(), device=self.device,
         )
 
-    async def receive_weights(self, version: int) -> int:
-        """Receive a broadcast from trainer rank 0 into staging buffers, then stage the swap."""
+    async def receive_weights(self) -> int:
+        """Receive a broadcast from trainer rank 0 into staging buffers, then stage the swap; returns
+        the policy version the weights are. The version travels with them (the sender's last
+        completed version, which a re-send mid-epoch cannot know in advance)."""
         if self._sync is None:
             raise RuntimeError(f"{self.name} is not in a weight-sync group (restarted?); rebuild the group")
         targets = [t for _, t in self.model.inference_tensors()]
         staging = [torch.empty_like(t) for t in targets]
-        await self._sync.broadcast_async(staging)
+        label = torch.zeros(1, dtype=torch.int64, device=self.device)
+        await self._sync.broadcast_async([*staging, label])
+        version = int(label.item())
 
         def apply() -> None:
             with torch.no_grad():

@@ -128,6 +128,11 @@ class TrainerActor:
         self.reference: Optional[ReferencePolicy] = None  # only when the objective reads one (setup)
         self._prefetch: Optional[Prefetcher] = None  # created on the actor's event loop
         self._sync: Optional[WeightSyncGroup] = None
+        # Rank 0: (version, copy of the inference tensors) of the last completed version, what every
+        # broadcast sends. A broadcast may come mid-epoch (heal() re-sends to a restarted inference
+        # actor while this rank trains): the live parameters are then between two versions and an
+        # optimiser step may rewrite them while they are on the wire.
+        self._published: Optional[tuple[int, list[torch.Tensor]]] = None
         self.global_step = 0
         self.skipped_updates = 0
         self.next_version = 0  # the policy version the next train_epoch will be called with
@@ -180,6 +185,7 @@ class TrainerActor:
         self.device = self.engine.device
         if self.objective.needs_reference:
             self.reference = ReferencePolicy(self.engine.module, frozen)
+        self._publish(self.next_version)
         return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
 
     def _init_training_group(self, backend: str) -> None:
@@ -277,6 +283,7 @@ class TrainerActor:
             order = self._minibatch_order(batch)
             for i in range(0, len(order), mb):
                 rows.append(self._loss_and_step(self.estimator.loss_inputs(batch[order[i : i + mb]], model, self.cfg)))
+        self._publish(policy_version + 1)  # the weights are now this version, whole
         metrics = mean_metrics(rows)
         self.skipped_updates = self.engine.skipped_steps
         metrics.update({
@@ -345,12 +352,22 @@ class TrainerActor:
         )
         return self._sync.transport
 
-    async def broadcast_weights(self) -> float:
-        """Rank 0 sends the inference tensors to every inference actor; returns seconds taken."""
+    def _publish(self, version: int) -> None:
+        """Rank 0 keeps a copy of the inference tensors as ``version`` (called where no step runs:
+        after set-up, a checkpoint's load, or in the training thread at the end of an epoch). A new
+        list each time: a broadcast still sending the previous one keeps it intact."""
+        if self.rank == 0:
+            tensors = [t.detach().clone() for _, t in self.engine.module.inference_tensors()]
+            self._published = (version, tensors)
+
+    async def broadcast_weights(self) -> tuple[float, int]:
+        """Rank 0 sends the last completed version's inference tensors, followed by that version
+        (one int64), to every inference actor; returns (seconds taken, version sent)."""
         start = time.perf_counter()
-        tensors = [t.detach() for _, t in self.engine.module.inference_tensors()]
-        await self._sync.broadcast_async(tensors)
-        return time.perf_counter() - start
+        version, tensors = self._published
+        label = torch.tensor([version], dtype=torch.int64, device=tensors[0].device if tensors else self.device)
+        await self._sync.broadcast_async([*tensors, label])
+        return time.perf_counter() - start, version
 
     # ---- checkpoints --------------------------------------------------------------------
     async def hold_prefetch(self) -> int:
@@ -403,6 +420,7 @@ class TrainerActor:
         self.engine.skipped_steps = self.skipped_updates = state["skipped_steps"]
         self.next_version = state["next_version"]
         ckpt.set_rng_state(state["rng"])
+        self._publish(self.next_version)  # the loaded weights are the version the next epoch starts from
         pending = sorted(directory.glob(f"pending-trainer-{self.rank}-*.safetensors"),
                          key=lambda p: int(p.stem.rsplit("-", 1)[1]))
         self._restored = [ckpt.load_tensordict(p) for p in pending]

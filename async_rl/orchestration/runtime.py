@@ -166,7 +166,7 @@ class Runtime:
                 break  # get_named names the failure
             if pending:
                 self.check_workers()
-                self.weight_sync.heal(self.policy_version)
+                self.weight_sync.heal()
         return get_named(refs, max(deadline - time.monotonic(), 0.1), what)
 
     def check_workers(self) -> None:

@@ -46,29 +46,32 @@ class WeightSyncCoordinator:
         console.print(f"weight sync ({', '.join(names)}): {transport}", markup=False, soft_wrap=True)
 
     def broadcast(self, version: int) -> float:
-        """Send rank 0's weights as ``version`` (both sides in flight before waiting); returns seconds.
+        """Send rank 0's weights of ``version`` (both sides in flight before waiting); returns seconds.
+        The driver calls it between epochs, when the sender's last completed version is ``version``.
 
         If an inference actor failed (killed and restarted by Ray, or not answering within
         ``collective_timeout_s``), the group is rebuilt with the live members and the weights sent
         again; a trainer's failure propagates."""
-        refs = self._broadcast_refs(version)
+        refs = self._broadcast_refs()
         what = f"weight broadcast v{version}"
         try:
-            seconds = self._wait(refs, what)
+            seconds, sent = self._wait(refs, what)
         except (ActorFailedError, ActorTimeoutError) as exc:
             console.print(f"{what} failed: {exc}; rebuilding the weight-sync group", style="red", markup=False,
                           soft_wrap=True)
             self._rebuild(refs[SENDER])
-            seconds = self._wait(self._broadcast_refs(version), what)
+            seconds, sent = self._wait(self._broadcast_refs(), what)
+        if sent != version:  # the receivers are labelled with what was sent; a mismatch is a driver bug
+            raise RuntimeError(f"{what}: {SENDER} holds v{sent} as its last completed version")
         self.seconds.append(seconds)
         return seconds
 
-    def heal(self, version: int) -> bool:
+    def heal(self) -> bool:
         """Between broadcasts (e.g. while the trainers wait for data): if Ray restarted an inference
-        actor (its process changed: it died, or its node did), re-form the group and send it
-        ``version`` again; True if it did. A member still restarting is left for a later call.
-        The trainers may be mid-epoch: the weights sent may then be of a step in progress, which the
-        behaviour log-probs recorded with them account for."""
+        actor (its process changed: it died, or its node did), re-form the group and send the
+        weights again; True if it did. A member still restarting is left for a later call.
+        The trainers may be mid-epoch: the sender then sends its last completed version (a copy
+        taken when it completed), labelled as that version, never parameters a step is changing."""
         probes = self.inference.submit("pid")
         ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=HEAL_PROBE_S)
         if len(ready) < len(probes):
@@ -82,14 +85,16 @@ class WeightSyncCoordinator:
             self.inference.restart(name, "Ray restarted its process (it or its node died)")
         if changed:
             self.join()
-            self._wait(self._broadcast_refs(version), f"weight re-send v{version} after a restart")
+            _, sent = self._wait(self._broadcast_refs(), "weight re-send after a restart")
+            console.print(f"weights v{sent} re-sent to {', '.join(changed)}", markup=False, soft_wrap=True)
         return bool(changed)
 
-    def _wait(self, refs: dict[str, ray.ObjectRef], what: str) -> float:
+    def _wait(self, refs: dict[str, ray.ObjectRef], what: str) -> tuple[float, int]:
+        """(seconds, version) the sender reports once every member's side has ended."""
         return get_named(refs, self.collective_timeout_s + 10, what)[SENDER]
 
-    def _broadcast_refs(self, version: int) -> dict[str, ray.ObjectRef]:
-        return {SENDER: self.sender.broadcast_weights.remote(), **self.inference.submit("receive_weights", version)}
+    def _broadcast_refs(self) -> dict[str, ray.ObjectRef]:
+        return {SENDER: self.sender.broadcast_weights.remote(), **self.inference.submit("receive_weights")}
 
     def _rebuild(self, sender_ref: Optional[ray.ObjectRef]) -> None:
         """Let the failed broadcast end on the sender, restart the inference actors that died, rejoin."""
