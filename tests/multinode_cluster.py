@@ -5,6 +5,7 @@ inside the namespaces this module made, by pid, then deletes the namespaces."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -53,7 +54,11 @@ class TwoNodeCluster:
         self.address = f"{self.ips[0]}:{RAY_PORT}"
         # A local run earlier in this process may have left Ray's "no multi-node" switch behind.
         env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-        self.env = {**env, "RAY_AUTH_MODE": "token"}
+        # The cluster's own token, handed to every process by environment: `ray start --head` with
+        # token mode refuses to start when none exists, and ~/.ray/auth_token exists only after some
+        # earlier local ray.init made one (a fresh clone running this test first had none).
+        env = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH"}
+        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
     # ---- set-up -------------------------------------------------------------------------
     def __enter__(self) -> "TwoNodeCluster":

@@ -3,7 +3,15 @@ veth pair of our own test subnet), the MetaWorld launch started in A with --ray-
 make the placement certain: node A has 3 CPUs, node B 5; trainers take 2 CPUs each (SPREAD: one
 rank per node, rank 0 on the driver's node A), the inference actor 2 (only B has room left), the
 rollout workers 1 each (one per node). So trainer rank 1, the inference actor and a rollout worker
-are on B, and every weight broadcast goes from A to B over the veth pair."""
+are on B, and every weight broadcast goes from A to B over the veth pair.
+
+With --max-policy-lag 1 the last epoch (called with policy version 2) may train only on experience
+acted by version 1 or later, so a run that completes proves that weights broadcast from A reached the
+inference actor on B and acted there. The replay buffer left in the final checkpoint proves nothing
+(issue 27): each worker pushes 80 steps per pair of 40-step episodes, the three epochs and the
+prefetch consume 256 items drawn at random, and when the first episodes (acted by v0) outnumber what
+was acted after the first broadcast landed (it comes after epoch 0, which a loaded machine makes
+slow), every item left at the end can be of version 0."""
 import re
 import subprocess
 import time
@@ -14,14 +22,13 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from async_rl import checkpoint as ckpt
-from async_rl.experience import policy_versions
 from multinode_cluster import PYTHON, ROOT, TwoNodeCluster, namespaces_unavailable
 
 WHY_NOT = namespaces_unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"two-node test: {WHY_NOT}")
 
 EPOCHS = 3
-RUN_TIMEOUT_S = 240.0
+RUN_TIMEOUT_S = 600.0  # start-up alone took 160 s with the 2 cores shared by ~8 busy processes
 ACTOR_TITLE = re.compile(r"ray::(\w+Actor)")
 
 
@@ -31,9 +38,10 @@ def launch_flags(cluster: TwoNodeCluster, log_dir: Path) -> list[str]:
         "--num-eval-workers", "0", "--num-rollout-workers", "2", "--envs-per-worker", "2",
         "--trainer-num-cpus", "2", "--inference-num-cpus", "2", "--worker-num-cpus", "1",
         "--train-batch-size", "32", "--accumulation-steps", "1", "--super-batch-size", "32", "--updates-per-epoch", "2",
+        "--max-policy-lag", "1",
         "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}", "--swanlab-mode", "disabled",
         "--log-dir", str(log_dir), "--log-interval-seconds", "0.01",
-        "--actor-timeout-s", "60", "--collective-timeout-s", "60", "--startup-timeout-s", "150",
+        "--actor-timeout-s", "60", "--collective-timeout-s", "60", "--startup-timeout-s", "300",
     ]
 
 
@@ -85,8 +93,11 @@ def test_two_node_run(tmp_path):
     events = EventAccumulator(str(log_dir)).Reload()
     assert len(events.Scalars("train/policy_loss")) == EPOCHS
     assert events.Scalars("sync/policy_version")[-1].value == EPOCHS
-    replay = ckpt.load_tensordict(ckpt.latest_checkpoint(str(log_dir)) / "replay.safetensors")
-    assert int(policy_versions(replay).max()) >= 1, "experience acted by weights broadcast from node A"
+    assert ckpt.latest_checkpoint(str(log_dir)) is not None
+    # The last epoch trained only on experience acted by weights broadcast from node A (lag <= 1 at
+    # policy version EPOCHS - 1 means behaviour version >= 1); guaranteed by --max-policy-lag, not by timing.
+    lag_max = events.Scalars("rollout/policy_lag_max")
+    assert len(lag_max) == EPOCHS and lag_max[-1].value <= 1, [e.value for e in lag_max]
 
     broadcast = [e.value for e in events.Scalars("sync/broadcast_seconds")]
     steps = events.Scalars("rollout/total_env_steps")

@@ -167,8 +167,10 @@ class Placement:
         return self.inference.gpu_id(index)
 
     def training_master(self) -> tuple[str, int]:
-        """MASTER_ADDR/MASTER_PORT of the training group: on trainer rank 0's node."""
-        return rendezvous(self.cfg, self.rank0)
+        """MASTER_ADDR/MASTER_PORT of the training group: on trainer rank 0's node. The first call
+        on trainer 0 waits for its process to start and import (a minute and more on a loaded
+        machine), so it is bounded by startup_timeout_s, not by one call's actor_timeout_s."""
+        return rendezvous(self.cfg, self.rank0, self.cfg.startup_timeout_s)
 
     def weight_sync_rendezvous(self) -> tuple[str, int]:
         """Address and port of the weight-sync group's store: on trainer rank 0's node (asked anew on
@@ -210,15 +212,17 @@ class Placement:
                 role.group = None
 
 
-def rendezvous(cfg: Any, trainer0: Any) -> tuple[str, int]:
+def rendezvous(cfg: Any, trainer0: Any, timeout_s: Optional[float] = None) -> tuple[str, int]:
     """(address, port) on trainer rank 0's node for a store it will host: its node's IP and a port
-    free there on a cluster, 127.0.0.1 and a loopback port for a local run."""
+    free there on a cluster, 127.0.0.1 and a loopback port for a local run. Waits ``timeout_s``
+    (default actor_timeout_s)."""
     if trainer0 is None:
         raise RuntimeError("Placement.rank0 is not set: create the trainers first")
+    timeout_s = cfg.actor_timeout_s if timeout_s is None else timeout_s
     try:
-        addr, port = ray.get(trainer0.rendezvous_endpoint.remote(not cfg.ray_address), timeout=cfg.actor_timeout_s)
+        addr, port = ray.get(trainer0.rendezvous_endpoint.remote(not cfg.ray_address), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise ActorTimeoutError(f"trainer-0 did not report its rendezvous address within {cfg.actor_timeout_s:g} s") from None
+        raise ActorTimeoutError(f"trainer-0 did not report its rendezvous address within {timeout_s:g} s") from None
     return addr, port
 
 
