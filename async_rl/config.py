@@ -86,9 +86,11 @@ class PolicySection(_Section):
     """a registered policy (a module in async_rl/policies/)"""
     policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
     model_path: Optional[str] = None
-    """local model directory for policies that load one (vla); null = their default"""
+    """local model directory (or, for causal_lm, a .gguf file) for policies that load one (vla, causal_lm); null = their default"""
     lora_rank: pydantic.NonNegativeInt = 0
-    """LoRA (peft) on the trainers' copy, inference receives merged weights; 0 = train every parameter"""
+    """LoRA (peft) on the trainers' copy; 0 = train every parameter"""
+    lora_sync: Literal["merged", "adapters"] = "merged"
+    """what the inference actors receive with LoRA: the merged weights, or only the adapters (and parameters trained whole) on top of their own frozen base"""
     lora_alpha: pydantic.PositiveFloat = 16.0
     lora_dropout: Fraction = 0.0
     lora_target_modules: Optional[Union[str, list[str]]] = None
@@ -138,6 +140,8 @@ class ObjectiveSection(_Section):
     """Schulman's estimators of KL(pi || pi_ref): k1 = log(pi/pi_ref), k2 = log^2/2, k3 = (r - 1) - log r"""
     kl_ref_as: Literal["loss", "reward"] = "loss"
     """the KL to the reference as a loss term, or as a per-step reward penalty (estimators reading rewards on the trainer)"""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """how the per-token terms of variable-length actions (a response) become one loss: over all tokens, per sequence then over sequences, or per-sequence sums over the token budget (Dr. GRPO)"""
     grpo_scale_by_std: bool = True
     """grpo divides by the group's std; false = centring only (Dr. GRPO)"""
     ratio_threshold: Optional[pydantic.PositiveFloat] = None

@@ -46,6 +46,8 @@ def prepare(cfg: RunConfig) -> Any:
         check_resources(cfg, float(os.cpu_count() or 1))
     cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,
                                        cfg.policy_kwargs)
+    if getattr(task_set, "tokenizer_path", False) is None:  # a text env decodes responses with the policy's tokenizer
+        task_set.tokenizer_path = cfg.policy_kwargs.get("model_path")
     return task_set
 
 

@@ -89,6 +89,7 @@ def training_model(cfg: Any, policy_factory: Callable[[], Any]) -> Any:
                            cfg.lora_trainable)
     if not model.has_critic:
         model.drop_critic()
+    model.sync_adapters_only = cfg.lora_rank > 0 and cfg.lora_sync == "adapters"
     return model
 
 
@@ -275,7 +276,7 @@ class TrainerActor:
         batch = self.estimator.prepare(batch.to(self.device), self.cfg)
         module = self.engine.module
         model = TrainModel(evaluate=self.engine, value=module.value, action_key=module.action_key,
-                           reference=self.reference)
+                           reference=self.reference, action_mask=module.action_mask)
         mb = self.cfg.train_batch_size
         rows = []
         self._window_useful = 0

@@ -55,13 +55,18 @@ class TrainModel:
     value: Callable[[TensorDict], Tensor]  # obs -> V(obs)
     action_key: str
     reference: Optional[Callable[[TensorDict, Tensor], Tensor]] = None  # (obs, action) -> logp_ref, no gradient
+    action_mask: Optional[Callable[[Tensor], Optional[Tensor]]] = None  # action -> its real elements (variable length)
 
 
 def batch_fields(steps: TensorDict, model: TrainModel) -> dict[str, Optional[Tensor]]:
     """The optional ``LossInputs`` of step records: the reference log-probs (when the model has a
-    reference) and the group fields (``group_id``, ``success``) where the records carry them."""
-    reference = None if model.reference is None else model.reference(steps["obs"], steps[model.action_key])
-    return {"logp_ref": reference, "group_id": steps.get("group_id", None), "success": steps.get("success", None)}
+    reference), the group fields (``group_id``, ``success``) where the records carry them, and the
+    mask of variable-length actions (a response's tokens) where the policy has one."""
+    action = steps[model.action_key]
+    reference = None if model.reference is None else model.reference(steps["obs"], action)
+    mask = None if model.action_mask is None else model.action_mask(action)
+    return {"logp_ref": reference, "group_id": steps.get("group_id", None), "success": steps.get("success", None),
+            "mask": mask}
 
 
 class AdvantageEstimator:

@@ -148,3 +148,29 @@ def distributed_normalize(
     # that is kept, so a batch of equal non-zero values (naive advantages of equal returns) has std 0 and
     # would be multiplied by 1/eps. The RMS is 0 only if every value is 0, and equals the std at mean 0.
     return (x.to(torch.float64) / (math.sqrt(total_sq / count) + eps)).to(x.dtype)
+
+
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def aggregate(x: Tensor, mask: Optional[Tensor], mode: str = "token-mean") -> Tensor:
+    """One scalar from per-element terms ``x`` ``[B, T]`` of variable-length actions (``mask``: the real
+    elements). ``token-mean``: every real token weighs the same, so long responses weigh more;
+    ``seq-mean-token-mean``: each sequence's token mean, then the mean over sequences (every response
+    weighs the same); ``seq-mean-token-sum-norm`` (Dr. GRPO): each sequence's token sum divided by
+    the constant T, then the mean, which removes the length bias of dividing by a response's own length.
+    Without a mask every element is real."""
+    if mode not in LOSS_AGGREGATIONS:
+        raise ValueError(f"loss aggregation '{mode}': valid {', '.join(LOSS_AGGREGATIONS)}")
+    if mask is None:
+        mask = torch.ones_like(x, dtype=torch.bool)
+    x = torch.where(mask.bool(), x, torch.zeros_like(x))  # a masked-out NaN must not reach a sum
+    if x.dim() < 2 or mode == "token-mean":
+        return masked_mean(x, mask)
+    valid = mask.to(x.dtype)
+    sums = x.sum(-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = sums / valid.sum(-1).clamp_min(1.0)
+    else:
+        per_seq = sums / x.shape[-1]
+    return per_seq.mean()

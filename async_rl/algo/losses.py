@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from async_rl.algo.advantages import group_relative, group_sum
+from async_rl.algo.functional import aggregate
 from async_rl.errors import ConfigError
 from async_rl.registry import Registry
 from async_rl.validation import validate_model
@@ -359,19 +360,14 @@ def per_action(x: Tensor, mask: Optional[Tensor], how: str) -> Tensor:
     return total / count
 
 
-def _masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
-    if mask is None:
-        return x.mean()
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp_min(1.0)
-
-
 class PolicyLoss:
     """A clip mode with its params resolved once (at construction); calling it is the loss and its
     diagnostics of one minibatch."""
 
-    def __init__(self, clip_mode: str, params: Mapping[str, Any] | PolicyLossParams | None = None) -> None:
-        self.clip_mode = clip_mode
+    def __init__(self, clip_mode: str, params: Mapping[str, Any] | PolicyLossParams | None = None,
+                 agg: str = "token-mean") -> None:
+        """``agg``: how the masked per-element losses become one (``functional.aggregate``)."""
+        self.clip_mode, self.agg = clip_mode, agg
         self._spec = _mode_spec(clip_mode)
         self.params = resolve_policy_loss_params(clip_mode, params)
 
@@ -407,7 +403,7 @@ class PolicyLoss:
         ratio = torch.exp(log_ratio)
         inputs = PolicyInputs(ratio, adv.expand(shape), mask, logp, element_mask, logp_ref, group_id, success)
         terms = self._spec.fn(inputs, self.params)
-        return _masked_mean(terms.loss, mask), _diagnostics(ratio, log_ratio, terms, mask)
+        return aggregate(terms.loss, mask, self.agg), _diagnostics(ratio, log_ratio, terms, mask)
 
 
 def _diagnostics(ratio: Tensor, log_ratio: Tensor, terms: LossTerms, mask: Optional[Tensor]) -> dict[str, float]:

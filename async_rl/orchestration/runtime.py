@@ -16,7 +16,7 @@ from async_rl.actors.inference import InferenceActor
 from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
 from async_rl.actors.peers import SharedValue
 from async_rl.actors.stats import StatsActor
-from async_rl.actors.trainer import TrainerActor
+from async_rl.actors.trainer import TrainerActor, training_model
 from async_rl.algo import advantage_estimator
 from async_rl.logger import mean_metrics
 from async_rl.orchestration.actor_group import ActorGroup, failure_reason, get_named
@@ -78,6 +78,10 @@ class Runtime:
         if not advantage_estimator(cfg.advantage).needs_critic:  # trainers and inference actors alike
             self.policy_factory = functools.partial(critic_free, self.policy_factory)
         self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec, **cfg.policy_kwargs)
+        # Adapter-only weight sync: the inference copy is built as the trainers' is (same frozen base,
+        # same adapters), so that only the trained tensors need to travel.
+        self.inference_factory = (functools.partial(training_model, cfg, self.policy_factory)
+                                  if cfg.lora_rank > 0 and cfg.lora_sync == "adapters" else self.policy_factory)
         self.policy_version = self.epoch = 0
         self.tag = f"run-{uuid.uuid4().hex[:8]}"  # actor names are unique to this run
         self.lag_values: list[int] = []  # behaviour-policy lag of every item of the last epoch
@@ -98,7 +102,7 @@ class Runtime:
         self.inference = ActorGroup("inference", {
             f"inference-{i}": InferenceActor.options(**self.placement.inference_options(i), name=self.named(f"inference-{i}"),
                                                          **restartable).remote(
-                i, self.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms, self.placement.inference_gpu(i),
+                i, self.inference_factory, cfg.inference_batch, cfg.inference_timeout_ms, self.placement.inference_gpu(i),
                 cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread, cfg.actor_timeout_s)
             for i in range(cfg.num_inference_actors)}, timeout, cfg.actor_max_restarts, on_restart=count)
         self.trainers = ActorGroup("trainer", {

@@ -1,7 +1,7 @@
 """What every policy provides to the runtime."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Optional, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -37,6 +37,11 @@ class ActorCritic(torch.nn.Module):
         """(logp per action dimension, entropy per action dimension, value) of ``action``."""
         raise NotImplementedError
 
+    def action_mask(self, action: torch.Tensor) -> Optional[torch.Tensor]:
+        """Which elements of a batch of stored actions are real ([B, A] bool), for policies whose
+        actions vary in length (a response of tokens); None: every element is."""
+        return None
+
     def forward(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # The DeepSpeed engine calls forward; training evaluates stored actions.
         return self.evaluate(obs, action)
@@ -60,11 +65,19 @@ class ActorCritic(torch.nn.Module):
             p.requires_grad_(False)
         return self
 
+    # LoRA with adapter-only sync (``lora_sync: adapters``): the inference copy holds the same frozen base
+    # and adapters, and only the trained tensors travel. Set on both sides by trainer.training_model.
+    sync_adapters_only = False
+
     def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Named tensors the inference copy needs, in a fixed order (what the weight sync sends);
-        with LoRA, the adapters are merged into the base weights under the plain names. Without a
-        critic the value head's tensors are left out."""
+        with LoRA, the adapters are merged into the base weights under the plain names, or with
+        ``sync_adapters_only`` only the trained tensors (adapters, parameters trained whole) are
+        sent. Without a critic the value head's tensors are left out."""
         from async_rl.policies.lora import merged_named_tensors
+
+        if self.sync_adapters_only:  # the frozen critic's tensors are not trainable either
+            return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
 
         tensors = merged_named_tensors(self)
         if self.has_critic:

@@ -1,0 +1,239 @@
+"""A causal language model as a policy: a prompt is the observation, a whole response is the action.
+
+The worker-side preprocessor applies the model's chat template to the env's prompt and left-pads
+it to ``max_prompt_tokens`` (every request of a batch then has the same width and rows of several
+callers concatenate). ``act`` samples a response with Hugging Face ``generate`` (KV cache, stop at
+eos) and records, for every sampled token, its log-probability under the distribution it was
+actually drawn from (after temperature and top-p). A response is ``max_new_tokens`` ids, ``-1``
+after its end; ``action_mask`` marks the real tokens, eos included, so every loss term is masked.
+
+``evaluate`` recomputes the same log-probs for training in one forward over prompt + response,
+with position ids counted from the first real token (left padding shifts nothing). Top-p is not
+applied there: with ``top_p < 1`` the behaviour policy is the truncated distribution the recorded
+log-probs describe and the importance ratio corrects for the difference, as for any off-policy
+sample. The value head (PPO) reads the prompt's last hidden state: an action is the whole
+response, so V is the value of the prompt.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from async_rl.errors import ConfigError
+from async_rl.policies import register_policy
+from async_rl.policies.base import ActorCritic, ObsSpec
+from async_rl.policies.lm_loading import resolve_lm_path
+
+PAD_ACTION = -1  # response slots after the end of the response
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token_id is None:  # many causal LMs ship none; eos is masked out anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def stop_token_ids(model_path: str, generation_config: Any = None) -> list[int]:
+    """Every id that ends a response: the tokenizer's eos (``<|im_end|>`` for chat models) and the
+    generation config's (which may name another, e.g. ``<|endoftext|>``)."""
+    ids = {load_tokenizer(model_path).eos_token_id}
+    configured = getattr(generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
+    return sorted(i for i in ids if i is not None)
+
+
+class ChatPreprocessor:
+    """Worker side: ``{"prompt": str}`` -> ``input_ids`` / ``attention_mask`` ``[max_prompt_tokens]``,
+    the chat template applied, left-padded."""
+
+    def __init__(self, obs_spec: ObsSpec, model_path: str, max_prompt_tokens: int = 256,
+                 system_prompt: Optional[str] = None, **_: Any) -> None:
+        self.model_path, self.max_prompt_tokens, self.system_prompt = model_path, max_prompt_tokens, system_prompt
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        tokenizer = load_tokenizer(self.model_path)
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": prompt})
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > self.max_prompt_tokens:
+            raise ValueError(f"a prompt of {len(ids)} tokens does not fit max_prompt_tokens {self.max_prompt_tokens}; "
+                             f"raise it (--policy-kwargs \"{{max_prompt_tokens: {len(ids)}}}\")")
+        return ids
+
+    def __call__(self, obs: Mapping[str, Any], task_name: str = "") -> TensorDict:
+        ids = self.prompt_ids(str(obs["prompt"]))
+        pad = self.max_prompt_tokens - len(ids)
+        pad_id = load_tokenizer(self.model_path).pad_token_id
+        input_ids = torch.tensor([pad_id] * pad + ids, dtype=torch.int64)
+        mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.int64)
+        return TensorDict({"input_ids": input_ids, "attention_mask": mask}, batch_size=[])
+
+
+class _SampledLogProbs:
+    """The last logits processor of ``generate``: it sees the scores after temperature and top-p,
+    and at the next step the token drawn from them, so it records log pi_behaviour(token) without
+    keeping a [B, vocab] tensor per step."""
+
+    def __init__(self) -> None:
+        self.previous: Optional[torch.Tensor] = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, response: torch.Tensor) -> torch.Tensor:
+        """``[B, n]`` log-probs of the ``n`` generated tokens ``response``."""
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, response[:, -1:]).squeeze(1))
+        self.previous = None
+        return torch.stack(self.steps, dim=1) if self.steps else response.new_zeros(response.shape, dtype=torch.float32)
+
+
+class CausalLMActorCritic(ActorCritic):
+    action_key = "response"
+
+    def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, max_prompt_tokens: int = 256,
+                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+                 system_prompt: Optional[str] = None) -> None:
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        self.lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        tokenizer = load_tokenizer(model_path)
+        self.pad_id = int(tokenizer.pad_token_id)
+        # A plain list, not a buffer: buffers are weights the weight sync would send.
+        self.stop_ids = stop_token_ids(model_path, self.lm.generation_config)
+        # Zero-initialised: PPO starts from V = 0 rather than a random guess of the return.
+        self.value_head = nn.Linear(self.lm.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    # ---- sampling (inference actor) -----------------------------------------------------
+    def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
+        ids, mask = obs["input_ids"], obs["attention_mask"]
+        rows = ids.shape[0]
+        greedy = deterministic if isinstance(deterministic, torch.Tensor) else torch.full((rows,), bool(deterministic))
+        greedy = greedy.to(torch.bool).reshape(rows).cpu()
+        response = torch.full((rows, self.max_new_tokens), PAD_ACTION, dtype=torch.int64, device=ids.device)
+        logp = torch.zeros((rows, self.max_new_tokens), dtype=torch.float32, device=ids.device)
+        for flag in (False, True):  # generate cannot mix greedy and sampled rows: one call per kind
+            picked = (greedy == flag).nonzero().flatten().to(ids.device)
+            if len(picked):
+                response[picked], logp[picked] = self._generate(ids[picked], mask[picked], greedy=flag)
+        value = self.value(obs) if self.has_critic else torch.zeros(rows, device=ids.device)
+        return TensorDict({self.action_key: response, "env_action": response.clone(), "logp": logp,
+                           "value": value.float()}, batch_size=[rows])
+
+    def _generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+        recorder = _SampledLogProbs()
+        # Our own warpers, in generate's order, with the recorder last; the config then asks for none
+        # of its own (temperature 1, top_p 1, top_k 0), so nothing runs after the recorder.
+        processors = LogitsProcessorList()
+        if self.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_p < 1.0 and not greedy:
+            processors.append(TopPLogitsWarper(self.top_p))
+        processors.append(recorder)
+        config = GenerationConfig(do_sample=not greedy, max_new_tokens=self.max_new_tokens, temperature=1.0, top_p=1.0,
+                                  top_k=0, pad_token_id=self.pad_id, eos_token_id=self.stop_ids, use_cache=True)
+        sequences = self.lm.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                     logits_processor=processors)
+        response = sequences[:, ids.shape[1]:]
+        logp = recorder.finish(response)
+        # Slots after the first stop token are generate's padding, not part of the response.
+        is_stop = torch.isin(response, torch.tensor(self.stop_ids, device=response.device))
+        after_end = (torch.cumsum(is_stop.long(), dim=1) - is_stop.long()) > 0
+        response = response.masked_fill(after_end, PAD_ACTION)
+        logp = logp.masked_fill(after_end, 0.0)
+        width = self.max_new_tokens - response.shape[1]  # generate stops early when every row ended
+        if width > 0:
+            response = torch.nn.functional.pad(response, (0, width), value=PAD_ACTION)
+            logp = torch.nn.functional.pad(logp, (0, width), value=0.0)
+        return response, logp
+
+    # ---- training (trainer) ---------------------------------------------------------------
+    def action_mask(self, action: torch.Tensor) -> torch.Tensor:
+        return action >= 0
+
+    def _hidden(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = (mask.cumsum(dim=1) - 1).clamp_min(0)  # left padding: count from the first real token
+        decoder = getattr(self.lm, self.lm.base_model_prefix)
+        return decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+
+    def evaluate(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-token log-probs and entropies ``[B, max_new_tokens]`` (0 outside the response) and V(prompt)."""
+        ids, prompt_mask = obs["input_ids"], obs["attention_mask"]
+        response = action.long()
+        real = self.action_mask(response)
+        tokens = torch.cat([ids, response.masked_fill(~real, self.pad_id)], dim=1)
+        mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)
+        hidden = self._hidden(tokens, mask)
+        width = ids.shape[1]
+        # The logits at position t predict token t + 1: the response's come from the last prompt
+        # position up to the one before the last response slot.
+        logits = self.lm.get_output_embeddings()(hidden[:, width - 1:-1]).float() / self.temperature
+        log_probs = torch.log_softmax(logits, dim=-1)
+        logp = log_probs.gather(-1, tokens[:, width:].unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        value = self.value_head(hidden[:, width - 1]).squeeze(-1)
+        return torch.where(real, logp, zero), torch.where(real, entropy, zero), value
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        hidden = self._hidden(obs["input_ids"], obs["attention_mask"])
+        return self.value_head(hidden[:, -1]).squeeze(-1)
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.value_head.parameters())
+
+
+# ---- registration ----------------------------------------------------------------------------
+def prepare_causal_lm(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str],
+                      policy_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Driver side, before Ray starts: unknown kwargs and a bad model are ConfigErrors; a GGUF file
+    (or the default model) is converted once to a Hugging Face folder; the env's example prompts
+    must fit ``max_prompt_tokens``."""
+    kwargs = dict(policy_kwargs)
+    known = set(inspect.signature(CausalLMActorCritic.__init__).parameters) - {"self", "obs_spec", "action_dim"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ConfigError(f"unknown policy_kwargs key '{unknown[0]}' for the causal_lm policy; valid: {', '.join(sorted(known))}")
+    if "text" not in obs_spec:
+        raise ConfigError("policy causal_lm needs an environment with text prompts (e.g. --env arithmetic or humaneval)")
+    for key in ("max_prompt_tokens", "max_new_tokens"):
+        if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < 1):
+            raise ConfigError(f"policy_kwargs {key} must be a positive integer, got {kwargs[key]!r}")
+    if not float(kwargs.get("temperature", 1.0)) > 0 or not 0 < float(kwargs.get("top_p", 1.0)) <= 1:
+        raise ConfigError("policy_kwargs temperature must be > 0 and top_p in (0, 1]")
+    kwargs["model_path"] = str(resolve_lm_path(model_path or kwargs.get("model_path")))
+    preprocess = ChatPreprocessor(obs_spec, **kwargs)
+    for prompt in obs_spec.get("example_prompts", ()):
+        try:
+            preprocess.prompt_ids(prompt)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return kwargs
+
+
+def lm_target_modules() -> Sequence[str]:
+    """The attention and MLP projections of Llama-style decoders (LoRA's usual targets)."""
+    return ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+register_policy("causal_lm", preprocessor=ChatPreprocessor, prepare=prepare_causal_lm)(CausalLMActorCritic)
