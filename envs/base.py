@@ -13,6 +13,11 @@ import numpy as np
 Observation = Union[np.ndarray, dict[str, Any]]
 
 
+class StartUnavailable(RuntimeError):
+    """``reset(start=...)`` cannot start from that state here (a program that does not build): the
+    group's other members play it, so this member must not play another one (its group is dropped)."""
+
+
 @runtime_checkable
 class TaskEnv(Protocol):
     """One environment instance for one task (task index) of a TaskSet."""
@@ -23,7 +28,8 @@ class TaskEnv(Protocol):
         """Start an episode; returns the first observation: an array (float32, shape (obs_dim,)) or
         a dict (e.g. LIBERO's images, proprio and instruction, described by ``TaskSet.obs_spec``).
         ``start`` (group rollouts) picks the initial state: two resets with the same ``start`` on
-        envs of the same task start from the same state, whatever their seeds."""
+        envs of the same task start from the same state, whatever their seeds and their history;
+        an env that cannot start from it raises ``StartUnavailable`` rather than start elsewhere."""
         ...
 
     def step(self, action: np.ndarray) -> tuple[Observation, float, bool, bool, dict[str, Any]]:

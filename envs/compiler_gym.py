@@ -69,6 +69,7 @@ import numpy as np
 from async_rl.errors import ConfigError
 from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from envs import register_env
+from envs.base import StartUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_SCRIPT = Path(__file__).with_name("_compiler_gym_server.py")
@@ -472,10 +473,18 @@ class CompilerGymTaskEnv:
         self.skipped_uris.add(uri)
 
     def reset(self, start: Optional[int] = None) -> dict[str, np.ndarray]:
-        """The next program; with ``start`` (group rollouts) program ``start`` modulo their number
-        (or the first after it not skipped): the same start, the same program."""
-        for i in range(max(10 * len(self.benchmarks), 10)):
-            uri = self._next_benchmark() if start is None else self.benchmarks[(start + i) % len(self.benchmarks)]
+        """The next program; with ``start`` (group rollouts) program ``start`` modulo their number,
+        for every member alike: built again even if this env skipped it before (a failure can be
+        transient: another member may build it), and ``StartUnavailable`` if it does not build here,
+        never the next program (a member on another program would break its group's comparison)."""
+        if start is not None:
+            uri = self.benchmarks[start % len(self.benchmarks)]
+            obs = self.reset_to(uri)
+            if obs is None:
+                raise StartUnavailable(f"CompilerGym: program {uri} (start {start}) cannot be played here")
+            return obs
+        for _ in range(max(10 * len(self.benchmarks), 10)):
+            uri = self._next_benchmark()
             if uri in self.skipped_uris:
                 continue
             obs = self.reset_to(uri)

@@ -21,11 +21,13 @@ def episode(group_id: int, rewards: list[float], version: int | list[int] = 0, s
     return stamp_episode(steps, group_id, success)
 
 
-def assembler(group_size: int = 4, max_spread: int = 1, num_workers: int = 2, name: str = "grpo") -> GroupAssembler:
+def assembler(group_size: int = 4, max_spread: int = 1, num_workers: int = 2, name: str = "grpo",
+              id_base: int = 0) -> GroupAssembler:
     from async_rl.config import RunConfig
 
     est, cfg = advantage_estimator(name), RunConfig(advantage=name, group_size=group_size)
-    return GroupAssembler(group_size, max_spread, num_workers, lambda r: est.episode_advantages(r, cfg), seed=0)
+    return GroupAssembler(group_size, max_spread, num_workers, lambda r: est.episode_advantages(r, cfg), seed=0,
+                          id_base=id_base)
 
 
 def test_tickets_spread_a_group_over_workers_and_fill_only_never_opens_one():
@@ -112,7 +114,7 @@ def test_the_incomplete_group_of_a_dead_worker_is_dropped_once_newer_policies_ar
 def test_a_restarted_ledger_drops_the_groups_it_never_issued_once_each_and_abandon_drops_now():
     before = assembler()
     old = before.ticket("worker-0", 0)
-    after = assembler()  # the replay buffer restarted: soft state gone
+    after = assembler(id_base=1 << 32)  # a buffer restarted without a log: its ledger is new (ids elsewhere)
     assert after.add_episode(episode(old.group_id, [1.0])) == []
     assert after.add_episode(episode(old.group_id, [1.0])) == []
     assert after.counters["groups_dropped_unknown"] == 1 and after.counters["groups_dropped"] == 1
@@ -120,6 +122,55 @@ def test_a_restarted_ledger_drops_the_groups_it_never_issued_once_each_and_aband
     assert fresh.group_id != old.group_id
     after.abandon(fresh.group_id)  # a member's episode broke
     assert after.counters["groups_dropped_incomplete"] == 1 and after.open_groups() == 0
+
+
+def test_the_run_seed_alone_decides_the_groups_and_their_starts_in_any_process():
+    """Reproducible runs: the ledger's group ids and starts depend on the seed, not on the process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from async_rl.actors.groups import GroupAssembler as A; a = A(4, 1, 2, lambda r: r, seed=7); "
+            "print([tuple(a.ticket(f'worker-{k % 2}', 0)) for k in range(12)])")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    here = GroupAssembler(4, 1, 2, lambda r: r, seed=7)
+    assert str([tuple(here.ticket(f"worker-{k % 2}", 0)) for k in range(12)]) == other
+    starts = [GroupAssembler(4, 1, 2, lambda r: r, seed=s).ticket("worker-0", 0).start for s in (7, 8)]
+    assert starts[0] != starts[1]  # the seed does decide
+
+
+def _compiler_gym_env(builds: set[str], skipped: set[str]):
+    """A CompilerGym env without a server: ``reset_to`` builds the programs in ``builds`` and skips
+    (and remembers) the others, as the real one does; ``skipped``: what this env skipped before."""
+    from envs.compiler_gym import CompilerGymTaskEnv
+
+    env = CompilerGymTaskEnv.__new__(CompilerGymTaskEnv)
+    env.benchmarks = [f"program-{i}" for i in range(5)]
+    env.skipped, env.skipped_uris, env.played = {"build_failed": len(skipped)}, set(skipped), []
+
+    def reset_to(uri):
+        if uri not in builds:
+            env.skipped_uris.add(uri)
+            return None
+        env.played.append(uri)
+        return {"program": uri}
+    env.reset_to = reset_to
+    return env
+
+
+def test_every_member_of_a_group_plays_its_start_or_none_whatever_it_skipped_before():
+    from envs.base import StartUnavailable
+
+    everything = {f"program-{i}" for i in range(5)}
+    # Worker A once failed to build program-1 (a transient failure); worker B never tried it.
+    a, b = _compiler_gym_env(everything, {"program-1"}), _compiler_gym_env(everything, set())
+    assert a.reset(start=6) == b.reset(start=6) == {"program": "program-1"}  # 6 % 5: both play program-1
+    # Where the group's program does not build, the member plays no other program: it says so.
+    c = _compiler_gym_env(everything - {"program-1"}, set())
+    with pytest.raises(StartUnavailable, match="program-1"):
+        c.reset(start=6)
+    assert c.played == []
 
 
 def test_episode_segmenter_hands_over_whole_episodes_only():

@@ -27,7 +27,9 @@ from async_rl.actors.groups import Ticket, stamp_episode
 from async_rl.experience import env_steps, from_wire, step_records, to_wire
 from async_rl.actors.peers import peer
 from async_rl.runtime import configure_torch, wait_for
-from envs.base import episode_success, success_rule
+from envs.base import StartUnavailable, episode_success, success_rule
+
+START_TRIES = 100  # group tickets in a row whose start an env slot may fail to play before the worker fails
 
 
 def finite_rows(obs: TensorDict) -> list[bool]:
@@ -227,20 +229,34 @@ class RolloutWorkerActor:
         slot.task, slot.env, slot.obs, slot.ticket = self.sampler.sample(), None, None, None
         slot.episode_return, slot.episode_length, slot.success, slot.started = 0.0, 0, False, time.monotonic()
 
-    def _reset_in_thread(self, slots: list[_EnvSlot]) -> None:
+    def _reset_in_thread(self, slots: list[_EnvSlot]) -> list[_EnvSlot]:
+        """Reset the slots' envs; returns the slots whose env cannot start from their ticket's start."""
+        unavailable = []
         for slot in slots:
             slot.env = slot.envs.get(slot.task)
-            obs = slot.env.reset() if slot.ticket is None else slot.env.reset(start=slot.ticket.start)
+            try:
+                obs = slot.env.reset() if slot.ticket is None else slot.env.reset(start=slot.ticket.start)
+            except StartUnavailable:
+                unavailable.append(slot)
+                continue
             slot.obs = self.preprocess(obs, self.task_names[slot.task])
+        return unavailable
 
     async def _reset_envs(self) -> None:
         """Start the episodes ``_start_episode`` picked (in the env thread); group members first
-        take their tickets."""
+        take their tickets. A member that cannot start from its group's start drops that group
+        (its other members play another state) and takes another ticket."""
         starting = [slot for slot in self.slots if slot.obs is None]
-        if starting and self.grouped:
-            await self._take_tickets(starting)
-        if starting:
-            await self._env_thread.call(self._reset_in_thread, starting)
+        for _ in range(START_TRIES):
+            if starting and self.grouped:
+                await self._take_tickets(starting)
+            if not starting:
+                return
+            starting = await self._env_thread.call(self._reset_in_thread, starting)
+            for slot in starting:
+                self.replay.abandon_group.remote(slot.ticket.group_id)
+                slot.ticket = None
+        raise RuntimeError(f"worker-{self.index}: no start of {START_TRIES} group tickets in a row could be played")
 
     async def _take_tickets(self, slots: list[_EnvSlot]) -> None:
         """A ticket per slot from the replay buffer's ledger (the slot's sampled task is its proposal
