@@ -65,3 +65,31 @@ def test_minibatches_of_a_group_draw_hold_every_member_of_their_groups_equally()
         for gid in mb["group_id"].unique().tolist():
             counts = torch.bincount(mb["group_member"][mb["group_id"] == gid], minlength=4)
             assert counts.min() == counts.max() > 0, (start, gid, counts)
+
+
+def test_a_stale_row_is_refilled_by_whole_groups_so_every_minibatch_keeps_its_groups_whole():
+    """Item 7 of issue 27: a prefetched super-batch aged past max_policy_lag in one row; the trainer's
+    refill must not hand PACS a partial group (check_group_minibatch's promise)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from async_rl.actors.trainer import TrainerActor
+
+    g, size = 4, 32
+    store = ReplayStorage(capacity=1024, seed=0)
+    rows = _stored_groups({gid: [12, 12, 12, 12] for gid in range(8)})
+    rows["policy_version"] = torch.full((rows.batch_size[0],), 5)
+    store.add_batch(rows)
+    batch = store.sample_groups(size, g, consume=True)
+    batch["policy_version"][0] = 1  # one row too old by the time the epoch starts
+
+    async def sample(n):  # what the replay buffer answers (ReplayBuffer.sample): whole groups for a multiple of G
+        return store.sample_groups(n, g, consume=True) if n % g == 0 else store.sample(n, consume=True)
+
+    trainer = SimpleNamespace(cfg=SimpleNamespace(group_size=g), _min_version=lambda: 3, _sample=sample,
+                              replay=SimpleNamespace(count_dropped_stale=SimpleNamespace(remote=lambda n: None)))
+    fresh = asyncio.run(TrainerActor.__ray_metadata__.modified_class._drop_stale(trainer, batch))
+    assert fresh.batch_size[0] == size and int(fresh["policy_version"].min()) == 5
+    for gid in fresh["group_id"].unique().tolist():
+        counts = torch.bincount(fresh["group_member"][fresh["group_id"] == gid], minlength=g)
+        assert counts.min() == counts.max() > 0, (gid, counts)  # every group whole, all members alike

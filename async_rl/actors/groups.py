@@ -303,6 +303,13 @@ def stratified_group_slots(group_ids: torch.Tensor, members: torch.Tensor, n: in
     return None
 
 
+def keep_whole_groups(keep: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``keep`` narrowed so that a dropped row takes its whole group with it. A batch drawn by
+    ``stratified_group_slots`` holds as many rows of each member of a group, so the rows dropped,
+    and drawn again, are then a multiple of the group size: the refill is a whole-group draw too."""
+    return keep & ~torch.isin(group_ids, group_ids[~keep])
+
+
 def group_minibatch_order(group_ids: torch.Tensor, members: torch.Tensor,
                           generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """A random order of a batch's rows that keeps each group's rows together, its members taking

@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator
 from async_rl import checkpoint as ckpt
-from async_rl.actors.groups import group_minibatch_order
+from async_rl.actors.groups import group_minibatch_order, keep_whole_groups
 from async_rl.actors.prefetch import Prefetcher, poll, sample_once
 from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
@@ -250,6 +250,8 @@ class TrainerActor:
         versions = policy_versions(batch)
         oldest = versions.reshape(batch.batch_size[0], -1).min(dim=1).values
         keep = oldest >= min_version
+        if self.cfg.group_size > 1 and "group_id" in batch.keys():  # refill by whole groups (PACS's minibatches)
+            keep = keep_whole_groups(keep, batch["group_id"])
         stale = int((~keep).sum())
         if stale == 0:
             return batch
