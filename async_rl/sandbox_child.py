@@ -173,15 +173,27 @@ def _weaken_python():
     for name in ("create_connection", "socketpair", "fromfd", "getaddrinfo"):
         setattr(socket, name, refuse)
     for name in ("system", "popen", "kill", "killpg", "fork", "forkpty", "execv", "execve", "execvp", "execvpe",
-                 "spawnv", "spawnve", "spawnvp", "posix_spawn", "posix_spawnp", "remove", "unlink", "rmdir",
-                 "rename", "replace", "chmod", "chown", "symlink", "link", "truncate"):
+                 "spawnv", "spawnve", "spawnvp", "posix_spawn", "posix_spawnp"):
         if hasattr(os, name):
             setattr(os, name, refuse)
     sys.modules["subprocess"] = None  # import subprocess -> ImportError
     real_open, real_os_open, root = builtins.open, os.open, os.getcwd()
 
     def inside(path):
-        return os.path.realpath(path if isinstance(path, (str, bytes)) else str(path)).startswith(root + os.sep)
+        path = os.path.realpath(os.fsdecode(path) if isinstance(path, (str, bytes)) else str(path))
+        return path == root or path.startswith(root + os.sep)
+
+    def only_inside(fn):  # file changes (tempfile deletes its files) are fine within the work directory
+        def guarded(*paths, **kwargs):
+            if all(inside(p) for p in paths if not isinstance(p, int)):
+                return fn(*paths, **kwargs)
+            refuse()
+        return guarded
+
+    for name in ("remove", "unlink", "rmdir", "rename", "replace", "chmod", "chown", "symlink", "link", "truncate",
+                 "mkdir", "makedirs"):
+        if hasattr(os, name):
+            setattr(os, name, only_inside(getattr(os, name)))
 
     def guarded_open(file, mode="r", *args, **kwargs):
         if isinstance(file, int) or not any(c in mode for c in "wax+") or inside(file):
@@ -257,8 +269,10 @@ def main():
     os.dup2(null, 0)
     os.close(null)
     # The result pipe moves to a high, random descriptor; its lines carry the nonce.
-    fd = os.dup2(orders["fd"], orders["hide_fd"])
-    os.close(orders["fd"])
+    fd = orders["fd"]
+    if orders["hide_fd"] != fd:
+        fd = os.dup2(fd, orders["hide_fd"])
+        os.close(orders["fd"])
     nonce, write = orders["nonce"], os.write
     del orders["nonce"]
 

@@ -162,7 +162,8 @@ def test_no_code_and_bad_limits():
 def test_isolation_mode_is_namespaces_where_unshare_works():
     mode = isolation_mode()
     assert mode in ("namespaces", "weak")
-    if sys.platform == "linux" and subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"],
+    kernel = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    if kernel >= (5, 12) and subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"],
                                                   capture_output=True).returncode == 0:
         assert mode == "namespaces"
 
@@ -198,3 +199,24 @@ def test_extract_code():
     assert extract_code("```text\nnot code\n```\n```python\ncode = 1\n```") == "code = 1\n"
     assert extract_code("```python\ndef cut(:\n") == "def cut(:\n"  # cut at max tokens: a syntax error later
     assert extract_code("just prose") is None and extract_code("```python\n\n```") is None and extract_code(None) is None
+
+
+def test_weak_mode_still_refuses_the_obvious(monkeypatch, tmp_path):
+    """The fallback without namespaces (said once on stderr): rlimits, seccomp and Python-level refusals."""
+    import async_rl.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_mode", "weak")
+    jobs = {
+        "correct": (ADD + "open('mine.txt', 'w').write('x')\nimport tempfile\ntempfile.TemporaryFile().write(b'x')\n",
+                    ADD_TESTS),
+        "write_outside": (f"open('{tmp_path}/by_open', 'w').write('x')\n", ["assert True"]),
+        "os_system": (f"import os\nos.system('touch {tmp_path}/by_system')\n", ["assert True"]),
+        "fork": ("import os\nos.fork()\n", ["assert True"]),
+        "network": ("import socket\nsocket.create_connection(('127.0.0.1', 9))\n", ["assert True"]),
+        "loop": ("while True:\n    pass\n", ["assert True"]),
+    }
+    got = {name: run_tests(code, tests, timeout_s=1.0) for name, (code, tests) in jobs.items()}
+    assert {k: (r.passed, r.reason) for k, r in got.items()} == {
+        "correct": (3, "ok"), "write_outside": (1, "crash"), "os_system": (1, "crash"), "fork": (1, "crash"),
+        "network": (1, "crash"), "loop": (0, "timeout")}
+    assert list(tmp_path.iterdir()) == []
