@@ -1,10 +1,11 @@
 """Chaos run: the MetaWorld launch while a seeded schedule SIGKILLs its actors; what survives, what is lost.
 
-    python benchmarks/bench_chaos.py [--quick] [--minutes 8] [--kills 8] [--seed 0] [--out chaos.json]
-        [-- launch flags...]
+    python benchmarks/bench_chaos.py [--quick] [--minutes 8] [--kills 8] [--seed 0] [--group-size G]
+        [--out chaos.json] [-- launch flags...]
 
 Runs ``launch/ds_metaworld_ppo_mlp.py`` (``configs/metaworld_mt1_ppo.yaml``) as a subprocess, as an
-operator would, for ``--minutes``. Once the run has trained and written its first checkpoint, a
+operator would, for ``--minutes`` (``--group-size G``: with ``--advantage grpo --group-size G``, group
+rollouts, whose episodes wait in the replay buffer's group assembler). Once the run has trained and written its first checkpoint, a
 schedule drawn from ``--seed`` kills, by pid with SIGKILL, one process at a time of the roles
 RolloutWorkerActor, InferenceActor, EvaluationWorkerActor and ReplayBufferActor (found with psutil
 by the process title Ray gives an actor, ``ray::<Class>``, among the launch process's descendants
@@ -25,15 +26,24 @@ Figures (TensorBoard scalars of the run's log dir, read back after it ends; the 
 * ``acknowledged_transitions``: items the buffer accepted over all its lives = final
   ``replay/added`` (which, after a restart, starts from the restored checkpoint's count) +
   ``health/replay_items_lost`` (what each restart rolled back).
-* ``lost_transitions`` = ``health/replay_items_lost``: items the buffer had acknowledged after the
-  checkpoint it was restored from (the supervisor's count: last ``added`` it read minus the
-  checkpoint's ``added``). ``lost_transitions_bound`` = produced - final ``replay/added``: the same
-  loss seen from the workers' side, including items acknowledged after the supervisor's last read
-  (which its count misses) and at most one push in flight per worker. Some of the lost items had
-  already been trained on before the death; the restore also brings back items trained after the
-  checkpoint, which are then trained on again. Neither is separated here.
+* ``lost_transitions`` = ``health/replay_items_lost``: items the buffer had acknowledged and its
+  restart did not bring back (the supervisor's count: last ``added`` it read minus the ``added`` the
+  restarted buffer restored). ``lost_transitions_bound`` = produced - final ``replay/added`` (with
+  groups also minus ``group_steps_discarded``, the steps of dropped groups, and
+  ``group_steps_held``, those still waiting for their group at the end): the same loss seen from the
+  workers' side, including items acknowledged after the supervisor's last read (which its count
+  misses) and at most one push in flight per worker.
 * ``trained_transitions``: epochs x num_trainers x super_batch_size (every rank consumes one
   super-batch of distinct items per epoch; ``replay_sampling: consume``).
+* ``duplicated_transitions`` (``consume`` only; None otherwise): trained - (``added`` - items that
+  left the buffer otherwise: ``evicted`` and ``dropped_stale``, summed over the buffer's lives -
+  final ``size``), at least 0. Every item leaves the buffer once, so a trained count above what could
+  be drawn means items came back after being drawn (a restart restoring consumed items) and were
+  trained, evicted or held again. Draws still prefetched at the end make it an under-estimate by at
+  most ``prefetch_batches`` super-batches per rank.
+* ``replay_counter_rollbacks``: over the buffer's kills, how many of its counters ``added``,
+  ``sampled``, ``evicted`` fell after the kill below the last value logged before it (a restart must
+  come back with the counters it died with).
 * ``peak_rss_mib``: the largest sum of RSS over the launch process and all its descendants
   (sampled every second; shared pages counted once per process). ``rss_growth_mib``: mean sum in
   the last 15 s of training minus the mean in the 15 s before the first kill.
@@ -211,11 +221,34 @@ def _watch_respawn(watch: Watch, kill: Kill, proc: subprocess.Popen, wait_s: flo
         time.sleep(0.2)
 
 
-def analyse(result: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+def total_over_lives(points: list[tuple[float, float]]) -> float:
+    """A counter's total over the buffer's lives: the sum of its increases (a restart that rolls it
+    back to a checkpoint's value does not undo what the dead buffer counted)."""
+    values = [v for _, v in points]
+    return sum(max(b - a, 0.0) for a, b in zip([0.0, *values], values))
+
+
+def duplicated_transitions(trained: int, added: int, left_otherwise: int, size_end: int) -> int:
+    """Items trained beyond what the buffer could hand out once each (``consume``; see the docstring)."""
+    return max(trained - (added - left_otherwise - size_end), 0)
+
+
+def counter_rollbacks(kill_times: list[float], series: dict[str, list[tuple[float, float]]]) -> int:
+    """Counters that fell after a kill below their last value logged before it (one per counter and kill)."""
+    falls = 0
+    for at in kill_times:
+        for points in series.values():
+            before = [v for t, v in points if t <= at]
+            if before and any(v < before[-1] for t, v in points if t > at):
+                falls += 1
+    return falls
+
+
+def analyse(result: dict[str, Any], log_dir: Path, launch_args: Optional[list[str]] = None) -> dict[str, Any]:
     """The figures of the docstring from the kills, the RSS samples and the TensorBoard scalars."""
     from async_rl.config import load_config  # noqa: PLC0415
 
-    cfg = load_config([], str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
+    cfg = load_config(list(launch_args or []), str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     last = lambda tag: (common.scalars(log_dir, tag) or [(0.0, 0.0)])[-1][1]  # noqa: E731
     versions = common.scalars(log_dir, "sync/policy_version")
     kills: list[Kill] = result["kills"]
@@ -232,6 +265,12 @@ def analyse(result: dict[str, Any], log_dir: Path) -> dict[str, Any]:
     epochs = int(versions[-1][1]) if versions else 0
     lost = int(last("health/replay_items_lost"))
     added, produced = int(last("replay/added")), int(last("rollout/total_env_steps"))
+    trained = epochs * cfg.num_trainers * cfg.super_batch_size
+    left_otherwise = sum(total_over_lives(common.scalars(log_dir, f"replay/{k}")) for k in ("evicted", "dropped_stale"))
+    not_in_pool = int(last("replay/group_steps_discarded")) + int(last("replay/group_steps_held"))
+    replay_kills = [k.at for k in kills if k.role == "ReplayBufferActor"]
+    rollbacks = counter_rollbacks(replay_kills, {k: common.scalars(log_dir, f"replay/{k}")
+                                                 for k in ("added", "sampled", "evicted")})
     samples = result["samples"]
     train_end = versions[-1][0] if versions else result["ended"]
     first_kill = kills[0].at if kills else train_end
@@ -250,9 +289,13 @@ def analyse(result: dict[str, Any], log_dir: Path) -> dict[str, Any]:
         "respawn_seconds_max": max(respawn) if respawn else float("nan"),
         "produced_transitions": produced,
         "acknowledged_transitions": added + lost,
-        "trained_transitions": epochs * cfg.num_trainers * cfg.super_batch_size,
+        "trained_transitions": trained,
         "lost_transitions": lost,
-        "lost_transitions_bound": max(produced - added, 0),
+        "lost_transitions_bound": max(produced - added - not_in_pool, 0),
+        "duplicated_transitions": duplicated_transitions(trained, added, int(left_otherwise), int(last("replay/size")))
+        if cfg.replay_sampling == "consume" else None,
+        "replay_counter_rollbacks": rollbacks,
+        "group_size": cfg.group_size,
         "replay_restarts": int(last("health/replay_restarts")),
         "worker_restarts": int(last("health/worker_restarts")),
         "inference_restarts": int(last("health/inference_restarts")),
@@ -316,15 +359,20 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=8, help="SIGKILLs in the run (roles in shuffled turns)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the schedule and of the run")
     ap.add_argument("--min-gap", type=float, default=15.0, help="seconds between two kills")
-    ap.add_argument("--log-dir", default=str(common.ROOT / "runs" / "bench" / "chaos"))
+    ap.add_argument("--group-size", type=int, default=1,
+                    help="group rollouts: the launch runs with --advantage grpo --group-size G (1: GAE, no groups)")
+    ap.add_argument("--log-dir", default=None, help="default runs/bench/chaos (chaos_g<G> with --group-size)")
     ap.add_argument("launch_args", nargs="*", help="extra launch flags (after --)")
     args = ap.parse_args()
     if args.quick:
         args.minutes, args.kills, args.min_gap = 3.25, 4, 12.0
+    if args.group_size > 1:
+        args.launch_args = ["--advantage", "grpo", "--group-size", str(args.group_size), *args.launch_args]
     clock = common.Stopwatch()
-    log_dir = Path(args.log_dir)
+    log_dir = Path(args.log_dir or common.ROOT / "runs" / "bench" / ("chaos" if args.group_size == 1
+                                                                      else f"chaos_g{args.group_size}"))
     result = run_chaos(args.minutes, args.kills, args.seed, args.min_gap, log_dir, args.launch_args)
-    figures = analyse(result, log_dir)
+    figures = analyse(result, log_dir, args.launch_args)
     figures["benchmark_seconds"] = clock()
     t0 = result["started"]
     common.print_table([{"t_kill_s": round(k.at - t0, 1), "role": k.role, "pid": k.pid,
@@ -336,7 +384,7 @@ def main() -> None:
     common.report(figures, args, plot_fn(result, log_dir), headline=(
         "kills", "recoveries", "recover_seconds_median", "recover_seconds_max", "respawn_seconds_max",
         "produced_transitions", "acknowledged_transitions", "trained_transitions", "lost_transitions",
-        "lost_transitions_bound", "epochs", "epochs_after_last_kill", "peak_rss_mib", "rss_growth_mib",
+        "lost_transitions_bound", "duplicated_transitions", "replay_counter_rollbacks", "epochs", "epochs_after_last_kill", "peak_rss_mib", "rss_growth_mib",
         "return_first_third", "return_last_third", "kept_improving", "exit_code", "traceback", "benchmark_seconds"))
     if figures["traceback"] or figures["exit_code"] != 0:
         raise SystemExit(1)  # a kill ended the run: the figures are written, the benchmark fails

@@ -23,3 +23,34 @@ def test_third_means_of_first_and_last_part():
     points = [(float(i), float(i)) for i in range(9)]
     assert _third(points, 0) == 1.0 and _third(points, 2) == 7.0
     assert _third(points[:2], 0) != _third(points[:2], 0)  # nan: too few points
+
+
+def test_a_counter_rolled_back_by_a_restart_still_totals_what_every_life_counted():
+    from benchmarks.bench_chaos import total_over_lives
+
+    # 0 -> 30 before the kill, the restart restores 10 (a checkpoint's value), then 10 -> 25.
+    assert total_over_lives([(1.0, 10.0), (2.0, 30.0), (3.0, 10.0), (4.0, 25.0)]) == 45.0
+    assert total_over_lives([(1.0, 5.0), (2.0, 5.0), (3.0, 9.0)]) == 9.0
+
+
+def test_duplicates_are_what_was_trained_beyond_what_could_be_drawn_once():
+    from benchmarks.bench_chaos import duplicated_transitions
+
+    # 1,000 added, 100 evicted, 50 left at the end: at most 850 can be trained once each.
+    assert duplicated_transitions(trained=850, added=1000, left_otherwise=100, size_end=50) == 0
+    assert duplicated_transitions(trained=768, added=1000, left_otherwise=100, size_end=50) == 0  # some still prefetched
+    # A restart brought back 256 consumed items and they were trained again.
+    assert duplicated_transitions(trained=1106, added=1000, left_otherwise=100, size_end=50) == 256
+
+
+def test_replay_counters_after_a_kill_are_compared_with_the_last_ones_read_before_it():
+    from benchmarks.bench_chaos import counter_rollbacks
+
+    kill = 10.0
+    kept = {"added": [(9.0, 500.0), (9.8, 520.0), (12.0, 520.0), (13.0, 600.0)],
+            "sampled": [(9.8, 256.0), (13.0, 512.0)]}
+    assert counter_rollbacks([kill], kept) == 0
+    rolled = {"added": [(9.0, 500.0), (9.8, 520.0), (12.0, 384.0), (13.0, 600.0)],  # back to a checkpoint's 384
+              "sampled": [(9.8, 256.0), (12.0, 128.0)]}
+    assert counter_rollbacks([kill], rolled) == 2
+    assert counter_rollbacks([], rolled) == 0
