@@ -23,8 +23,8 @@ user namespaces, root or not; probed once per process):
   dies with its first process), stdout and stderr each capped at 64 KiB (the rest is drained and
   dropped).
 
-Mode ``weak`` (no usable ``unshare``; said once on stderr): the same rlimits, seccomp filter, session
-and timeouts, but the network, shell-outs, ``os.kill`` and writes outside a fresh temporary directory
+Mode ``weak`` (no usable ``unshare``; said once on stderr): the same rlimits, seccomp filter and
+timeouts (the candidate stays in the harness-made process group, so that the timeout kills it), but the network, shell-outs, ``os.kill`` and writes outside a fresh temporary directory
 are only refused by patching Python in the child (ctypes gets past that) and the file system is the
 caller's.
 
@@ -218,10 +218,11 @@ def _collect(proc: subprocess.Popen, read_fd: int, orders: bytes, nonce: str, to
 def _kill(proc: subprocess.Popen) -> None:
     """SIGKILL the sandbox's process group (unshare and the namespace's first process: the kernel then
     kills every process of the PID namespace)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if proc.poll() is None:  # once reaped, its group id may belong to someone else
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream is not None and not stream.closed:

@@ -112,7 +112,7 @@ _ARCHES = {
 }
 
 
-def _seccomp():
+def _seccomp(own_group):
     """No new process (threads are allowed), signals only to itself, no ptrace; other arches: none."""
     arch = _ARCHES.get(os.uname().machine)
     if arch is None:
@@ -137,8 +137,9 @@ def _seccomp():
     rules.append((arch["clone3"], [(RET, 0, 0, errno(ENOSYS))]))  # glibc then falls back to clone
     # clone: a thread (CLONE_THREAD in the flags, args[0]) is fine, a process is not.
     rules.append((arch["clone"], [(LD, 0, 0, 16), (JSET, 0, 1, 0x10000), (RET, 0, 0, ALLOW), (RET, 0, 0, errno(EAGAIN))]))
-    # kill(pid, sig): only to itself (its own pid, or 0 = its own process group, a session of one).
-    rules.append((arch["kill"], [(LD, 0, 0, 16), (JEQ, 2, 0, pid), (JEQ, 1, 0, 0), (RET, 0, 0, errno(EPERM)),
+    # kill(pid, sig): only to itself (its own pid, or 0 when its process group is a session of one).
+    rules.append((arch["kill"], [(LD, 0, 0, 16), (JEQ, 2, 0, pid), (JEQ, 1, 0, 0 if own_group else pid),
+                                 (RET, 0, 0, errno(EPERM)),
                                  (RET, 0, 0, ALLOW)]))
     rules.append((arch["tgkill"], [(LD, 0, 0, 16), (JEQ, 0, 1, pid), (RET, 0, 0, ALLOW), (RET, 0, 0, errno(EPERM))]))
     for name in ("tkill", "pidfd_send_signal", "ptrace", "process_vm_writev"):
@@ -211,7 +212,8 @@ def _weaken_python():
 
 
 def _confine(orders, workdir, isolated):
-    os.setsid()  # its own session: kill(0, ...) reaches only itself
+    if isolated:  # its own session: kill(0, ...) reaches only itself (weak mode: the harness kills its group)
+        os.setsid()
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update(HOME=workdir, TMPDIR=workdir, PATH="/usr/bin:/bin", LANG="C.UTF-8", PYTHONHASHSEED="0")
@@ -226,7 +228,7 @@ def _confine(orders, workdir, isolated):
         resource.setrlimit(limit, value)
     if isolated:
         _drop_capabilities()
-    if not _seccomp():
+    if not _seccomp(own_group=isolated):
         sys.stderr.write(f"sandbox: no seccomp filter for {os.uname().machine}: new processes are not blocked\n")
     if not isolated:
         _weaken_python()
