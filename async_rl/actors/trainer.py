@@ -7,13 +7,14 @@ actor's event loop keeps serving the prefetch and the weight broadcast.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Iterator, Optional
 
 import ray
 import torch
@@ -311,28 +312,42 @@ class TrainerActor:
 
     def _loss_and_step(self, inputs: LossInputs) -> dict[str, float]:
         """Backward and step one minibatch. ZeRO-2's backward and step hold collectives, so every rank
-        makes the same calls: a skipped minibatch backs a stand-in loss whose gradient is 0 (this
-        rank adds nothing to the update), and at the end of an accumulation window that no rank
-        used, NaN, so that DeepSpeed's overflow check skips the optimiser step on every rank (no
-        weight decay, no momentum step, no scheduler step; counted in skipped_updates)."""
+        makes the same calls: a skipped minibatch backs its own loss with every parameter's gradient
+        replaced by 0 (this rank adds nothing to the update), and at the end of an accumulation window
+        that no rank used, by NaN, so that DeepSpeed's overflow check skips the optimiser step on every
+        rank (no weight decay, no momentum step, no scheduler step; counted in skipped_updates).
+        Its own loss, not a stand-in over the parameters: ZeRO-2 packs gradients into its reduction
+        buckets in the order backward makes them ready and all-reduces them element by element, so
+        a skipping rank must make them ready in the same order as a training rank (another graph put
+        one parameter's gradient on another's, or gave the ranks collectives of different sizes)."""
         out = self.objective(inputs)
         self._window_useful += out.skip is None
         step_wanted = True
         if self.engine.is_gradient_accumulation_boundary():
             step_wanted = self._any_rank(self._window_useful > 0)
             self._window_useful = 0
-        loss = out.loss
         if out.skip is not None:
             self.skipped_minibatches += 1
-            loss = self._stand_in_loss(0.0 if step_wanted else float("nan"))
-        self.engine.backward(loss)
+            with self._gradients_replaced(0.0 if step_wanted else float("nan")):
+                self.engine.backward(out.loss)
+        else:
+            self.engine.backward(out.loss)
         self.engine.step()
         self.global_step = self.engine.global_steps
         return out.terms
 
-    def _stand_in_loss(self, grad: float) -> torch.Tensor:
-        """A loss whose gradient is ``grad`` for every trainable parameter."""
-        return sum((p * grad).sum() for p in self.engine.module.parameters() if p.requires_grad)
+    @contextlib.contextmanager
+    def _gradients_replaced(self, value: float) -> Iterator[None]:
+        """Every trainable parameter's gradient from a backward inside the block is ``value`` (a leaf
+        hook runs before the gradient is accumulated, hence before ZeRO-2's own hook reads it; NaN or
+        inf inside a skipped minibatch's graph never reaches it)."""
+        handles = [p.register_hook(functools.partial(torch.full_like, fill_value=value))
+                   for p in self.engine.module.parameters() if p.requires_grad]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def _any_rank(self, flag: bool) -> bool:
         """``flag`` OR-ed over the training group (one small all-reduce)."""
