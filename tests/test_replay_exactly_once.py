@@ -217,3 +217,20 @@ def test_a_consuming_draw_waits_for_its_record(tmp_path):
         buffer.close()
 
     asyncio.run(main())
+
+
+def test_a_buffer_resumed_from_a_checkpoint_comes_back_with_it_after_a_restart(tmp_path):
+    async def main():
+        first = _plain(tmp_path / "before")
+        await first.add_batch(_rows(0, 8), "w/0")
+        await first.save(str(tmp_path / "replay.safetensors"))
+        first.close()
+        resumed = _plain(tmp_path)  # a new run (a fresh log) resuming that checkpoint
+        assert await resumed.load(str(tmp_path / "replay.safetensors")) == 8
+        await resumed.add_batch(_rows(8, 8), "w/1")
+        resumed.close()
+        again = _plain(tmp_path, restarted=True)  # no checkpoint of its own yet: the log's snapshot is the base
+        assert sorted(again.snapshot()["row"].tolist()) == list(range(16))
+        again.close()
+
+    asyncio.run(main())

@@ -259,6 +259,8 @@ class ReplayBuffer:
             self._groups.assembler.ticket(header["worker"], header["task"], header["fill_only"])
         elif op == "abandon":
             self._groups.assembler.abandon(header["group"])
+        elif op == "noop":  # names the snapshot of a state no command made (a resumed checkpoint's)
+            pass
         else:
             raise ValueError(f"unknown replay log command {op!r}")
 

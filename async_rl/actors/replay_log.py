@@ -16,7 +16,7 @@ then wakes every waiter up to the last sequence number written. The actor's thre
 Bounded: segments (``seg-<first seq>.log``) hold framed records (length, CRC, JSON header,
 tensor payload); a torn tail (a crash mid-write) fails its CRC and ends the segment. Entries are
 dropped when a checkpoint covering them commits, and also without one: when the live segments
-exceed ``limit_bytes`` the buffer hands a snapshot of its state to ``compact``, the writer stores
+exceed the buffer's limit it hands a snapshot of its state to ``compact``, the writer stores
 it as ``base-<seq>/`` after the records before it and deletes the segments it covers.
 """
 from __future__ import annotations
@@ -91,8 +91,8 @@ class ReplayLog:
     """One buffer's log directory (see the module docstring). ``fresh``: a new run or a resume,
     whatever an earlier process logged is not ours and is deleted."""
 
-    def __init__(self, directory: Path, fresh: bool, limit_bytes: Optional[int] = None) -> None:
-        self.directory, self.limit_bytes = directory, limit_bytes
+    def __init__(self, directory: Path, fresh: bool) -> None:
+        self.directory = directory
         if fresh:
             shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True, exist_ok=True)
@@ -171,6 +171,8 @@ class ReplayLog:
     def compact(self, write_base: Callable[[Path], None]) -> None:
         """Replace every record so far by a snapshot: ``write_base(path)`` writes the state as of
         the last appended record (taken now by the caller, written by the writer thread)."""
+        if self.next_seq == 0:  # a snapshot is named by the last record it holds: give it one
+            self.append({"op": "noop"})
         self._put(("base", self.next_seq - 1, write_base))
         self.counters["log_compactions"] += 1
         self._forget_through(self.next_seq - 1)
@@ -227,7 +229,7 @@ class ReplayLog:
                     self._error = exc
                     waiters, self._waiters = self._waiters, []
                 for _, future in waiters:
-                    future.get_loop().call_soon_threadsafe(_fail, future, exc)
+                    _call_in_loop(future, _fail, exc)
                 return
             self._wake(last)
         if self._segment is not None:
@@ -296,7 +298,14 @@ class ReplayLog:
             ready = [(s, f) for s, f in self._waiters if s <= self._flushed]
             self._waiters = [(s, f) for s, f in self._waiters if s > self._flushed]
         for _, future in ready:
-            future.get_loop().call_soon_threadsafe(_resolve, future)
+            _call_in_loop(future, _resolve)
+
+
+def _call_in_loop(future: asyncio.Future, fn: Callable[..., None], *args: Any) -> None:
+    try:
+        future.get_loop().call_soon_threadsafe(fn, future, *args)
+    except RuntimeError:  # its event loop is closed: nobody waits any more
+        pass
 
 
 def _resolve(future: asyncio.Future) -> None:
