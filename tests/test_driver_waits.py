@@ -15,6 +15,10 @@ class Peer:
         await asyncio.sleep(seconds)
         raise RuntimeError("Connection closed by peer")
 
+    async def fail_with(self, seconds: float, message: str):
+        await asyncio.sleep(seconds)
+        raise RuntimeError(message)
+
     async def hang(self):
         await asyncio.sleep(3600)
 
@@ -40,6 +44,16 @@ def test_a_dead_peer_is_named_rather_than_the_rank_that_reported_it(peers):
         get_named(refs, 60, "train_epoch 3")
     killer.join()
     assert err.value.actor_name == "trainer-1"
+
+
+def test_a_peer_that_raised_its_own_error_is_named_rather_than_the_rank_it_cut_off(peers):
+    """Issue 27 item 11: trainer-1 reported "Connection closed by peer" while trainer-0, alive, had
+    closed the connection because its own collective failed a moment later in the report."""
+    cut_off, origin = peers
+    refs = {"trainer-0": origin.fail_with.remote(1.0, "gloo enforce failed: op.preamble.length <= op.nbytes"),
+            "trainer-1": cut_off.fail_with.remote(0.2, "Connection closed by peer [127.0.0.1]:9651")}
+    with pytest.raises(ActorFailedError, match=r"^trainer-0 failed during train_epoch 8 \(RuntimeError: gloo enforce"):
+        get_named(refs, 60, "train_epoch 8")
 
 
 def test_the_actor_that_raised_is_named_when_the_others_are_alive(peers):

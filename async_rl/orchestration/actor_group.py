@@ -19,6 +19,9 @@ console = Console(stderr=True)
 # An actor that raised may only be reporting a peer's death (a collective fails once the peer's
 # socket closes, often before Ray reports the peer dead): wait this long for the root cause.
 DEAD_PEER_GRACE_S = 5.0
+# What a rank's collective raises when its peer closed the connection: the peer (dead, or alive with
+# its own error that made it close) is the root cause, not the rank that reports it.
+PEER_CLOSED = ("closed by peer", "reset by peer", "broken pipe")
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0)  # before the 1st, 2nd, ... restart of one member
 
 
@@ -38,24 +41,33 @@ def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) ->
             try:
                 results[by_ref[ref]] = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                dead = None if isinstance(exc, ray.exceptions.RayActorError) else _dead_actor(pending, by_ref)
+                dead = None if isinstance(exc, ray.exceptions.RayActorError) else _dead_actor(pending, by_ref, _peer_closed(exc))
                 if dead is not None:
                     raise ActorFailedError(dead[0], what, dead[1]) from exc
                 raise ActorFailedError(by_ref[ref], what, exc) from exc
     return {name: results[name] for name in refs}
 
 
-def _dead_actor(refs: list[ray.ObjectRef], names: Mapping[ray.ObjectRef, str]) -> Optional[tuple[str, BaseException]]:
-    """(name, error) of an actor among ``refs`` that died, if Ray says so within DEAD_PEER_GRACE_S."""
+def _peer_closed(exc: BaseException) -> bool:
+    return any(s in str(exc).lower() for s in PEER_CLOSED)
+
+
+def _dead_actor(refs: list[ray.ObjectRef], names: Mapping[ray.ObjectRef, str],
+                raised_counts: bool = False) -> Optional[tuple[str, BaseException]]:
+    """(name, error) of an actor among ``refs`` that died, if Ray says so within DEAD_PEER_GRACE_S;
+    with ``raised_counts`` (the first error only said its peer closed the connection), also one that
+    raised an error of its own meanwhile (it closed the connection when its own collective failed)."""
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=DEAD_PEER_GRACE_S) if refs else ([], [])
+    raised = None
     for ref in ready:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             return names[ref], exc
-        except ray.exceptions.RayError:
-            pass
-    return None
+        except ray.exceptions.RayError as exc:
+            if raised is None and raised_counts and not _peer_closed(exc):
+                raised = names[ref], exc
+    return raised
 
 
 def failure_reason(ref: ray.ObjectRef) -> str:
