@@ -173,6 +173,40 @@ def test_every_member_of_a_group_plays_its_start_or_none_whatever_it_skipped_bef
     assert c.played == []
 
 
+def test_a_worker_whose_env_cannot_play_its_start_drops_that_group_and_takes_another_ticket():
+    import asyncio
+    from types import SimpleNamespace
+
+    from async_rl.actors.groups import Ticket
+    from async_rl.actors.rollout_worker import RolloutWorkerActor
+    from envs.base import StartUnavailable
+
+    worker_class = RolloutWorkerActor.__ray_metadata__.modified_class
+    tickets, abandoned = iter([Ticket(1, 0, 6), Ticket(2, 0, 7)]), []
+
+    class Env:
+        def reset(self, start=None):
+            if start == 6:  # the group's program does not build here
+                raise StartUnavailable("program-1")
+            return {"start": start}
+
+    slot = SimpleNamespace(obs=None, ticket=None, task=0, envs=SimpleNamespace(get=lambda task: Env()))
+
+    async def take_tickets(slots):
+        for s in slots:
+            s.ticket = next(tickets)
+
+    async def call(fn, *args):
+        return fn(*args)
+
+    worker = SimpleNamespace(slots=[slot], grouped=True, index=0, task_names=["t"], preprocess=lambda obs, name: obs,
+                             _take_tickets=take_tickets, _env_thread=SimpleNamespace(call=call),
+                             replay=SimpleNamespace(abandon_group=SimpleNamespace(remote=abandoned.append)))
+    worker._reset_in_thread = lambda slots: worker_class._reset_in_thread(worker, slots)
+    asyncio.run(worker_class._reset_envs(worker))
+    assert abandoned == [1] and slot.ticket == Ticket(2, 0, 7) and slot.obs == {"start": 7}
+
+
 def test_episode_segmenter_hands_over_whole_episodes_only():
     seg = advantage_estimator("grpo").segmenter(None)
     steps = episode(0, [1.0, 2.0, 3.0])
