@@ -29,6 +29,8 @@ INSTALL_REQUIRES = [
     "moviepy>=1.0.3,<2",
     "imageio>=2.30",
     "imageio-ffmpeg>=0.5",
+    # Causal-LM policies read GGUF files (the default SmolLM2-135M-Instruct) through transformers.
+    "gguf==0.19.0",
 ]
 
 EXTRAS_REQUIRE = {

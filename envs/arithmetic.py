@@ -22,7 +22,7 @@ import numpy as np
 
 from async_rl.errors import ConfigError
 from envs import register_env
-from envs._text import OBS_SPEC, TextEnvBase, check_split
+from envs._text import OBS_SPEC, TextEnvBase, check_split, heldout_evaluation
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def arithmetic_reward(text: str, answer: Union[int, str, float]) -> float:
     return float(got is not None and got == Fraction(str(answer)))
 
 
-@register_env("arithmetic")
+@register_env("arithmetic", final_evaluation=heldout_evaluation)
 def arithmetic_task_set(difficulty: int = 2, split: str = "train", tokenizer_path: Optional[str] = None,
                         seed: int = 0, heldout_size: int = 200) -> "ArithmeticTaskSet":
     """Arithmetic questions. difficulty: a key of ``LEVELS`` (1: a +- b up to 50 ... 5: three operands
@@ -130,6 +130,10 @@ class ArithmeticTaskSet:
     action_dim: int = 1  # the causal-LM policy ignores it: a response is the action
     max_episode_steps: int = 1
     obs_spec: dict = field(default_factory=lambda: dict(OBS_SPEC))
+
+    def heldout_count(self) -> int:
+        """How many held-out problems the final evaluation answers."""
+        return self.heldout_size
 
     def make_env(self, task_index: int, seed: int) -> "ArithmeticEnv":
         if task_index != 0:

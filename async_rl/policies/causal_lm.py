@@ -107,12 +107,15 @@ class CausalLMActorCritic(ActorCritic):
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, max_prompt_tokens: int = 256,
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                 system_prompt: Optional[str] = None) -> None:
+                 system_prompt: Optional[str] = None, min_new_tokens: int = 0) -> None:
+        """``min_new_tokens``: eos is suppressed before that many tokens (0: a response may end at once;
+        benchmarks set it to ``max_new_tokens`` to compare generation at equal lengths)."""
         super().__init__()
         from transformers import AutoModelForCausalLM
 
         self.lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.min_new_tokens = min(min_new_tokens, max_new_tokens)
         tokenizer = load_tokenizer(model_path)
         self.pad_id = int(tokenizer.pad_token_id)
         # A plain list, not a buffer: buffers are weights the weight sync would send.
@@ -150,8 +153,9 @@ class CausalLMActorCritic(ActorCritic):
         if self.top_p < 1.0 and not greedy:
             processors.append(TopPLogitsWarper(self.top_p))
         processors.append(recorder)
-        config = GenerationConfig(do_sample=not greedy, max_new_tokens=self.max_new_tokens, temperature=1.0, top_p=1.0,
-                                  top_k=0, pad_token_id=self.pad_id, eos_token_id=self.stop_ids, use_cache=True)
+        config = GenerationConfig(do_sample=not greedy, max_new_tokens=self.max_new_tokens,
+                                  min_new_tokens=self.min_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.stop_ids,
+                                  use_cache=True, **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}))
         sequences = self.lm.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                      logits_processor=processors)
         response = sequences[:, ids.shape[1]:]

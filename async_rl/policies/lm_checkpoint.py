@@ -1,0 +1,96 @@
+"""A causal-LM policy outside a run: the base model, or the weights of a run's checkpoint (its frozen
+base rebuilt from the saved config, LoRA adapters and trained tensors loaded on top), for evaluation
+commands and benchmarks that answer questions in one process without Ray."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from async_rl import checkpoint as ckpt
+from async_rl.algo import advantage_estimator
+from async_rl.errors import ConfigError
+from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
+from async_rl.policies.lora import apply_lora
+
+TEXT_SPEC = {"text": True}
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """The checkpoint ``path`` names: a checkpoint dir, a dir of them, or a run dir (the newest)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"--checkpoint {path}: no such directory; pass a run's log dir or one of its checkpoints")
+    if (p / ckpt.META).is_file():
+        return p
+    found = ckpt.complete_checkpoints(p) or ckpt.complete_checkpoints(ckpt.checkpoint_root(str(p)))
+    if not found:
+        raise ConfigError(f"--checkpoint {path}: no checkpoint there (no {ckpt.META} in it, in an {ckpt.PREFIX}* dir "
+                          "or under checkpoints/); pass a run's log dir written with checkpoints")
+    return found[-1]
+
+
+def run_config(checkpoint: Path) -> dict[str, Any]:
+    """The config a checkpoint was trained with; ConfigError unless it trained a causal LM."""
+    try:
+        config = ckpt.read_meta(checkpoint)["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--checkpoint {checkpoint}: unreadable {ckpt.META} ({exc!r}); pass another checkpoint") from None
+    if config.get("policy") != "causal_lm":
+        raise ConfigError(f"--checkpoint {checkpoint}: a run of policy '{config.get('policy')}', not causal_lm")
+    if not (checkpoint / "model.safetensors").is_file():
+        raise ConfigError(f"--checkpoint {checkpoint}: no model.safetensors (damaged checkpoint); pass an older one")
+    return config
+
+
+def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] = None,
+                   overrides: Optional[dict[str, Any]] = None) -> tuple[CausalLMActorCritic, ChatPreprocessor, str]:
+    """(policy in eval mode, its preprocessor, a description): a run's newest weights with ``checkpoint``,
+    else the model at ``model_path`` (None: the default model). ``overrides`` replace policy kwargs
+    (e.g. ``max_new_tokens``). Bad paths are ConfigErrors, raised before any weights load."""
+    if checkpoint is not None and model_path is not None:
+        raise ConfigError("pass --checkpoint or --model-path, not both (a checkpoint names its own base model)")
+    config: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
+    directory = None
+    if checkpoint is not None:
+        directory = resolve_checkpoint(checkpoint)
+        config = run_config(directory)
+        kwargs = dict(config.get("policy_kwargs") or {})
+        saved = kwargs.pop("model_path", None)
+        # The saved path is this machine's converted folder; elsewhere, the config's own model path.
+        model_path = saved if saved and Path(saved).is_dir() else config.get("model_path")
+    kwargs.update(overrides or {})
+    kwargs = prepare_causal_lm(TEXT_SPEC, 1, model_path, kwargs)
+    policy = CausalLMActorCritic(TEXT_SPEC, 1, **kwargs)
+    description = f"model {kwargs['model_path']}"
+    if directory is not None:
+        # Built as the trainers built it (actors/trainer.py training_model), so the saved names fit.
+        critic = advantage_estimator(config.get("advantage", "gae")).needs_critic
+        if not critic:
+            policy.drop_critic()
+        if config.get("lora_rank", 0) > 0:
+            policy = apply_lora(policy, config["lora_rank"], config["lora_alpha"], config.get("lora_dropout", 0.0),
+                                config.get("lora_target_modules"), config.get("lora_trainable", []))
+        if not critic:
+            policy.drop_critic()
+        try:
+            ckpt.load_model(policy, directory)
+        except ValueError as exc:  # the trained tensors do not fit the rebuilt model
+            raise ConfigError(f"--checkpoint {directory}: {exc}") from None
+        description = f"checkpoint {directory} (base {kwargs['model_path']})"
+    return policy.eval().requires_grad_(False), ChatPreprocessor(TEXT_SPEC, **kwargs), description
+
+
+@torch.inference_mode()
+def answer(policy: CausalLMActorCritic, preprocess: ChatPreprocessor, prompts: list[str], greedy: bool,
+           batch_size: int = 16) -> list[list[int]]:
+    """The policy's response (token ids, padding dropped) to every prompt, in batches."""
+    out: list[list[int]] = []
+    for first in range(0, len(prompts), batch_size):
+        chunk = prompts[first:first + batch_size]
+        obs = torch.stack([preprocess({"prompt": p}) for p in chunk])
+        response = policy.act(obs, torch.full((len(chunk),), greedy))["response"]
+        out.extend([[int(t) for t in row if t >= 0] for row in response])
+    return out

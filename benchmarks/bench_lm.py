@@ -1,0 +1,147 @@
+"""Language-model RL with verifiable rewards: does GRPO improve the pretrained model on held-out problems?
+
+    python benchmarks/bench_lm.py --quick --out runs/bench/lm.json                  # arithmetic, 3 seeds x 20 min
+    python benchmarks/bench_lm.py --env humaneval --seeds 0 --minutes 20 --out runs/bench/lm_humaneval.json
+
+1. ``base_accuracy``: the base model (SmolLM2-135M-Instruct) answers the env's held-out problems greedily,
+   scored as the env scores them (arithmetic: exact last number; humaneval: fraction of asserts passing).
+2. ``trained_accuracy``: per seed, ``launch/ds_lm_grpo.py`` trains for ``--minutes``, then the env's final
+   evaluation answers the same held-out problems greedily with the final weights (mean and per seed).
+3. Generation: ``tokens_per_sec`` of the InferenceActor (Ray, batching server) against a plain
+   ``model.generate`` in this process with the same batch, lengths (min = max new tokens) and threads
+   (``generation_actor_over_plain``), and responses/s of the asynchronous against the synchronous
+   schedule with equal actors (``async_over_sync_responses``, short runs of ``--schedule-minutes``).
+Run it on an idle machine: figures are wall-clock; the machine's load is written with them.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import ROOT, machine, parser, rate, report, scalars, start_local_ray, timed_run  # noqa: E402
+
+CONFIGS = {"arithmetic": ROOT / "configs" / "lm_arithmetic.yaml", "humaneval": ROOT / "configs" / "lm_humaneval.yaml"}
+GEN_BATCH, GEN_TOKENS, GEN_REPEATS = 16, 32, 3
+
+
+def base_accuracy(env: str, config: Path) -> float:
+    """The base model's greedy mean reward on the env's held-out problems, through the same final
+    evaluation a trained run uses (no training: the run's weights are the base)."""
+    from async_rl.config import load_config
+    from async_rl.driver import prepare
+    from async_rl.policies.lm_checkpoint import load_lm_policy
+    from envs import final_evaluation_for
+    import torch
+
+    cfg = load_config(["--env", env, "--swanlab-mode", "disabled"], str(config))
+    task_set = prepare(cfg)
+    policy, preprocess, _ = load_lm_policy(overrides={k: v for k, v in cfg.policy_kwargs.items() if k != "model_path"})
+
+    def act(obs: Any, deterministic: bool) -> Any:
+        with torch.inference_mode():
+            return policy.act(obs, torch.full((obs.batch_size[0],), deterministic))["env_action"].numpy()
+
+    return final_evaluation_for(env)(task_set, act, lambda obs, name="": preprocess(obs), cfg.seed)["heldout_reward"]
+
+
+def generation_throughput(config: Path) -> dict[str, float]:
+    """Generated tokens/s of a plain ``generate`` and of the InferenceActor, same batch and lengths."""
+    import ray
+    import torch
+
+    from async_rl.config import load_config
+    from async_rl.driver import prepare
+    from async_rl.experience import to_wire
+    from async_rl.orchestration.runtime import Runtime
+    from async_rl.policies.lm_checkpoint import load_lm_policy
+    from envs.arithmetic import heldout_problems
+
+    cfg = load_config(["--policy-kwargs", f"{{max_new_tokens: {GEN_TOKENS}, min_new_tokens: {GEN_TOKENS}, "
+                       "max_prompt_tokens: 64, temperature: 1.0}", "--swanlab-mode", "disabled"], str(config))
+    task_set = prepare(cfg)
+    policy, preprocess, _ = load_lm_policy(overrides={k: v for k, v in cfg.policy_kwargs.items() if k != "model_path"})
+    obs = torch.stack([preprocess({"prompt": p["prompt"]}) for p in heldout_problems(GEN_BATCH, 2)])
+    ids, mask = obs["input_ids"], obs["attention_mask"]
+    torch.set_num_threads(cfg.torch_threads)  # the actor's threads
+    with torch.inference_mode():
+        policy.lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=True)  # warm-up
+        start = time.perf_counter()
+        for _ in range(GEN_REPEATS):
+            out = policy.lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=GEN_TOKENS,
+                                     min_new_tokens=GEN_TOKENS, do_sample=True, top_k=0, pad_token_id=policy.pad_id)
+        plain_s = time.perf_counter() - start
+    plain = GEN_REPEATS * GEN_BATCH * (out.shape[1] - ids.shape[1]) / plain_s
+    del policy
+    start_local_ray(2)
+    try:
+        runtime = Runtime(cfg, task_set)
+        from async_rl.actors.inference import InferenceActor
+
+        actor = InferenceActor.options(num_cpus=0).remote(0, runtime.inference_factory, GEN_BATCH, 50.0, None, 0,
+                                                          cfg.torch_threads, "fp32")
+        ray.get(actor.serve_built_weights.remote(), timeout=600)
+        wire = to_wire(obs)
+        ray.get(actor.request.remote(wire), timeout=600)  # warm-up
+        start = time.perf_counter()
+        tokens = 0
+        for _ in range(GEN_REPEATS):
+            answer = ray.get(actor.request.remote(wire), timeout=600)
+            tokens += int((answer["response"] >= 0).sum())
+        served = tokens / (time.perf_counter() - start)
+    finally:
+        ray.shutdown()
+    return {"plain_generate_tokens_per_sec": plain, "tokens_per_sec": served,
+            "generation_actor_over_plain": served / plain}
+
+
+def responses_per_sec(config: Path, env: str, minutes: float, sync: bool, log_dir: Path) -> float:
+    run = timed_run(config, log_dir, minutes, ["--env", env, "--seed", "0", *(["--sync"] if sync else [])])
+    del run
+    return rate(scalars(log_dir, "rollout/total_env_steps"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, "the issue's run: 3 seeds x 20 minutes of GRPO, 2-minute schedule runs")
+    ap.add_argument("--env", choices=sorted(CONFIGS), default="arithmetic")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--minutes", type=float, default=20.0, help="training minutes per seed")
+    ap.add_argument("--schedule-minutes", type=float, default=2.0, help="minutes of each async / sync run")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["generation", "schedules", "training"])
+    ap.add_argument("--log-root", default=str(ROOT / "runs" / "bench" / "lm"))
+    args = ap.parse_args(argv)
+    config, root = CONFIGS[args.env], Path(args.log_root) / args.env
+    figures: dict[str, Any] = {"env": args.env, "minutes_per_seed": args.minutes, "load_avg_1min_start": machine()["load_avg_1min"]}
+    figures["base_accuracy"] = base_accuracy(args.env, config)
+    print(f"base held-out accuracy {figures['base_accuracy']:.3f}", flush=True)
+    if "generation" not in args.skip:
+        figures.update(generation_throughput(config))
+    if "schedules" not in args.skip:
+        fast = {mode: responses_per_sec(config, args.env, args.schedule_minutes, mode == "sync", root / f"schedule-{mode}")
+                for mode in ("async", "sync")}
+        figures.update({"async_responses_per_sec": fast["async"], "sync_responses_per_sec": fast["sync"],
+                        "async_over_sync_responses": fast["async"] / fast["sync"]})
+    if "training" not in args.skip:
+        trained = []
+        for seed in args.seeds:
+            run = timed_run(config, root / f"seed-{seed}", args.minutes, ["--env", args.env, "--seed", str(seed)])
+            final = run.summary.get("final_evaluation") or {}
+            trained.append(float(final.get("heldout_reward", float("nan"))))
+            figures[f"trained_accuracy_seed{seed}"] = trained[-1]
+            figures[f"responses_trained_seed{seed}"] = float(run.summary.get("env_steps", 0) or 0)
+            print(f"seed {seed}: held-out accuracy {trained[-1]:.3f}", flush=True)
+        figures["trained_accuracy"] = statistics.fmean(trained)
+        figures["trained_minus_base"] = figures["trained_accuracy"] - figures["base_accuracy"]
+    figures.update({k: v for k, v in machine().items() if k != "load_avg_1min"})
+    figures["load_avg_1min_end"] = machine()["load_avg_1min"]
+    report(figures, args, headline=["base_accuracy", "trained_accuracy", "trained_minus_base", "tokens_per_sec",
+                                    "generation_actor_over_plain", "async_over_sync_responses"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

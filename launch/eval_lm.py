@@ -1,0 +1,146 @@
+"""Answer a file of problems with a causal language model and score the answers.
+
+    python launch/eval_lm.py --problems problems.jsonl --out eval.json                 # the default model
+    python launch/eval_lm.py --checkpoint runs/lm_arithmetic --problems p.jsonl --out eval.json --samples 4
+
+Each line of --problems is ``{"prompt": ..., "answer": ...}`` (the last number of the response must equal
+the answer exactly, as the arithmetic env checks) or ``{"prompt": ..., "tests": [...]}`` (code: the
+response's first code block, after the optional ``"prefix"``, runs in the sandbox, each test statement
+on its own; the score is the fraction that pass). One kind per file. ``--samples 1`` answers greedily;
+``K > 1`` samples K answers per problem at the model's temperature. --out gets ``accuracy`` (answers)
+or ``pass_rate`` (code; also ``solved``: the fraction of answers passing every test), ``n`` (problems)
+and per-problem results. Runs in this process, no Ray. Bad input is one line on stderr and exit code 2,
+before the model loads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from async_rl.errors import ConfigError  # noqa: E402
+
+
+def read_problems(path: str) -> tuple[list[dict[str, Any]], str]:
+    """The problems of a JSONL file and their kind (``answer`` or ``tests``); ConfigError naming the line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--problems {path}: no such file; pass a JSONL file of {{\"prompt\", \"answer\"|\"tests\"}}")
+    problems, kinds = [], set()
+    for number, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--problems {path} line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise ConfigError(f"--problems {path} line {number}: needs a string \"prompt\"")
+        kind = [k for k in ("answer", "tests") if k in item]
+        if len(kind) != 1:
+            raise ConfigError(f"--problems {path} line {number}: needs exactly one of \"answer\" or \"tests\"")
+        if kind == ["tests"] and (not isinstance(item["tests"], list) or not all(isinstance(t, str) for t in item["tests"])):
+            raise ConfigError(f"--problems {path} line {number}: \"tests\" must be a list of Python statements")
+        kinds.add(kind[0])
+        problems.append(item)
+    if not problems:
+        raise ConfigError(f"--problems {path}: no problems in it")
+    if len(kinds) > 1:
+        raise ConfigError(f"--problems {path}: mixes answer and tests problems; one kind per file")
+    return problems, kinds.pop()
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", help="a run's log dir (its newest checkpoint), its checkpoints/ dir or one epoch-* dir")
+    parser.add_argument("--model-path", help="a Hugging Face folder or a .gguf file (neither flag: the default model)")
+    parser.add_argument("--problems", required=True, help="JSONL of {prompt, answer} or {prompt, tests[, prefix]}")
+    parser.add_argument("--out", required=True, help="JSON file for the results")
+    parser.add_argument("--samples", type=int, default=1, help="answers per problem (1: greedy; K > 1: sampled)")
+    parser.add_argument("--max-new-tokens", type=int, help="longest answer (default: the run's or the policy's)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
+    parser.add_argument("--timeout", type=float, default=3.0, help="sandbox wall seconds per code answer")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.samples < 1 or args.batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
+        raise ConfigError("--samples, --batch-size and --max-new-tokens must be positive integers")
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout must be positive, got {args.timeout}")
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise ConfigError(f"--out {args.out}: not a writable file path (a directory, or its folder does not exist)")
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    from async_rl.policies.causal_lm import load_tokenizer
+    from async_rl.policies.lm_checkpoint import answer, load_lm_policy
+    from async_rl.sandbox import SandboxPool
+    from envs.arithmetic import arithmetic_reward
+    from envs.humaneval import code_reward
+
+    problems, kind = read_problems(args.problems)
+    overrides = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
+    policy, preprocess, source = load_lm_policy(args.checkpoint, args.model_path, overrides)
+    for item in problems:  # a prompt that does not fit is bad input, found before generating
+        try:
+            preprocess.prompt_ids(item["prompt"])
+        except ValueError as exc:
+            raise ConfigError(f"--problems {args.problems}: {exc}") from None
+    tokenizer = load_tokenizer(preprocess.model_path)
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    prompts = [item["prompt"] for item in problems for _ in range(args.samples)]
+    responses = [tokenizer.decode(ids, skip_special_tokens=True)
+                 for ids in answer(policy, preprocess, prompts, greedy=args.samples == 1, batch_size=args.batch_size)]
+    generated = time.perf_counter() - started
+    rows = []
+    with SandboxPool() as pool:
+        for i, item in enumerate(problems):
+            texts = responses[i * args.samples:(i + 1) * args.samples]
+            if kind == "answer":
+                scores, solved = [arithmetic_reward(t, item["answer"]) for t in texts], None
+            else:
+                results = [code_reward(t, item["tests"], pool, item.get("prefix", ""), args.timeout) for t in texts]
+                scores = [r.fraction for r in results]
+                solved = [r.total > 0 and r.passed == r.total for r in results]
+            rows.append({**{k: item[k] for k in ("prompt", "answer", "tests") if k in item}, "responses": texts,
+                         "scores": scores, "score": sum(scores) / len(scores),
+                         **({} if solved is None else {"solved": sum(solved) / len(solved)})})
+    mean = sum(r["score"] for r in rows) / len(rows)
+    report: dict[str, Any] = {"accuracy" if kind == "answer" else "pass_rate": mean, "n": len(rows),
+                              "samples": args.samples, "source": source, "generation_seconds": generated,
+                              "problems": rows}
+    if kind == "tests":
+        report["solved"] = sum(r["solved"] for r in rows) / len(rows)
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        check_args(args)
+        read_problems(args.problems)  # bad files fail before anything loads
+        report = evaluate(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    metric = "accuracy" if "accuracy" in report else "pass_rate"
+    print(f"{metric} {report[metric]:.3f} over {report['n']} problems x {report['samples']} sample(s) "
+          f"({report['source']}); results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
