@@ -135,8 +135,8 @@ class ActorGroup(Mapping[str, Any]):
                 out[name] = None
         return out
 
-    def record_pids(self) -> None:
-        self.pids.update(self.call("pid", what="pid"))
+    def record_pids(self, timeout_s: Optional[float] = None) -> None:
+        self.pids.update(self.call("pid", timeout_s=timeout_s, what="pid"))
 
     def pid(self, name: str) -> Optional[int]:
         """The member's process id; None if its process is dead. One that is alive but does not

@@ -127,9 +127,10 @@ class Runtime:
                                             cfg.eval_deterministic, cfg.video_interval_evals, cfg.video_episodes)
         self.workers = start_rollout_workers(self, count)
         self.worker_runs = self.workers.submit("run")
-        self.inference.record_pids()
-        self.workers.record_pids()
-        self.evaluators.record_pids()
+        # The workers and evaluators were created just above: their first answer waits for their
+        # processes to start and import the envs (over a minute on a loaded machine).
+        for group in (self.inference, self.workers, self.evaluators):
+            group.record_pids(cfg.startup_timeout_s)
 
     def named(self, role: str) -> str:
         return f"{self.tag}:{role}"
