@@ -15,6 +15,7 @@ Run it on an idle machine: figures are wall-clock; the machine's load is written
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -105,6 +106,13 @@ def responses_per_sec(config: Path, env: str, minutes: float, sync: bool, log_di
     return rate(scalars(log_dir, "rollout/total_env_steps"))
 
 
+def checkpoint_figures(figures: dict[str, Any], out: str | None) -> None:
+    """What is measured so far, written after each stage (a long benchmark stopped early keeps it)."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).with_suffix(".partial.json").write_text(json.dumps(figures, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__, "the issue's run: 3 seeds x 20 minutes of GRPO, 2-minute schedule runs")
     ap.add_argument("--env", choices=sorted(CONFIGS), default="arithmetic")
@@ -112,30 +120,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=20.0, help="training minutes per seed")
     ap.add_argument("--schedule-minutes", type=float, default=2.0, help="minutes of each async / sync run")
     ap.add_argument("--skip", nargs="*", default=[], choices=["generation", "schedules", "training"])
+    ap.add_argument("--order", nargs="+", default=["training", "generation", "schedules"],
+                    choices=["training", "generation", "schedules"], help="the stages after the base model's accuracy")
     ap.add_argument("--log-root", default=str(ROOT / "runs" / "bench" / "lm"))
     args = ap.parse_args(argv)
     config, root = CONFIGS[args.env], Path(args.log_root) / args.env
     figures: dict[str, Any] = {"env": args.env, "minutes_per_seed": args.minutes, "load_avg_1min_start": machine()["load_avg_1min"]}
     figures["base_accuracy"] = base_accuracy(args.env, config)
     print(f"base held-out accuracy {figures['base_accuracy']:.3f}", flush=True)
-    if "generation" not in args.skip:
-        figures.update(generation_throughput(config))
-    if "schedules" not in args.skip:
-        fast = {mode: responses_per_sec(config, args.env, args.schedule_minutes, mode == "sync", root / f"schedule-{mode}")
-                for mode in ("async", "sync")}
-        figures.update({"async_responses_per_sec": fast["async"], "sync_responses_per_sec": fast["sync"],
-                        "async_over_sync_responses": fast["async"] / fast["sync"]})
-    if "training" not in args.skip:
-        trained = []
-        for seed in args.seeds:
-            run = timed_run(config, root / f"seed-{seed}", args.minutes, ["--env", args.env, "--seed", str(seed)])
-            final = run.summary.get("final_evaluation") or {}
-            trained.append(float(final.get("heldout_reward", float("nan"))))
-            figures[f"trained_accuracy_seed{seed}"] = trained[-1]
-            figures[f"responses_trained_seed{seed}"] = float(run.summary.get("env_steps", 0) or 0)
-            print(f"seed {seed}: held-out accuracy {trained[-1]:.3f}", flush=True)
-        figures["trained_accuracy"] = statistics.fmean(trained)
-        figures["trained_minus_base"] = figures["trained_accuracy"] - figures["base_accuracy"]
+    checkpoint_figures(figures, args.out)
+    for stage in [s for s in args.order if s not in args.skip]:
+        if stage == "generation":
+            figures.update(generation_throughput(config))
+        elif stage == "schedules":
+            fast = {mode: responses_per_sec(config, args.env, args.schedule_minutes, mode == "sync", root / f"schedule-{mode}")
+                    for mode in ("async", "sync")}
+            figures.update({"async_responses_per_sec": fast["async"], "sync_responses_per_sec": fast["sync"],
+                            "async_over_sync_responses": fast["async"] / fast["sync"]})
+        else:
+            trained = []
+            for seed in args.seeds:
+                run = timed_run(config, root / f"seed-{seed}", args.minutes, ["--env", args.env, "--seed", str(seed)])
+                final = run.summary.get("final_evaluation") or {}
+                trained.append(float(final.get("heldout_reward", float("nan"))))
+                figures[f"trained_accuracy_seed{seed}"] = trained[-1]
+                figures[f"epochs_seed{seed}"] = run.summary.get("epochs")
+                print(f"seed {seed}: held-out accuracy {trained[-1]:.3f}", flush=True)
+                checkpoint_figures(figures, args.out)
+            figures["trained_accuracy"] = statistics.fmean(trained)
+            figures["trained_minus_base"] = figures["trained_accuracy"] - figures["base_accuracy"]
+        checkpoint_figures(figures, args.out)
     figures.update({k: v for k, v in machine().items() if k != "load_avg_1min"})
     figures["load_avg_1min_end"] = machine()["load_avg_1min"]
     report(figures, args, headline=["base_accuracy", "trained_accuracy", "trained_minus_base", "tokens_per_sec",
