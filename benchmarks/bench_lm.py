@@ -41,6 +41,7 @@ def base_accuracy(env: str, config: Path) -> float:
 
     cfg = load_config(["--env", env, "--swanlab-mode", "disabled"], str(config))
     task_set = prepare(cfg)
+    torch.set_num_threads(cfg.torch_threads)  # as the inference actor that answers after training
     policy, preprocess, _ = load_lm_policy(overrides={k: v for k, v in cfg.policy_kwargs.items() if k != "model_path"})
 
     def act(obs: Any, deterministic: bool) -> Any:

@@ -69,12 +69,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
     parser.add_argument("--timeout", type=float, default=3.0, help="sandbox wall seconds per code answer")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: robust on a busy machine, where spinning threads slow each other)")
     return parser.parse_args(argv)
 
 
 def check_args(args: argparse.Namespace) -> None:
-    if args.samples < 1 or args.batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
-        raise ConfigError("--samples, --batch-size and --max-new-tokens must be positive integers")
+    if args.samples < 1 or args.batch_size < 1 or args.threads < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
+        raise ConfigError("--samples, --batch-size, --threads and --max-new-tokens must be positive integers")
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
     out = Path(args.out)
@@ -98,6 +100,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError as exc:
             raise ConfigError(f"--problems {args.problems}: {exc}") from None
     tokenizer = load_tokenizer(preprocess.model_path)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     prompts = [item["prompt"] for item in problems for _ in range(args.samples)]

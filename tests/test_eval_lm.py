@@ -50,7 +50,7 @@ def test_other_bad_input(tmp_path):
 def test_the_default_model_on_answer_and_code_problems(tmp_path):
     answers = write_jsonl(tmp_path / "a.jsonl", [{"prompt": "What is 2 + 2? Answer with the number only.", "answer": 4},
                                                  {"prompt": "What is 10 - 3? Answer with the number only.", "answer": 7}])
-    done = run_eval("--problems", str(answers), "--out", str(tmp_path / "a.json"), "--max-new-tokens", "8")
+    done = run_eval("--problems", str(answers), "--out", str(tmp_path / "a.json"), "--max-new-tokens", "8", "--threads", "1")
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "a.json").read_text())
     assert report["n"] == 2 and 0.0 <= report["accuracy"] <= 1.0 and report["samples"] == 1
@@ -62,7 +62,7 @@ def test_the_default_model_on_answer_and_code_problems(tmp_path):
 
     code = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "Write a Python function add(a, b) that returns a + b, in a "
                                                "```python block.", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}])
-    done = run_eval("--problems", str(code), "--out", str(tmp_path / "c.json"), "--max-new-tokens", "48", "--samples", "2")
+    done = run_eval("--problems", str(code), "--out", str(tmp_path / "c.json"), "--max-new-tokens", "32", "--samples", "2", "--threads", "1")
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["n"] == 1 and 0.0 <= report["pass_rate"] <= 1.0 and "solved" in report
