@@ -101,6 +101,27 @@ def generation_throughput(config: Path) -> dict[str, float]:
             "generation_actor_over_plain": served / plain}
 
 
+def stored_over_real(checkpoint: Path) -> dict[str, float]:
+    """Replay memory per stored response against the bytes its real tokens need: a stored response keeps
+    ``max_prompt_tokens`` prompt slots (ids + mask) and ``max_new_tokens`` response slots (ids + log-prob),
+    its real tokens only some of them; per-response scalars count on both sides."""
+    from async_rl import checkpoint as ckpt
+
+    items = ckpt.load_tensordict(checkpoint / "replay.safetensors")
+    rows = items.batch_size[0]
+    leaves = list(items.items(include_nested=True, leaves_only=True))
+    stored = sum(v.numel() * v.element_size() for _, v in leaves) / rows
+    width_p, width_r = items["obs", "input_ids"].shape[1], items["response"].shape[1]
+    prompt_slot = sum(v.element_size() for k, v in leaves if isinstance(k, tuple) and k[0] == "obs")
+    response_slot = sum(v.element_size() for k, v in leaves if v.dim() == 2 and v.shape[1] == width_r and k != ("obs",))
+    scalars = stored - width_p * prompt_slot - width_r * response_slot
+    real_p = float(items["obs", "attention_mask"].sum(1).float().mean())
+    real_r = float((items["response"] >= 0).sum(1).float().mean())
+    real = real_p * prompt_slot + real_r * response_slot + scalars
+    return {"replay_bytes_per_response": stored, "replay_real_token_bytes_per_response": real,
+            "replay_stored_over_real": stored / real, "response_tokens_mean": real_r}
+
+
 def responses_per_sec(config: Path, env: str, minutes: float, sync: bool, log_dir: Path) -> float:
     run = timed_run(config, log_dir, minutes, ["--env", env, "--seed", "0", *(["--sync"] if sync else [])])
     del run
@@ -146,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                 trained.append(float(final.get("heldout_reward", float("nan"))))
                 figures[f"trained_accuracy_seed{seed}"] = trained[-1]
                 figures[f"epochs_seed{seed}"] = run.summary.get("epochs")
+                if run.summary.get("checkpoint"):
+                    figures.update({f"{k}_seed{seed}": v for k, v in stored_over_real(Path(run.summary["checkpoint"])).items()})
                 print(f"seed {seed}: held-out accuracy {trained[-1]:.3f}", flush=True)
                 checkpoint_figures(figures, args.out)
             figures["trained_accuracy"] = statistics.fmean(trained)
