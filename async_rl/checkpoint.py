@@ -287,6 +287,21 @@ def load_weights_only(path: Path) -> Any:
     return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
+def resolve_checkpoint(path: str) -> Path:
+    """The checkpoint an evaluation's ``--checkpoint`` names: a checkpoint dir, a dir of them, or a
+    run's log dir (the newest); ConfigError otherwise."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"--checkpoint {path}: no such directory; pass a run's log dir or one of its checkpoints")
+    if (p / META).is_file():
+        return p
+    found = complete_checkpoints(p) or complete_checkpoints(checkpoint_root(str(p)))
+    if not found:
+        raise ConfigError(f"--checkpoint {path}: no checkpoint there (no {META} in it, in an {PREFIX}* dir "
+                          "or under checkpoints/); pass a run's log dir written with checkpoints")
+    return found[-1]
+
+
 def latest_checkpoint(log_dir: str) -> Optional[Path]:
     found = complete_checkpoints(checkpoint_root(log_dir))
     return found[-1] if found else None

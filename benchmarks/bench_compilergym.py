@@ -39,7 +39,8 @@ from envs.compiler_gym import (  # noqa: E402
     search_programs,
 )
 from envs.compiler_gym_search import ModelPolicy, parse_search  # noqa: E402
-from launch.eval_compilergym import load_policy, read_run_config, resolve_checkpoint  # noqa: E402
+from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
+from launch.eval_compilergym import load_policy, read_run_config  # noqa: E402
 
 QUICK_BUNDLED = ("crc32", "quicksort", "strings")  # a bit-twiddling loop, a sort, string handling
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -18,6 +19,20 @@ from async_rl.errors import ConfigError
 
 OBS_SPEC = {"text": True}
 SPLITS = ("train", "heldout")
+
+
+@dataclass
+class TextTaskSetBase:
+    """What every text task set holds: one task of one-step episodes over text prompts. Picklable and
+    small; a subclass adds its options and ``task_names``, ``heldout_count`` and ``make_env``."""
+
+    split: str = "train"
+    tokenizer_path: Optional[str] = None  # the model's folder, filled by the driver from --model-path
+    seed: int = 0
+    obs_dim: int = 0
+    action_dim: int = 1  # the causal-LM policy ignores it: a response is the action
+    max_episode_steps: int = 1
+    obs_spec: dict = field(default_factory=lambda: dict(OBS_SPEC))
 
 
 def check_split(split: str, env: str) -> str:

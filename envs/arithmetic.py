@@ -22,7 +22,7 @@ import numpy as np
 
 from async_rl.errors import ConfigError
 from envs import register_env
-from envs._text import OBS_SPEC, TextEnvBase, check_split, heldout_evaluation
+from envs._text import TextEnvBase, TextTaskSetBase, check_split, heldout_evaluation
 
 
 @dataclass(frozen=True)
@@ -117,19 +117,12 @@ def arithmetic_task_set(difficulty: int = 2, split: str = "train", tokenizer_pat
 
 
 @dataclass
-class ArithmeticTaskSet:
+class ArithmeticTaskSet(TextTaskSetBase):
     """Picklable and small: problems are generated in the env."""
 
     difficulty: int = 2
-    split: str = "train"
-    tokenizer_path: Optional[str] = None
-    seed: int = 0
     heldout_size: int = 200
     task_names: list[str] = field(default_factory=lambda: ["arithmetic"])
-    obs_dim: int = 0
-    action_dim: int = 1  # the causal-LM policy ignores it: a response is the action
-    max_episode_steps: int = 1
-    obs_spec: dict = field(default_factory=lambda: dict(OBS_SPEC))
 
     def heldout_count(self) -> int:
         """How many held-out problems the final evaluation answers."""

@@ -28,7 +28,7 @@ from async_rl.code_blocks import extract_code
 from async_rl.errors import ConfigError
 from async_rl.sandbox import REASONS, SandboxPool, SandboxResult, run_tests
 from envs import register_env
-from envs._text import OBS_SPEC, TextEnvBase, check_split, heldout_evaluation, response_text
+from envs._text import TextEnvBase, TextTaskSetBase, check_split, heldout_evaluation, response_text
 
 HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, 164, 5))  # 0, 5, ..., 160: 33 problems
 PROMPT = ("Complete the following Python function. Reply with the whole function, with its imports, "
@@ -140,18 +140,11 @@ def humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] = Non
 
 
 @dataclass
-class HumanEvalTaskSet:
+class HumanEvalTaskSet(TextTaskSetBase):
     """Picklable and small: the problems are read in each process from the installed package."""
 
-    split: str = "train"
-    tokenizer_path: Optional[str] = None
-    seed: int = 0
     timeout_s: float = 3.0
     task_names: list[str] = field(default_factory=lambda: ["humaneval"])
-    obs_dim: int = 0
-    action_dim: int = 1  # the causal-LM policy ignores it: a response is the action
-    max_episode_steps: int = 1
-    obs_spec: dict = field(default_factory=lambda: dict(OBS_SPEC))
 
     def heldout_count(self) -> int:
         """How many held-out problems the final evaluation answers."""

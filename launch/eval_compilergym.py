@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from async_rl import checkpoint as ckpt  # noqa: E402
+from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
 from envs.compiler_gym import (  # noqa: E402
     CompilerGymServerError, format_search_table, program_uris, search_programs,
@@ -32,20 +33,6 @@ from envs.compiler_gym_search import ModelPolicy, SearchSpec, parse_search  # no
 
 # Options of the saved run that pick its programs: the evaluation picks its own.
 _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_search", "eval_search_budget")
-
-
-def resolve_checkpoint(path: str) -> Path:
-    """The checkpoint ``path`` names: a checkpoint dir, a dir of them, or a run dir (the newest)."""
-    p = Path(path)
-    if not p.is_dir():
-        raise ConfigError(f"--checkpoint {path}: no such directory; pass a run's log dir or one of its checkpoints")
-    if (p / ckpt.META).is_file():
-        return p
-    found = ckpt.complete_checkpoints(p) or ckpt.complete_checkpoints(ckpt.checkpoint_root(str(p)))
-    if not found:
-        raise ConfigError(f"--checkpoint {path}: no checkpoint there (no {ckpt.META} in it, in an {ckpt.PREFIX}* dir "
-                          "or under checkpoints/); pass a run's log dir written with checkpoints")
-    return found[-1]
 
 
 def read_run_config(checkpoint: Path) -> dict[str, Any]:

@@ -120,7 +120,8 @@ def test_a_checkpoint_is_searched_with_on_a_folder_and_the_results_written(tmp_p
     shutil.copy(BUNDLED_PROGRAMS / "gcd_lcm.c", progs / "gcd_lcm.c")
     out = tmp_path / "eval.json"
 
-    from launch.eval_compilergym import load_policy, main, resolve_checkpoint, read_run_config
+    from async_rl.checkpoint import resolve_checkpoint
+    from launch.eval_compilergym import load_policy, main, read_run_config
 
     checkpoint = resolve_checkpoint(str(tmp_path / "run"))  # a run dir: its newest checkpoint
     _, loaded, _ = load_policy(checkpoint, read_run_config(checkpoint), str(progs))

@@ -17,20 +17,6 @@ from async_rl.policies.lora import apply_lora
 TEXT_SPEC = {"text": True}
 
 
-def resolve_checkpoint(path: str) -> Path:
-    """The checkpoint ``path`` names: a checkpoint dir, a dir of them, or a run dir (the newest)."""
-    p = Path(path)
-    if not p.is_dir():
-        raise ConfigError(f"--checkpoint {path}: no such directory; pass a run's log dir or one of its checkpoints")
-    if (p / ckpt.META).is_file():
-        return p
-    found = ckpt.complete_checkpoints(p) or ckpt.complete_checkpoints(ckpt.checkpoint_root(str(p)))
-    if not found:
-        raise ConfigError(f"--checkpoint {path}: no checkpoint there (no {ckpt.META} in it, in an {ckpt.PREFIX}* dir "
-                          "or under checkpoints/); pass a run's log dir written with checkpoints")
-    return found[-1]
-
-
 def run_config(checkpoint: Path) -> dict[str, Any]:
     """The config a checkpoint was trained with; ConfigError unless it trained a causal LM."""
     try:
@@ -55,7 +41,7 @@ def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] =
     kwargs: dict[str, Any] = {}
     directory = None
     if checkpoint is not None:
-        directory = resolve_checkpoint(checkpoint)
+        directory = ckpt.resolve_checkpoint(checkpoint)
         config = run_config(directory)
         kwargs = dict(config.get("policy_kwargs") or {})
         saved = kwargs.pop("model_path", None)
