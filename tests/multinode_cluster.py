@@ -90,8 +90,20 @@ class TwoNodeCluster:
         common = ["--num-gpus=0", "--object-store-memory=200000000", "--disable-usage-stats"]
         _run(*self.exec_cmd(0, str(RAY), "start", "--head", f"--node-ip-address={self.ips[0]}", f"--port={RAY_PORT}",
                             f"--num-cpus={self.cpus[0]}", "--include-dashboard=false", *common), timeout=120, env=self.env)
-        _run(*self.exec_cmd(1, str(RAY), "start", f"--address={self.address}", f"--node-ip-address={self.ips[1]}",
-                            f"--num-cpus={self.cpus[1]}", *common), timeout=120, env=self.env)
+        for attempt in range(2):
+            try:
+                _run(*self.exec_cmd(1, str(RAY), "start", f"--address={self.address}", f"--node-ip-address={self.ips[1]}",
+                                    f"--num-cpus={self.cpus[1]}", *common), timeout=120, env=self.env)
+                break
+            except RuntimeError as exc:
+                # Ray 2.60 gives a joining raylet a fixed 30 s to register with the GCS; a loaded machine
+                # took longer once. Start node B afresh (its half-started processes killed) one more time.
+                if attempt or "registration may not be complete" not in str(exc):
+                    raise
+                self.kill_node(1, signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while self.pids(1) and time.monotonic() < deadline:
+                    time.sleep(0.5)
         self._wait_for_nodes(2)
 
     def _wait_for_nodes(self, count: int) -> None:
