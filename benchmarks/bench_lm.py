@@ -123,8 +123,7 @@ def stored_over_real(checkpoint: Path) -> dict[str, float]:
 
 
 def responses_per_sec(config: Path, env: str, minutes: float, sync: bool, log_dir: Path) -> float:
-    run = timed_run(config, log_dir, minutes, ["--env", env, "--seed", "0", *(["--sync"] if sync else [])])
-    del run
+    timed_run(config, log_dir, minutes, ["--env", env, "--seed", "0", *(["--sync"] if sync else [])])
     return rate(scalars(log_dir, "rollout/total_env_steps"))
 
 

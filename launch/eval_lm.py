@@ -84,14 +84,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--out {args.out}: not a writable file path (a directory, or its folder does not exist)")
 
 
-def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     from async_rl.policies.causal_lm import load_tokenizer
     from async_rl.policies.lm_checkpoint import answer, load_lm_policy
     from async_rl.sandbox import SandboxPool
     from envs.arithmetic import arithmetic_reward
     from envs.humaneval import code_reward
 
-    problems, kind = read_problems(args.problems)
     overrides = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
     policy, preprocess, source = load_lm_policy(args.checkpoint, args.model_path, overrides)
     for item in problems:  # a prompt that does not fit is bad input, found before generating
@@ -133,8 +132,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     try:
         check_args(args)
-        read_problems(args.problems)  # bad files fail before anything loads
-        report = evaluate(args)
+        problems, kind = read_problems(args.problems)  # bad files fail before anything loads
+        report = evaluate(args, problems, kind)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -65,3 +65,33 @@ def assert_broadcast_delivered(members, seed: int, timeout_s: float) -> None:
     sent, received = ray.get([m.sync.remote(seed=seed) for m in members], timeout=timeout_s)
     for s, r in zip(sent, received):
         assert s.dtype == r.dtype and torch.equal(s, r)
+
+
+def lone_rollout_worker(tag: str, task_set, spec: dict, batch: int, cfg):
+    """A real rollout worker on ``task_set`` with an MLP inference actor (``batch`` rows, its built
+    weights served), a replay buffer and a stats actor of its own, found by names under ``tag``.
+    Returns a namespace of the actors, the policy ``factory`` and the worker's ``run`` ref;
+    ``actors`` lists them for ``ray.kill``."""
+    import functools
+    from types import SimpleNamespace
+
+    from async_rl.actors.inference import InferenceActor
+    from async_rl.actors.peers import SharedValue
+    from async_rl.actors.replay_buffer import ReplayBufferActor
+    from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
+    from async_rl.actors.stats import StatsActor
+    from async_rl.policies import build_policy, build_preprocessor
+
+    holder = SharedValue.options(name=f"{tag}:task_set").remote(task_set)
+    factory = functools.partial(build_policy, "mlp", spec, 1, hidden_sizes=[8])
+    inference = InferenceActor.options(name=f"{tag}:inference", num_cpus=0).remote(0, factory, batch, 1.0,
+                                                                                   forward_in_thread=False)
+    ray.get(inference.serve_built_weights.remote(), timeout=60)
+    replay = ReplayBufferActor.options(name=f"{tag}:replay", num_cpus=0).remote(4096, 0)
+    stats = StatsActor.options(name=f"{tag}:stats", num_cpus=0).remote()
+    peers = WorkerPeers(task_set=f"{tag}:task_set", inference=f"{tag}:inference", replay=f"{tag}:replay",
+                        stats=f"{tag}:stats")
+    worker = RolloutWorkerActor.options(num_cpus=0).remote(0, peers, functools.partial(build_preprocessor, "mlp", spec),
+                                                           cfg)
+    return SimpleNamespace(worker=worker, inference=inference, replay=replay, stats=stats, factory=factory,
+                           run=worker.run.remote(), actors=(worker, inference, replay, stats, holder))

@@ -1,7 +1,6 @@
 """An episode's success follows its env's rule (``TaskSet.success_rule``): ``any`` step (MetaWorld, LIBERO)
 or the ``final`` step (CompilerGym, whose per-step label is cleared by an early end). Both readers, the
 rollout workers (training success rates, PACS's label) and the evaluator, apply it."""
-import functools
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,14 +12,9 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.actors.evaluation import EvaluationWorkerActor
-from async_rl.actors.inference import InferenceActor
-from async_rl.actors.peers import SharedValue
-from async_rl.actors.replay_buffer import ReplayBufferActor
-from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
-from async_rl.actors.stats import StatsActor
 from async_rl.config import load_config
 from async_rl.experience import to_wire
-from async_rl.policies import build_policy, build_preprocessor
+from conftest import lone_rollout_worker
 from envs.base import episode_success, success_rule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,18 +99,8 @@ def test_the_rollout_worker_labels_episodes_by_the_rule(ray_local):
     cfg = load_config(["--envs-per-worker", "2", "--actor-timeout-s", "60"],
                       str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     tag = f"success{time.monotonic_ns()}"
-    holder = SharedValue.options(name=f"{tag}:task_set").remote(PeakTasks("final"))
-    factory = functools.partial(build_policy, "mlp", spec, 1, hidden_sizes=[8])
-    inference = InferenceActor.options(name=f"{tag}:inference", num_cpus=0).remote(0, factory, 2, 1.0,
-                                                                                   forward_in_thread=False)
-    ray.get(inference.serve_built_weights.remote(), timeout=60)
-    replay = ReplayBufferActor.options(name=f"{tag}:replay", num_cpus=0).remote(4096, 0)
-    stats = StatsActor.options(name=f"{tag}:stats", num_cpus=0).remote()
-    peers = WorkerPeers(task_set=f"{tag}:task_set", inference=f"{tag}:inference", replay=f"{tag}:replay",
-                        stats=f"{tag}:stats")
-    worker = RolloutWorkerActor.options(num_cpus=0).remote(0, peers, functools.partial(build_preprocessor, "mlp", spec),
-                                                           cfg)
-    run = worker.run.remote()
+    lone = lone_rollout_worker(tag, PeakTasks("final"), spec, 2, cfg)
+    worker, stats, run = lone.worker, lone.stats, lone.run
     per_task: dict[str, list[float]] = {}
     deadline = time.monotonic() + 60
     while min((len(v) for v in per_task.values()), default=0) < 1 or len(per_task) < 2:
@@ -129,5 +113,5 @@ def test_the_rollout_worker_labels_episodes_by_the_rule(ray_local):
     # The episode that reached success and lost it is a failure; the one that ends on it a success.
     assert per_task == {"reached_then_lost": [0.0] * len(per_task["reached_then_lost"]),
                         "reached_at_the_end": [1.0] * len(per_task["reached_at_the_end"])}
-    for actor in (worker, inference, replay, stats, holder):
+    for actor in lone.actors:
         ray.kill(actor)

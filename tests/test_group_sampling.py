@@ -68,7 +68,7 @@ def test_minibatches_of_a_group_draw_hold_every_member_of_their_groups_equally()
 
 
 def test_a_stale_row_is_refilled_by_whole_groups_so_every_minibatch_keeps_its_groups_whole():
-    """Item 7 of issue 27: a prefetched super-batch aged past max_policy_lag in one row; the trainer's
+    """A prefetched super-batch aged past max_policy_lag in one row; the trainer's
     refill must not hand PACS a partial group (check_group_minibatch's promise)."""
     import asyncio
     from types import SimpleNamespace

@@ -7,8 +7,8 @@ are on B, and every weight broadcast goes from A to B over the veth pair.
 
 With --max-policy-lag 1 the last epoch (called with policy version 2) may train only on experience
 acted by version 1 or later, so a run that completes proves that weights broadcast from A reached the
-inference actor on B and acted there. The replay buffer left in the final checkpoint proves nothing
-(issue 27): each worker pushes 80 steps per pair of 40-step episodes, the three epochs and the
+inference actor on B and acted there. The replay buffer left in the final checkpoint proves nothing:
+each worker pushes 80 steps per pair of 40-step episodes, the three epochs and the
 prefetch consume 256 items drawn at random, and when the first episodes (acted by v0) outnumber what
 was acted after the first broadcast landed (it comes after epoch 0, which a loaded machine makes
 slow), every item left at the end can be of version 0."""

@@ -1,4 +1,4 @@
-"""Exactly-once experience in the replay buffer (issue 27, items 1-3): a buffer that dies comes back
+"""Exactly-once experience in the replay buffer: a buffer that dies comes back
 as it died (consumption and counters included), a batch pushed again is stored once, the log is
 written by a thread of its own and stays bounded without checkpoints, and episodes held for their
 group survive a restart."""

@@ -1,5 +1,5 @@
-"""A minibatch skipped on one rank only must not change how ZeRO-2 reduces the gradients (issue 27
-item 11). ZeRO-2 packs gradients into its reduction buckets in the order backward makes them ready
+"""A minibatch skipped on one rank only must not change how ZeRO-2 reduces the gradients.
+ZeRO-2 packs gradients into its reduction buckets in the order backward makes them ready
 and all-reduces the buckets element by element, so every rank must produce them in the same order.
 A skipped minibatch's stand-in backward that runs through another graph (a sum over the parameters)
 makes them ready in another order: the reduced buffer then adds one parameter's gradient to another's

@@ -2,7 +2,6 @@
 wire layout both ways) produces, for every env, exactly the experience a single env stepped on its
 own produces: the same episodes, the same GAE advantages and value targets, and the same
 time-limit bootstraps."""
-import functools
 import time
 from pathlib import Path
 
@@ -11,15 +10,11 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.actors.inference import InferenceActor
-from async_rl.actors.peers import SharedValue
-from async_rl.actors.replay_buffer import ReplayBufferActor
-from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
-from async_rl.actors.stats import StatsActor
 from async_rl.algo.estimators import GaeSegmenter
 from async_rl.config import load_config
 from async_rl.experience import step_record
-from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies import build_preprocessor
+from conftest import lone_rollout_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 3
@@ -83,18 +78,8 @@ def test_k_lockstepped_envs_match_single_env_references(ray_local):
     cfg = load_config(["--envs-per-worker", str(K), "--rollout-local-buf", "4", "--reward-scale", "1",
                        "--actor-timeout-s", "60"], str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     tag = f"vector{time.monotonic_ns()}"
-    holder = SharedValue.options(name=f"{tag}:task_set").remote(CountingTasks())
-    factory = functools.partial(build_policy, "mlp", SPEC, 1, hidden_sizes=[8])
-    inference = InferenceActor.options(name=f"{tag}:inference", num_cpus=0).remote(0, factory, K, 1.0,
-                                                                                   forward_in_thread=False)
-    ray.get(inference.serve_built_weights.remote(), timeout=60)
-    replay = ReplayBufferActor.options(name=f"{tag}:replay", num_cpus=0).remote(4096, 0)
-    stats = StatsActor.options(name=f"{tag}:stats", num_cpus=0).remote()
-    peers = WorkerPeers(task_set=f"{tag}:task_set", inference=f"{tag}:inference", replay=f"{tag}:replay",
-                        stats=f"{tag}:stats")
-    worker = RolloutWorkerActor.options(num_cpus=0).remote(0, peers, functools.partial(build_preprocessor, "mlp", SPEC),
-                                                           cfg)
-    run = worker.run.remote()
+    lone = lone_rollout_worker(tag, CountingTasks(), SPEC, K, cfg)
+    worker, inference, replay, factory, run = lone.worker, lone.inference, lone.replay, lone.factory, lone.run
     deadline = time.monotonic() + 60
     while ray.get(replay.size.remote(), timeout=30) < 40 * K:
         assert time.monotonic() < deadline, "the worker did not fill the replay buffer"
@@ -127,5 +112,5 @@ def test_k_lockstepped_envs_match_single_env_references(ray_local):
         per_env[next(s for s in seeds if abs(s % 1000 / 100.0 - key[0]) < 1e-4)] += 1
     assert all(n >= 20 for n in per_env.values()), per_env  # every env contributed, episodes of both kinds
     assert {bool(r) for r in stored["done"]} == {False, True}
-    for actor in (worker, inference, replay, stats, holder):
+    for actor in lone.actors:
         ray.kill(actor)

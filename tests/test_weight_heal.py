@@ -1,5 +1,5 @@
 """heal() re-sends the weights to an inference actor that Ray restarted while trainer 0 is in the
-middle of an epoch (issue 27 item 9). What arrives must be one whole, completed version with its own
+middle of an epoch. What arrives must be one whole, completed version with its own
 number: not the live parameters, which an optimiser step rewrites while they are on the wire and
 which are then of no version at all. A real trainer rank (DeepSpeed over gloo) is held after the
 first optimiser step of its epoch by a gate, so the test does not depend on timing."""
