@@ -29,7 +29,7 @@ from async_rl.orchestration.runtime import Runtime, obs_spec_of
 from async_rl.orchestration.schedules import schedule_for
 from async_rl.policies import prepare_policy
 from async_rl.report import report_at_end
-from async_rl.runtime import check_resources, pythonpath_with
+from async_rl.process_setup import check_resources, pythonpath_with
 
 console = Console(stderr=True)
 FINAL_EVAL_GRACE_S = 30.0

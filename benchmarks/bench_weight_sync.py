@@ -3,7 +3,7 @@
     python benchmarks/bench_weight_sync.py [--quick] [--reps 10] [--out weight_sync.json] [--plot weight_sync.png]
 
 Starts a local Ray (2 CPUs, bound to 127.0.0.1) and two async actors, a sender (rank 0) and a
-receiver (rank 1) of one ``async_rl.weight_sync.WeightSyncGroup`` (gloo on CPU). For 1, 10 and
+receiver (rank 1) of one ``async_rl.weight_sync_group.WeightSyncGroup`` (gloo on CPU). For 1, 10 and
 100 MiB of float32, held as one tensor and as many tensors of 1 MiB (per-tensor overhead), and
 for the MetaWorld launch's MLP policy's ``inference_tensors`` (obs 39, 4 actions), it times each path end to end,
 from the sender starting to the receiver holding the values in its own preallocated tensors:
@@ -42,7 +42,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from async_rl.policies import build_policy  # noqa: E402
-from async_rl.weight_sync import WeightSyncGroup, find_free_port  # noqa: E402
+from async_rl.weight_sync_group import WeightSyncGroup, find_free_port  # noqa: E402
 from benchmarks import common  # noqa: E402
 
 _MiB = 1 << 20

@@ -127,7 +127,7 @@ def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
     """
     import ray  # noqa: PLC0415
 
-    from async_rl.runtime import pythonpath_with  # noqa: PLC0415  (imports torch: only when needed)
+    from async_rl.process_setup import pythonpath_with  # noqa: PLC0415  (imports torch: only when needed)
 
     env_vars = {"PYTHONPATH": pythonpath_with(ROOT)}
     for attempt in range(1, attempts + 1):

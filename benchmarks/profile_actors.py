@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.log_dir, ignore_errors=True)
     cmd = [sys.executable, str(common.ROOT / "launch" / "ds_metaworld_ppo_mlp.py"), "--max-minutes", str(minutes),
            "--log-dir", args.log_dir, "--swanlab-mode", "disabled", "--log-interval-seconds", "5", *extra]
-    from async_rl.runtime import pythonpath_with  # noqa: PLC0415  (imports torch: only when needed)
+    from async_rl.process_setup import pythonpath_with  # noqa: PLC0415  (imports torch: only when needed)
 
     env = {**os.environ, "PYTHONPATH": pythonpath_with(common.ROOT)}
     log = open(Path(tempfile.gettempdir()) / "profile_actors_run.log", "w")  # noqa: SIM115

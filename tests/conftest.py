@@ -9,7 +9,7 @@ import pytest
 import ray
 import torch
 
-from async_rl.runtime import pythonpath_with
+from async_rl.process_setup import pythonpath_with
 
 TESTS = Path(__file__).resolve().parent
 

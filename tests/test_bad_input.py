@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from async_rl.runtime import pythonpath_with
+from async_rl.process_setup import pythonpath_with
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch" / "ds_metaworld_ppo_mlp.py"

@@ -164,7 +164,7 @@ def test_two_node_cluster_run(tmp_path):
     The actors need more CPUs than one node has, so they must be placed on both."""
     from ray.cluster_utils import Cluster
 
-    from async_rl.runtime import required_cpus
+    from async_rl.process_setup import required_cpus
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
@@ -212,7 +212,7 @@ def test_local_ray_listens_on_loopback_only(tmp_path):
 def test_weight_sync_store_listens_on_loopback_only():
     import psutil
 
-    from async_rl.weight_sync import WeightSyncGroup, find_free_port
+    from async_rl.weight_sync_group import WeightSyncGroup, find_free_port
 
     port = find_free_port()
     with WeightSyncGroup(0, 1, "127.0.0.1", port, timeout_s=10):

@@ -10,7 +10,7 @@ import torch
 from async_rl.actors.trainer import deepspeed_config
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ConfigError
-from async_rl.runtime import precision_dtype
+from async_rl.process_setup import precision_dtype
 
 CFG = RunConfig(device="cpu", precision="fp32", train_batch_size=2, accumulation_steps=1, super_batch_size=2)
 

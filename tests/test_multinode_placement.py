@@ -12,7 +12,7 @@ from async_rl.actors.trainer import TrainerActor
 from async_rl.config import load_config
 from async_rl.errors import ConfigError
 from async_rl.orchestration.placement import Placement, check_cluster, gpu_shares
-from async_rl.runtime import pythonpath_with
+from async_rl.process_setup import pythonpath_with
 
 ROOT = Path(__file__).resolve().parents[1]
 

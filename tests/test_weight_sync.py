@@ -1,4 +1,4 @@
-"""Tests for async_rl.weight_sync: signature helpers, a real Ray broadcast, timeouts (CPU, gloo)."""
+"""Tests for async_rl.weight_sync_group: signature helpers, a real Ray broadcast, timeouts (CPU, gloo)."""
 from __future__ import annotations
 
 import statistics
@@ -11,7 +11,7 @@ import ray
 import torch
 
 from async_rl.errors import ActorTimeoutError, ConfigError
-from async_rl.weight_sync import (
+from async_rl.weight_sync_group import (
     WeightSyncGroup,
     check_signature,
     find_free_port,

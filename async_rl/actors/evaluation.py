@@ -17,7 +17,7 @@ from async_rl.actors.rollout_worker import EnvPool, EnvThread, PolicyClient
 from async_rl.errors import ActorTimeoutError
 from async_rl.experience import from_wire, to_wire
 from async_rl.media import frame_of
-from async_rl.runtime import configure_torch
+from async_rl.process_setup import configure_torch
 from envs.base import episode_success, success_rule
 
 

@@ -23,8 +23,8 @@ from tensordict import TensorDict
 from async_rl.errors import ActorTimeoutError
 from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
 from async_rl.policies.nets import cast_parameters
-from async_rl.runtime import configure_torch, precision_dtype, resolve_device
-from async_rl.weight_sync import WeightSyncGroup, is_loopback, tensor_signature
+from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
+from async_rl.weight_sync_group import WeightSyncGroup, is_loopback, tensor_signature
 
 ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
 # Auto mode runs the forward on the event loop for CPU models up to this size (the MetaWorld MLP

@@ -16,7 +16,7 @@ import ray
 from tensordict import TensorDict
 
 from async_rl.errors import ActorTimeoutError
-from async_rl.runtime import wait_for
+from async_rl.process_setup import wait_for
 
 POLL_S = 0.2  # between two asks while the buffer holds too little
 SampleOnce = Callable[[], Awaitable[Optional[TensorDict]]]  # one ask: a batch, or None while too few are stored

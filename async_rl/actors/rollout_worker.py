@@ -26,7 +26,7 @@ from async_rl.algo import advantage_estimator
 from async_rl.actors.groups import Ticket, stamp_episode
 from async_rl.experience import env_steps, from_wire, step_records, to_wire
 from async_rl.actors.peers import peer
-from async_rl.runtime import configure_torch, wait_for
+from async_rl.process_setup import configure_torch, wait_for
 from envs.base import StartUnavailable, episode_success, success_rule
 
 START_TRIES = 100  # group tickets in a row whose start an env slot may fail to play before the worker fails

@@ -28,8 +28,8 @@ from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
 from async_rl.policies.lora import apply_lora
 from async_rl.policies.reference import ReferencePolicy, frozen_copy
-from async_rl.runtime import configure_torch, precision_dtype, resolve_device
-from async_rl.weight_sync import (
+from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
+from async_rl.weight_sync_group import (
     WeightSyncGroup,
     connect_store,
     find_free_port,

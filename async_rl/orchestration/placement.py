@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from rich.console import Console
 
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
-from async_rl.runtime import plan_gpus, required_cpus
+from async_rl.process_setup import plan_gpus, required_cpus
 
 LOCALHOST = "127.0.0.1"
 # How long a failed run waits for Ray to report a lost node (GCS health checks: ~3 s period).

@@ -24,7 +24,7 @@ from async_rl.orchestration.checkpointer import Checkpointer
 from async_rl.orchestration.evaluation import EvaluationPoller
 from async_rl.orchestration.placement import Placement, on_driver_node
 from async_rl.orchestration.replay import ReplaySupervisor
-from async_rl.orchestration.weight_sync import WeightSyncCoordinator
+from async_rl.orchestration.weight_sync_coordinator import WeightSyncCoordinator
 from async_rl.policies import build_policy, build_preprocessor
 
 

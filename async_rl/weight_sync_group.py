@@ -332,7 +332,7 @@ class WeightSyncGroup:
                 return host_store(addr, port, None, _td(self.timeout_s))
             except (RuntimeError, OSError) as e:
                 raise ConfigError(f"{self._who}: cannot host the store on {addr}:{port} ({e}); "
-                                  "pick a port free on this node, e.g. weight_sync.find_free_port(addr)") from e
+                                  "pick a port free on this node, e.g. weight_sync_group.find_free_port(addr)") from e
         return connect_store(addr, port, None, max(deadline - time.monotonic(), 0.05), self._who,
                              f"{self.member_names[0]} (rank 0; members: {self._members_str()})")
 
