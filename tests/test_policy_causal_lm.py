@@ -169,3 +169,36 @@ def test_bad_policy_kwargs_are_one_config_error():
         prepare_causal_lm({"text": True}, 1, "/nonexistent/model", {})
     with pytest.raises(ConfigError, match="does not fit max_prompt_tokens"):
         prepare_causal_lm({"text": True, "example_prompts": ["word " * 200]}, 1, None, {"max_prompt_tokens": 32})
+
+
+def test_chunked_logits_and_gradient_checkpointing_change_no_logp_and_no_gradient(base_policy, kwargs, monkeypatch):
+    """Training computes the vocabulary logits a few positions at a time (recomputed in backward), and
+    optionally checkpoints the decoder layers: neither may change a log-prob, an entropy or a gradient."""
+    import async_rl.policies.causal_lm as causal_lm
+
+    obs = batch_of(kwargs)
+    torch.manual_seed(2)
+    response = torch.randint(0, 1000, (2, 12))
+    response[0, 7:] = PAD_ACTION
+
+    def stats(policy):
+        policy.lm.zero_grad()
+        logp, entropy, _ = policy.evaluate(obs, response)
+        (logp.sum() + 0.1 * entropy.sum()).backward()
+        grad = policy.lm.get_input_embeddings().weight.grad.clone()
+        return logp.detach(), entropy.detach(), grad
+
+    whole = copy.deepcopy(base_policy).train()
+    monkeypatch.setattr(causal_lm, "TOKEN_CHUNK", 1000)
+    reference = stats(whole)
+    monkeypatch.setattr(causal_lm, "TOKEN_CHUNK", 5)  # 12 positions: chunks of 5, 5 and 2
+    chunked = stats(whole)
+    checkpointed = copy.deepcopy(base_policy).train()
+    checkpointed.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with_checkpoints = stats(checkpointed)
+    for got in (chunked, with_checkpoints):
+        torch.testing.assert_close(reference[0], got[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(reference[1], got[1], rtol=1e-4, atol=1e-5)
+        # Gradients sum over positions in another order: equal up to fp32 rounding, as a whole.
+        assert (reference[2] - got[2]).norm() <= 1e-4 * reference[2].norm()
+    assert reference[2].abs().sum() > 0

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from tensordict import TensorDict
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
@@ -30,6 +31,7 @@ from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.lm_loading import resolve_lm_path
 
 PAD_ACTION = -1  # response slots after the end of the response
+TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
 
 
 @functools.lru_cache(maxsize=4)
@@ -107,13 +109,19 @@ class CausalLMActorCritic(ActorCritic):
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, max_prompt_tokens: int = 256,
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                 system_prompt: Optional[str] = None, min_new_tokens: int = 0) -> None:
+                 system_prompt: Optional[str] = None, min_new_tokens: int = 0,
+                 gradient_checkpointing: bool = False) -> None:
         """``min_new_tokens``: eos is suppressed before that many tokens (0: a response may end at once;
-        benchmarks set it to ``max_new_tokens`` to compare generation at equal lengths)."""
+        benchmarks set it to ``max_new_tokens`` to compare generation at equal lengths).
+        ``gradient_checkpointing``: training keeps each decoder layer's input only and recomputes the
+        rest in backward (long prompts: a HumanEval minibatch of 4 x 624 tokens needs ~7 GB of
+        activations without it); generation is unaffected."""
         super().__init__()
         from transformers import AutoModelForCausalLM
 
         self.lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if gradient_checkpointing:
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.min_new_tokens = min(min_new_tokens, max_new_tokens)
         tokenizer = load_tokenizer(model_path)
@@ -191,13 +199,24 @@ class CausalLMActorCritic(ActorCritic):
         width = ids.shape[1]
         # The logits at position t predict token t + 1: the response's come from the last prompt
         # position up to the one before the last response slot.
-        logits = self.lm.get_output_embeddings()(hidden[:, width - 1:-1]).float() / self.temperature
-        log_probs = torch.log_softmax(logits, dim=-1)
-        logp = log_probs.gather(-1, tokens[:, width:].unsqueeze(-1)).squeeze(-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        logp, entropy = self._token_stats(hidden[:, width - 1:-1], tokens[:, width:])
         zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
         value = self.value_head(hidden[:, width - 1]).squeeze(-1)
         return torch.where(real, logp, zero), torch.where(real, entropy, zero), value
+
+    def _token_stats(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log pi(target) and the entropy at each position, ``TOKEN_CHUNK`` positions at a time. Each
+        chunk's [B, chunk, vocab] fp32 logits are recomputed in backward rather than kept (with a 49 k
+        vocabulary, B x 160 x vocab x 4 bytes, and its log-softmax, would otherwise dominate memory)."""
+        def chunk_stats(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            log_probs = torch.log_softmax(self.lm.get_output_embeddings()(h).float() / self.temperature, dim=-1)
+            return log_probs.gather(-1, t.unsqueeze(-1)).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
+
+        grad = torch.is_grad_enabled()
+        pieces = [checkpoint(chunk_stats, hidden[:, i:i + TOKEN_CHUNK], targets[:, i:i + TOKEN_CHUNK], use_reentrant=False)
+                  if grad else chunk_stats(hidden[:, i:i + TOKEN_CHUNK], targets[:, i:i + TOKEN_CHUNK])
+                  for i in range(0, hidden.shape[1], TOKEN_CHUNK)]
+        return torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
 
     def value(self, obs: TensorDict) -> torch.Tensor:
         hidden = self._hidden(obs["input_ids"], obs["attention_mask"])
