@@ -19,6 +19,7 @@ from rich.console import Console
 import envs
 from async_rl import checkpoint as ckpt
 from async_rl.algo import check_group_capacity
+from async_rl.cluster_probe import probe_cluster
 from async_rl.config import RunConfig, load_config
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.orchestration.evaluation import final_evaluation
@@ -38,6 +39,9 @@ FINAL_EVAL_GRACE_S = 30.0
 def prepare(cfg: RunConfig) -> Any:
     """Every check that needs no Ray: builds the task set, checks local resources and the
     policy's kwargs / model path (which may resolve ``cfg.policy_kwargs``, e.g. a default model)."""
+    unfit = probe_cluster(cfg.ray_address)  # unreachable, token refused, other Ray/Python: one line, not ray.init's retries
+    if unfit:
+        raise ConfigError(unfit)
     # --eval-search(-budget), when set, are options of the env's final evaluation (the env checks them).
     search = {"eval_search": cfg.eval_search, "eval_search_budget": cfg.eval_search_budget}
     task_set = envs.make_task_set(cfg.env, **{**cfg.env_kwargs, **{k: v for k, v in search.items() if v not in ("none", 0)}})
@@ -51,10 +55,14 @@ def prepare(cfg: RunConfig) -> Any:
     return task_set
 
 
-def main(default_config: str, description: str = "", argv: Optional[list[str]] = None) -> dict[str, Any]:
-    """Entry point of the launch scripts: bad input is one line on stderr and exit code 2."""
+def main(default_config: str, description: str = "", argv: Optional[list[str]] = None,
+         amend: Optional[Callable[[RunConfig], None]] = None) -> dict[str, Any]:
+    """Entry point of the launch scripts: bad input is one line on stderr and exit code 2. ``amend(cfg)``,
+    if given, changes the loaded config before it is checked (a launch's own shorthand flags)."""
     try:
         cfg = load_config(argv, default_config, description)
+        if amend is not None:
+            amend(cfg)
         task_set = prepare(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -2,6 +2,7 @@
 family (Llava, Idefics3/SmolVLM, OpenVLA's remote-code layout), action (un)normalisation, the
 save_pretrained -> model_path path and model_path errors."""
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,10 @@ def test_preprocessor_gives_fixed_shape_uint8_rows_without_weights(model_path):
 @pytest.mark.parametrize("name", ["vla", "vla_discrete"])
 def test_forward_shapes(family_path, name):
     policy, obs = _policy(name, family_path), _batch(family_path)
-    with torch.no_grad():
+    # A deprecated transformers argument warns at every forward (the KV cache is `cache` now, not
+    # `past_key_values`): hundreds of lines in a run's output. Errors here, so the cause is fixed.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
         out = policy.act(obs)
         logp, entropy, value = policy.evaluate(obs, out[policy.action_key])
     assert out["env_action"].shape == out["logp"].shape == logp.shape == entropy.shape == (4, 7)

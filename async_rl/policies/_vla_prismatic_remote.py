@@ -79,7 +79,7 @@ class TinyPrismaticForActionPrediction(PreTrainedModel):
         if past_key_values is not None and input_ids.shape[1] == 1:  # cached decoding, one row only
             if input_ids.shape[0] != 1:
                 raise ValueError("cached generation takes batch size 1")
-            return self.language_model(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache,
+            return self.language_model(input_ids=input_ids, cache=past_key_values, use_cache=use_cache,
                                        output_hidden_states=output_hidden_states, return_dict=True)
         embeds = self.get_input_embeddings()(input_ids)
         if pixel_values is not None:  # patches after position 0
@@ -88,5 +88,5 @@ class TinyPrismaticForActionPrediction(PreTrainedModel):
             if attention_mask is not None:
                 ones = attention_mask.new_ones(patches.shape[:2])
                 attention_mask = torch.cat([attention_mask[:, :1], ones, attention_mask[:, 1:]], dim=1)
-        return self.language_model(inputs_embeds=embeds, attention_mask=attention_mask, past_key_values=past_key_values,
+        return self.language_model(inputs_embeds=embeds, attention_mask=attention_mask, cache=past_key_values,
                                    use_cache=use_cache, output_hidden_states=output_hidden_states, return_dict=True)

@@ -120,11 +120,11 @@ class PassformerActorCritic(ActorCritic):
         tokens for ``decoder_ids``; with ``use_cache`` also the decoder's key/value cache, so the
         next call feeds only the new token."""
         out = self.seq2seq(encoder_outputs=(states,), attention_mask=mask, decoder_input_ids=decoder_ids,
-                           past_key_values=cache, use_cache=use_cache)
+                           cache=cache, use_cache=use_cache)
         if self.allowed.device != out.logits.device:
             self.allowed = self.allowed.to(out.logits.device)
         logits = out.logits.float() / self.temperature
-        return logits.masked_fill(~self.allowed, float("-inf")), out.past_key_values
+        return logits.masked_fill(~self.allowed, float("-inf")), out.cache
 
     # -- policy --
     @torch.no_grad()

@@ -215,7 +215,7 @@ class VLAActorCritic(ActorCritic):
             logits_all.append(logits)
             if d + 1 < self.action_dim:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                out = self._run(token.unsqueeze(1), mask, past=out.past_key_values, hidden=False)
+                out = self._run(token.unsqueeze(1), mask, past=out.cache, hidden=False)
         tokens_t, logits_t = torch.stack(tokens, 1), torch.stack(logits_all, 1)
         logp = action_token_log_prob(logits_t, tokens_t, self.vocab_end)
         action = tokens_to_normalized(tokens_t, self.vocab_end)

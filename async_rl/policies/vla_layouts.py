@@ -62,7 +62,7 @@ def run_backbone(layout: str, backbone: nn.Module, input_ids: torch.Tensor, atte
     ``attention_mask`` covers everything before them too. Returns the model output (logits of
     the last ``keep`` positions when the model can trim them, ``hidden_states`` if ``hidden``)."""
     kwargs = {"logits_to_keep": keep} if keep_logits else {}
-    common = dict(past_key_values=past, use_cache=past is not None or not hidden, output_hidden_states=hidden,
+    common = dict(cache=past, use_cache=past is not None or not hidden, output_hidden_states=hidden,
                   return_dict=True, **kwargs)
     if layout != "prismatic":
         pos = positions(attention_mask)[:, -input_ids.shape[1]:]
