@@ -41,6 +41,12 @@ Figures (TensorBoard scalars of the run's log dir, read back after it ends; the 
   be drawn means items came back after being drawn (a restart restoring consumed items) and were
   trained, evicted or held again. Draws still prefetched at the end make it an under-estimate by at
   most ``prefetch_batches`` super-batches per rank.
+* ``drawn_untrained_transitions`` (``consume`` only; None otherwise): final ``replay/sampled`` (items
+  drawn over all the buffer's lives: a restart restores the count it died with, and an ask answered
+  again after its reply was lost is no new draw) - trained - what the prefetch may still hold at the
+  end (``prefetch_batches`` super-batches per rank), at least 0: items consumed but never trained, as
+  when a draw was logged and its reply died with the buffer. Rows a trainer drops as too old
+  (``max_policy_lag``, not set by the launch's config) count here too.
 * ``replay_counter_rollbacks``: over the buffer's kills, how many of its counters ``added``,
   ``sampled``, ``evicted`` fell after the kill below the last value logged before it (a restart must
   come back with the counters it died with).
@@ -233,6 +239,11 @@ def duplicated_transitions(trained: int, added: int, left_otherwise: int, size_e
     return max(trained - (added - left_otherwise - size_end), 0)
 
 
+def drawn_untrained_transitions(sampled: int, trained: int, prefetched_at_most: int) -> int:
+    """Items drawn (consumed) beyond those trained and those the prefetch may hold (see the docstring)."""
+    return max(sampled - trained - prefetched_at_most, 0)
+
+
 def counter_rollbacks(kill_times: list[float], series: dict[str, list[tuple[float, float]]]) -> int:
     """Counters that fell after a kill below their last value logged before it (one per counter and kill)."""
     falls = 0
@@ -266,6 +277,7 @@ def analyse(result: dict[str, Any], log_dir: Path, launch_args: Optional[list[st
     lost = int(last("health/replay_items_lost"))
     added, produced = int(last("replay/added")), int(last("rollout/total_env_steps"))
     trained = epochs * cfg.num_trainers * cfg.super_batch_size
+    prefetched = cfg.num_trainers * (0 if cfg.sync else cfg.prefetch_batches) * cfg.super_batch_size
     left_otherwise = sum(total_over_lives(common.scalars(log_dir, f"replay/{k}")) for k in ("evicted", "dropped_stale"))
     not_in_pool = int(last("replay/group_steps_discarded")) + int(last("replay/group_steps_held"))
     replay_kills = [k.at for k in kills if k.role == "ReplayBufferActor"]
@@ -294,6 +306,9 @@ def analyse(result: dict[str, Any], log_dir: Path, launch_args: Optional[list[st
         "lost_transitions_bound": max(produced - added - not_in_pool, 0),
         "duplicated_transitions": duplicated_transitions(trained, added, int(left_otherwise), int(last("replay/size")))
         if cfg.replay_sampling == "consume" else None,
+        "drawn_untrained_transitions": drawn_untrained_transitions(int(last("replay/sampled")), trained, prefetched)
+        if cfg.replay_sampling == "consume" else None,
+        "redelivered_draws": int(last("replay/redelivered_draws")),
         "replay_counter_rollbacks": rollbacks,
         "group_size": cfg.group_size,
         "replay_restarts": int(last("health/replay_restarts")),
@@ -384,7 +399,8 @@ def main() -> None:
     common.report(figures, args, plot_fn(result, log_dir), headline=(
         "kills", "recoveries", "recover_seconds_median", "recover_seconds_max", "respawn_seconds_max",
         "produced_transitions", "acknowledged_transitions", "trained_transitions", "lost_transitions",
-        "lost_transitions_bound", "duplicated_transitions", "replay_counter_rollbacks", "epochs", "epochs_after_last_kill", "peak_rss_mib", "rss_growth_mib",
+        "lost_transitions_bound", "duplicated_transitions", "drawn_untrained_transitions", "redelivered_draws",
+        "replay_counter_rollbacks", "epochs", "epochs_after_last_kill", "peak_rss_mib", "rss_growth_mib",
         "return_first_third", "return_last_third", "kept_improving", "exit_code", "traceback", "benchmark_seconds"))
     if figures["traceback"] or figures["exit_code"] != 0:
         raise SystemExit(1)  # a kill ended the run: the figures are written, the benchmark fails

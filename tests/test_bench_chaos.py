@@ -54,3 +54,13 @@ def test_replay_counters_after_a_kill_are_compared_with_the_last_ones_read_befor
               "sampled": [(9.8, 256.0), (12.0, 128.0)]}
     assert counter_rollbacks([kill], rolled) == 2
     assert counter_rollbacks([], rolled) == 0
+
+
+def test_draws_never_trained_are_what_was_drawn_beyond_the_trained_and_the_prefetched():
+    from benchmarks.bench_chaos import drawn_untrained_transitions
+
+    # Two ranks of super-batch 128, one prefetched each: 103 epochs train 26,368 items.
+    assert drawn_untrained_transitions(sampled=26_624, trained=26_368, prefetched_at_most=256) == 0
+    assert drawn_untrained_transitions(sampled=26_496, trained=26_368, prefetched_at_most=256) == 0  # one not refilled
+    # A draw logged whose reply died with the buffer, then a retry that consumed other items.
+    assert drawn_untrained_transitions(sampled=26_752, trained=26_368, prefetched_at_most=256) == 128

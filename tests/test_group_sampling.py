@@ -86,7 +86,7 @@ def test_a_stale_row_is_refilled_by_whole_groups_so_every_minibatch_keeps_its_gr
     async def sample(n):  # what the replay buffer answers (ReplayBuffer.sample): whole groups for a multiple of G
         return store.sample_groups(n, g, consume=True) if n % g == 0 else store.sample(n, consume=True)
 
-    trainer = SimpleNamespace(cfg=SimpleNamespace(group_size=g), _min_version=lambda: 3, _sample=sample,
+    trainer = SimpleNamespace(cfg=SimpleNamespace(group_size=g), _min_version=lambda: 3, _refill=sample,
                               replay=SimpleNamespace(count_dropped_stale=SimpleNamespace(remote=lambda n: None)))
     fresh = asyncio.run(TrainerActor.__ray_metadata__.modified_class._drop_stale(trainer, batch))
     assert fresh.batch_size[0] == size and int(fresh["policy_version"].min()) == 5

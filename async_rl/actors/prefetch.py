@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import deque
 from typing import Any, Awaitable, Callable, Optional
 
@@ -22,13 +23,37 @@ POLL_S = 0.2  # between two asks while the buffer holds too little
 SampleOnce = Callable[[], Awaitable[Optional[TensorDict]]]  # one ask: a batch, or None while too few are stored
 
 
+class RequestIds:
+    """Request ids of one requester, a stream of asks made one at a time (actors/replay_draws.py):
+    an ask that got no answer (the buffer died, the call timed out) is asked again with the same id,
+    so the buffer hands out the draw it may have logged already instead of consuming other items."""
+
+    def __init__(self, requester: str) -> None:
+        self.requester = requester
+        self._nonce = uuid.uuid4().hex[:12]  # this process's: a restarted trainer counts from 0 again
+        self._count = 0
+
+    def current(self) -> tuple[str, str]:
+        """(requester, id) of the next ask, the same until ``answered``."""
+        return self.requester, f"{self._nonce}/{self._count}"
+
+    def answered(self) -> None:
+        self._count += 1
+
+
 async def sample_once(replay: Any, n: int, consume: bool, min_version: Optional[int], call_timeout_s: float,
-                      who: str, max_draws_per_item: Optional[float] = None) -> Optional[TensorDict]:
+                      who: str, max_draws_per_item: Optional[float] = None,
+                      ids: Optional[RequestIds] = None) -> Optional[TensorDict]:
     """One ask of the replay buffer actor for ``n`` items (None while it holds fewer, or while the
     reuse bound refuses); raises ActorTimeoutError naming the buffer if it does not answer within
-    ``call_timeout_s``."""
-    return await wait_for(replay.sample.remote(n, consume, min_version, max_draws_per_item), call_timeout_s,
-                          "replay buffer", f"sample of {n} items for {who}")
+    ``call_timeout_s``. With ``ids`` the ask carries the requester's current request id, which
+    moves on only once an answer arrived (a retry after an error asks for the same draw)."""
+    request = ids.current() if ids is not None else None
+    batch = await wait_for(replay.sample.remote(n, consume, min_version, max_draws_per_item, request),
+                           call_timeout_s, "replay buffer", f"sample of {n} items for {who}")
+    if ids is not None:
+        ids.answered()
+    return batch
 
 
 async def poll(ask: SampleOnce, n: int, timeout_s: float, who: str) -> TensorDict:

@@ -4,7 +4,9 @@ Exactly once under ``replay_sampling: consume``: every change of the buffer's st
 (actors/replay_log.py) before the caller hears of it, consumption included, so a buffer that Ray
 restarts is the one that died (same items, same counters) and never hands out again what a
 trainer drew. Pushes carry a batch id that the buffer remembers (through restarts too), so a
-worker pushing again a batch whose answer the dead buffer never sent adds it once.
+worker pushing again a batch whose answer the dead buffer never sent adds it once. A trainer's
+draw carries a request id the same way: asked again (its answer never arrived), the buffer hands
+out the same items instead of consuming others (actors/replay_draws.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.actors.groups import GroupPool, GroupSpec, stratified_group_slots
+from async_rl.actors.replay_draws import HeldDraws
 from async_rl.actors.replay_log import LIMIT_FLOOR, ReplayLog, pack, unpack
 from async_rl.checkpoint import complete_checkpoints, load_tensordict, save_tensordict
 from async_rl.experience import policy_versions
@@ -93,11 +96,21 @@ class ReplayStorage:
         self.counters["sampled"] += len(slots)
         return self._storage[slots].clone()
 
-    def take_stamps(self, stamps: list[int]) -> None:
-        """Consume the live items inserted with these stamps (a logged draw, replayed after a restart)."""
-        taken = self._live & torch.isin(self._stamp, torch.tensor(stamps, dtype=torch.int64))
+    def take_stamps(self, stamps: list[int], keep: bool = False) -> Optional[TensorDict]:
+        """Consume the live items inserted with these stamps (a logged draw, replayed after a
+        restart); with ``keep`` returns a copy of them in the order of ``stamps`` (the draw's order)."""
+        wanted = torch.tensor(stamps, dtype=torch.int64)
+        taken = self._live & torch.isin(self._stamp, wanted)
+        items = None
+        if keep:
+            slots = taken.nonzero().squeeze(-1)
+            if len(slots) != len(stamps):
+                raise ValueError(f"a logged draw of {len(stamps)} items finds {len(slots)} of them stored")
+            by_stamp = torch.argsort(self._stamp[slots])
+            items = self._storage[slots[by_stamp][torch.searchsorted(self._stamp[slots][by_stamp], wanted)]].clone()
         self._live &= ~taken
         self.counters["sampled"] += len(stamps)
+        return items
 
     def nbytes(self) -> int:
         """Bytes of the preallocated storage (0 before the first item)."""
@@ -204,11 +217,12 @@ class ReplayBuffer:
                  groups: Optional[GroupSpec] = None, restarted: bool = False,
                  log_limit_bytes: Optional[int] = None) -> None:
         self._store = ReplayStorage(capacity, seed)
-        self._store.counters["duplicate_pushes"] = 0
+        self._store.counters.update(duplicate_pushes=0, redelivered_draws=0)
         # A ledger that cannot be rebuilt (no log) must not reuse the ids its predecessor handed out.
         id_base = int.from_bytes(os.urandom(3), "little") << 32 if restarted and checkpoint_root is None else 0
         self._groups = GroupPool(groups, seed, id_base) if groups is not None else None  # group rollouts only
         self._seen: "OrderedDict[str, None]" = OrderedDict()
+        self._draws = HeldDraws()  # each requester's last consuming draw, for a retry of its request
         self._restored_from: Optional[str] = None
         self._log: Optional[ReplayLog] = None
         self._limit = log_limit_bytes
@@ -231,7 +245,7 @@ class ReplayBuffer:
         if own is not None and own[0] > base_seq:
             base_seq, base = own
         if base is not None:
-            self._load_state(base, with_groups=True)
+            self._load_state(base, same_run=True)
         records = self._log.records(after=base_seq)
         for record in records:
             self._replay(record.header, record.payload)
@@ -250,7 +264,10 @@ class ReplayBuffer:
             self._remember(header["id"])
             self._enter_episodes(unpack(payload, header["sizes"]))
         elif op == "take":
-            self._store.take_stamps(header["stamps"])
+            request = header.get("request")
+            items = self._store.take_stamps(header["stamps"], keep=request is not None)
+            if request is not None:
+                self._draws.hold(request, items)
         elif op == "count":
             self._store.counters[header["key"]] = self._store.counters.get(header["key"], 0) + header["n"]
         elif op == "drop":
@@ -296,6 +313,7 @@ class ReplayBuffer:
         items, store_state = self._store.state()
         groups, held = self._groups.assembler.state_dict() if self._groups is not None else (None, [])
         held = [e.clone() for e in held]  # the assembler adds fields to an episode when its group completes
+        draws = self._draws.state()
         extras = {"seen": list(self._seen), "groups": groups,
                   "log": {"token": self._log.token, "last_seq": self._log.next_seq - 1} if self._log else {}}
 
@@ -305,16 +323,23 @@ class ReplayBuffer:
                 blob, sizes = pack(held)
                 held_file(path).write_bytes(blob)
                 extras["held_sizes"] = sizes
+            HeldDraws.write(path, draws, extras)
             extras_file(path).write_text(json.dumps(extras))
         return write
 
-    def _load_state(self, path: Path, with_groups: bool) -> None:
+    def _load_state(self, path: Path, same_run: bool) -> None:
+        """``same_run``: a restart of this run (its group ledger and the draws held for its
+        requesters come back); else a new run resuming, whose workers and trainers start afresh
+        (a trainer's checkpoint holds the draws it had received)."""
         self._store.load(path)
-        self._store.counters.setdefault("duplicate_pushes", 0)
+        for key in ("duplicate_pushes", "redelivered_draws"):  # absent from states saved before they existed
+            self._store.counters.setdefault(key, 0)
         extras = _read_json(extras_file(path))
         for batch_id in extras.get("seen", []):
             self._remember(batch_id)
-        if with_groups and self._groups is not None and extras.get("groups") is not None:
+        if same_run:
+            self._draws.load(path, extras)
+        if same_run and self._groups is not None and extras.get("groups") is not None:
             held = unpack(held_file(path).read_bytes(), extras["held_sizes"]) if extras.get("held_sizes") else []
             self._groups.assembler.load_state_dict(extras["groups"], held)
 
@@ -349,13 +374,22 @@ class ReplayBuffer:
         return True
 
     async def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None,
-                     max_draws_per_item: Optional[float] = None) -> Optional[TensorDict]:
+                     max_draws_per_item: Optional[float] = None,
+                     request: Optional[tuple[str, str]] = None) -> Optional[TensorDict]:
         """``n`` items, or None while fewer than ``n`` are stored (with group rollouts: drawn by whole
         groups, None while the whole groups stored cannot supply them); with ``min_version`` items
         made by an older policy are dropped first (counted in ``dropped_stale``). With
         ``max_draws_per_item`` also None while drawing them would take the draws so far past that
         many per item ever added (a bounded update-to-data ratio; counted in ``reuse_refusals``).
-        A consuming draw is durable before it is answered: a restarted buffer never holds it again."""
+        A consuming draw is durable before it is answered: a restarted buffer never holds it again.
+        ``request`` (requester, request id; actors/replay_draws.py): a consuming draw asked for again
+        with the requester's last id gets the same items (counted in ``redelivered_draws``)."""
+        if consume and request is not None:
+            again = self._draws.again(request, n)
+            if again is not None:  # its answer never arrived: the same items, nothing new consumed
+                self._store.counters["redelivered_draws"] += 1
+                await self._commit({"op": "count", "key": "redelivered_draws", "n": 1})
+                return again
         if min_version is not None and self._store.drop_older_than(min_version):
             self._append({"op": "drop", "min_version": min_version})
         if not reuse_allowed(self._store.counters, n, max_draws_per_item):
@@ -369,7 +403,10 @@ class ReplayBuffer:
             batch = self._store.sample(n, consume) if self._store.size() >= n else None
         if batch is None:
             return None
-        await self._commit({"op": "take", "stamps": self._store.last_taken} if consume
+        if consume and request is not None:
+            self._draws.hold(request, batch)
+        await self._commit({"op": "take", "stamps": self._store.last_taken,
+                            **({"request": list(request)} if request is not None else {})} if consume
                            else {"op": "count", "key": "sampled", "n": n})
         return batch
 
@@ -398,7 +435,7 @@ class ReplayBuffer:
 
     async def load(self, path: str) -> int:
         """Resume from a checkpoint (a new run: the group ledger and its workers start afresh)."""
-        self._load_state(Path(path), with_groups=False)
+        self._load_state(Path(path), same_run=False)
         if self._log is not None:  # the log starts from this state: snapshot it
             self._log.compact(self._state_writer())
             await self._log.durable()

@@ -4,7 +4,7 @@ The buffer (actors/replay_buffer.py) is a deterministic state machine: its state
 is a *base* (a committed checkpoint's replay state, or a compaction snapshot in the log's own
 directory) followed by every command logged after it, applied in order. Commands are what changes
 the state: a batch added (with its batch id, so a re-push is recognised), rows consumed (by their
-insertion stamps), a stale drop, a counter bump, a group ticket, episodes handed to the assembler,
+insertion stamps, with the request they answered: actors/replay_draws.py), a stale drop, a counter bump, a group ticket, episodes handed to the assembler,
 a group abandoned. The buffer applies a command and appends it in the same uninterrupted step on
 its event loop, so the log's order is the order of application; it answers a caller only once the
 command is durable, so anything a caller has seen is in the log, and what a crash cuts off is a

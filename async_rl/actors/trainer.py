@@ -23,7 +23,7 @@ from tensordict import TensorDict
 from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator
 from async_rl import checkpoint as ckpt
 from async_rl.actors.groups import group_minibatch_order, keep_whole_groups
-from async_rl.actors.prefetch import Prefetcher, poll, sample_once
+from async_rl.actors.prefetch import Prefetcher, RequestIds, poll, sample_once
 from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
 from async_rl.policies.lora import apply_lora
@@ -129,6 +129,9 @@ class TrainerActor:
         self.engine = None
         self.reference: Optional[ReferencePolicy] = None  # only when the objective reads one (setup)
         self._prefetch: Optional[Prefetcher] = None  # created on the actor's event loop
+        # Two streams of asks that may be in flight together (the prefetch, and the refill of stale
+        # rows during an epoch); each asks one at a time, so each has its own request ids.
+        self._request_ids = {"prefetch": RequestIds(f"{self.name}/prefetch"), "refill": RequestIds(f"{self.name}/refill")}
         self._sync: Optional[WeightSyncGroup] = None
         # Rank 0: (version, copy of the inference tensors) of the last completed version, what every
         # broadcast sends. A broadcast may come mid-epoch (heal() re-sends to a restarted inference
@@ -217,19 +220,18 @@ class TrainerActor:
         lag = self.cfg.max_policy_lag
         return None if lag is None else self.next_version - lag
 
-    def _ask(self, n: Optional[int] = None) -> Awaitable[Optional[TensorDict]]:
+    def _ask(self, n: Optional[int] = None, stream: str = "prefetch") -> Awaitable[Optional[TensorDict]]:
         """One ask of the replay buffer for a super-batch (or ``n`` items): None while it holds too few."""
         cfg = self.cfg
         # max_sample_reuse counts training passes per collected item; the buffer counts draws.
         draws = None if cfg.max_sample_reuse is None or cfg.sync else cfg.max_sample_reuse / cfg.updates_per_epoch
         return sample_once(self.replay, n or cfg.super_batch_size, cfg.replay_sampling == "consume", self._min_version(),
-                           cfg.actor_timeout_s, self.name, draws)
+                           cfg.actor_timeout_s, self.name, draws, self._request_ids[stream])
 
-    async def _sample(self, n: Optional[int] = None) -> TensorDict:
-        """A super-batch (or ``n`` items), polling while the buffer holds too little; ActorTimeoutError
-        naming the buffer after ``actor_timeout_s``."""
-        n = n or self.cfg.super_batch_size
-        return await poll(functools.partial(self._ask, n), n, self.cfg.actor_timeout_s, self.name)
+    async def _refill(self, n: int) -> TensorDict:
+        """``n`` items in place of stale rows, polling while the buffer holds too little;
+        ActorTimeoutError naming the buffer after ``actor_timeout_s``."""
+        return await poll(functools.partial(self._ask, n, "refill"), n, self.cfg.actor_timeout_s, self.name)
 
     def _prefetcher(self) -> Prefetcher:
         if self._prefetch is None:  # needs the actor's running event loop
@@ -257,7 +259,7 @@ class TrainerActor:
         if stale == 0:
             return batch
         self.replay.count_dropped_stale.remote(stale)
-        return torch.cat([batch[keep], await self._sample(stale)])
+        return torch.cat([batch[keep], await self._refill(stale)])
 
     # ---- training -----------------------------------------------------------------------
     async def train_epoch(self, policy_version: int) -> dict[str, float]:
