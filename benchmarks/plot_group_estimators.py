@@ -1,13 +1,13 @@
-"""Issue 16's side-by-side figures (critic-free group estimators against PPO with GAE), as a markdown
+"""Side-by-side figures (critic-free group estimators against PPO with GAE), as a markdown
 table of means over seeds and one PNG, from the JSON files the benchmarks wrote.
 
-    python benchmarks/plot_issue16.py --metaworld mw16_reach_s15.json mw16_reach_pacs_s15.json \
-        --compilergym 'cg16_*_s*.json' [--results benchmarks/results] [--out issue16_s15.png]
+    python benchmarks/plot_group_estimators.py --metaworld group_estimators_reach_idle.json \
+        --compilergym 'group_estimators_compilergym_*_seed*.json' [--results benchmarks/results] [--out group_estimators.png]
 
 MetaWorld (``bench_learning.py --seeds ...``): per method, final success (trailing mean of the last 3 log
 points), best success, seconds to 0.9, env steps and the groups that reached the trainers.
 CompilerGym (``bench_compilergym.py --sets csmith --searches greedy,best-of-16``, one file per method and
-seed, named ``cg16_<method>_s<seed>.json``): geomean -Oz count / count on the held-out csmith programs,
+seed, named ``group_estimators_compilergym_<method>_seed<seed>.json``): geomean -Oz count / count on the held-out csmith programs,
 greedy and best-of-16, next to random search with the same compilations. Measures nothing.
 """
 from __future__ import annotations
@@ -60,10 +60,10 @@ def metaworld_rows(files: list[Path]) -> dict[str, dict[str, list[Any]]]:
 
 
 def compilergym_rows(files: list[Path]) -> dict[str, dict[str, list[Any]]]:
-    """{method: {column: [value per seed]}} from ``cg16_<method>_s<seed>.json`` files."""
+    """{method: {column: [value per seed]}} from ``group_estimators_compilergym_<method>_seed<seed>.json`` files."""
     rows: dict[str, dict[str, list[Any]]] = {}
     for path in files:
-        m = re.fullmatch(r"cg16_(\w+?)_s(\d+)", path.stem)
+        m = re.fullmatch(r"group_estimators_compilergym_(\w+?)_seed(\d+)", path.stem)
         if not m:
             continue
         figures = json.loads(path.read_text())
@@ -102,7 +102,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(common.ROOT / "benchmarks" / "results"))
     ap.add_argument("--metaworld", nargs="*", default=[], help="bench_learning JSON files (under --results)")
-    ap.add_argument("--compilergym", default="cg16_*_s*.json", help="glob of bench_compilergym JSON files")
+    ap.add_argument("--compilergym", default="group_estimators_compilergym_*_seed*.json", help="glob of bench_compilergym JSON files")
     ap.add_argument("--out", default=None, help="PNG (default: no plot)")
     args = ap.parse_args(argv)
     results = Path(args.results)

@@ -1,6 +1,7 @@
-"""Issue 15's throughput figures side by side, in one PNG, from the JSON files the benchmarks wrote.
+"""The throughput figures side by side (system against raw env, async against sync, request path, weight
+sync, inference), in one PNG, from the JSON files the benchmarks wrote.
 
-    python benchmarks/plot_issue15.py --suffix _idle_s14 [--results benchmarks/results] [--out issue15_idle_s14.png]
+    python benchmarks/plot_throughput_panels.py --suffix _idle_quick [--results benchmarks/results] [--out throughput_panels_idle_quick.png]
 
 Reads ``throughput*<suffix>.json`` (bench_throughput, merged: ``system_over_raw`` per env and worker count),
 ``async_vs_sync<suffix>.json``, ``request_path<suffix>.json`` (env steps/s against envs per worker),
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suffix", default="", help="the benchmarks' --out names are <name><suffix>.json")
     ap.add_argument("--results", default=str(common.ROOT / "benchmarks" / "results"))
-    ap.add_argument("--out", default=None, help="PNG (default <results>/issue15<suffix>.png)")
+    ap.add_argument("--out", default=None, help="PNG (default <results>/throughput_panels<suffix>.png)")
     args = ap.parse_args(argv)
     results = Path(args.results)
     plt = common.pyplot()
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         loads.append(f"{name} {figures.get('load_avg_1min', figures.get('load_avg_1min_before', '?'))}")
-    out = Path(args.out) if args.out else results / f"issue15{args.suffix}.png"
-    common.save(fig, out, f"issue 15 throughput figures ({args.suffix or 'no suffix'}); 1-min load at start: "
+    out = Path(args.out) if args.out else results / f"throughput_panels{args.suffix}.png"
+    common.save(fig, out, f"throughput figures ({args.suffix or 'no suffix'}); 1-min load at start: "
                           + ", ".join(loads))
     print(f"wrote {out}")
     return 0
