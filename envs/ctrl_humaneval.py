@@ -1,0 +1,305 @@
+"""CTRL on HumanEval: the policy is a critic; its reward is whether the frozen reviser, given its critique,
+turns the initial solution into code that passes the tests.
+
+An episode is one case (``async_rl/ctrl/cases.py``: a problem with a canonical, mutated or sampled
+solution); the observation is the critic's prompt (``async_rl/ctrl/critique.py``), the action the critique.
+Scoring a step: the rollout worker calls ``prepare_step`` on all its envs first; each queues its revision
+prompt in the process's ``RevisionQueue`` (a critique without a judgment line is not revised: its reward is
+``missing_judgment_reward``). The first ``step`` sends the whole queue to the ReviserActor in ONE call, and
+every revision's code goes to the sandbox pool at once, through the result cache (``async_rl/ctrl/reward.py``).
+Group rollouts (GRPO) give the members of a group the same case: n critiques per (problem, solution).
+
+Counters (``env/``): how scoring ended (``ctrl_<reason>``, ``ctrl_no_judgment``), judgments right and
+wrong against the case's label, cache lookups and hits (hit rate = hits / lookups), milliseconds waited on
+the reviser. The final evaluation critiques a balanced set of held-out cases greedily.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from async_rl.ctrl.cases import balanced, build_cases
+from async_rl.ctrl.critique import critic_prompt, parse_judgment, revision_prompt
+from async_rl.ctrl.evaluate import evaluate
+from async_rl.ctrl.reward import REWARD_MODES, ResultCache, critique_reward, score_revision
+from async_rl.errors import ConfigError
+from async_rl.sandbox import REASONS, SandboxResult
+from envs import register_env
+from envs._text import EVAL_BATCH, TextEnvBase, TextTaskSetBase, check_split, response_text
+from envs.humaneval import shared_pool
+
+TextFn = Callable[[list[str]], list[str]]
+
+
+class RevisionQueue:
+    """The revision prompts of a process's envs, sent to the reviser in one batch when the first result
+    is asked for; each revision is then scored by its env's ``score`` callback (which starts its sandbox
+    run), so all of a worker's sandbox runs start together."""
+
+    def __init__(self, revise: TextFn) -> None:
+        self.revise = revise
+        self._waiting: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.waited_ms = 0
+
+    def add(self, prompt: str, score: Callable[[str], "Future[SandboxResult]"]) -> dict[str, Any]:
+        ticket = {"prompt": prompt, "score": score, "result": None}
+        with self._lock:
+            self._waiting.append(ticket)
+        return ticket
+
+    def result(self, ticket: dict[str, Any]) -> SandboxResult:
+        with self._lock:
+            if ticket["result"] is None:
+                batch, self._waiting = self._waiting, []
+                started = time.monotonic()
+                texts = self.revise([t["prompt"] for t in batch])
+                self.waited_ms += int(1000 * (time.monotonic() - started))
+                for waiting, text in zip(batch, texts):
+                    waiting["result"] = waiting["score"](text)
+        return ticket["result"].result()
+
+
+_QUEUES: dict[str, RevisionQueue] = {}
+_CACHE = ResultCache()  # one per process: the envs of a worker share what their revisions scored
+
+
+def remote_reviser(task_set: "CTRLTaskSet") -> TextFn:
+    """Revisions by the run's ReviserActor (created by the first env that asks), bounded by
+    ``reviser_timeout_s``."""
+    import ray  # noqa: PLC0415
+
+    from async_rl.ctrl.reviser import reviser_handle  # noqa: PLC0415
+
+    handle = reviser_handle(task_set.reviser_name, task_set.reviser_path(), task_set.reviser_max_new_tokens,
+                            task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
+
+    def revise(prompts: list[str]) -> list[str]:
+        try:
+            return ray.get(handle.revise.remote(prompts), timeout=task_set.reviser_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the CTRL reviser did not revise {len(prompts)} prompts within reviser_timeout_s="
+                               f"{task_set.reviser_timeout_s:g} s") from None
+    return revise
+
+
+def local_reviser(task_set: "CTRLTaskSet") -> TextFn:
+    """Revisions in this process (no Ray: unit tests, evaluation scripts)."""
+    from async_rl.ctrl.reviser import Reviser  # noqa: PLC0415
+
+    return Reviser(task_set.reviser_path(), task_set.reviser_max_new_tokens, task_set.reviser_max_prompt_tokens,
+                   task_set.reviser_batch).revise
+
+
+def revision_queue(task_set: "CTRLTaskSet") -> RevisionQueue:
+    if task_set.reviser_name not in _QUEUES:
+        import ray  # noqa: PLC0415
+
+        _QUEUES[task_set.reviser_name] = RevisionQueue(
+            remote_reviser(task_set) if ray.is_initialized() else local_reviser(task_set))
+    return _QUEUES[task_set.reviser_name]
+
+
+def ctrl_final_evaluation(task_set: "CTRLTaskSet", act: Any, preprocess: Any, seed: int) -> dict[str, Any]:
+    """The final weights critique a balanced set of held-out cases greedily; the reviser revises."""
+    import torch  # noqa: PLC0415
+
+    cases = balanced(task_set.heldout, task_set.heldout_cases, seed)
+
+    def critique(prompts: list[str]) -> list[str]:
+        out = []
+        for first in range(0, len(prompts), EVAL_BATCH):
+            chunk = prompts[first:first + EVAL_BATCH]
+            actions = act(torch.stack([preprocess({"prompt": p}, "ctrl") for p in chunk]), True)
+            out += [response_text(a, task_set.tokenizer_path, "ctrl") for a in actions]
+        return out
+
+    figures = evaluate(cases, critique, revision_queue(task_set).revise, task_set.timeout_s, alone=False)
+    rows = figures.pop("rows")
+    scalars = {f"eval/{k}": float(figures[k]) for k in ("critic_pass", "judgment_accuracy", "regression_rate",
+                                                        "critic_format_rate", "initial_pass")}
+    text = (f"ctrl: {len(cases)} held-out cases ({figures['n_correct']} correct), greedy critiques: revisions pass "
+            f"{figures['critic_pass']:.3f} (initial {figures['initial_pass']:.3f}), judgment accuracy "
+            f"{figures['judgment_accuracy']:.3f}, regressions {figures['regression_rate']:.3f}, "
+            f"format {figures['critic_format_rate']:.3f}")
+    return {"scalars": scalars, "text": text, "files": {"eval_cases.json": rows}, **figures}
+
+
+def check_reviser_options(max_new_tokens: Any, max_prompt_tokens: Any, batch_size: Any, timeout_s: Any) -> None:
+    for name, value in (("reviser_max_new_tokens", max_new_tokens), ("reviser_max_prompt_tokens", max_prompt_tokens),
+                        ("reviser_batch", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"ctrl_humaneval {name} must be a positive integer, got {value!r}")
+    if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ConfigError(f"ctrl_humaneval reviser_timeout_s must be positive, got {timeout_s!r}")
+
+
+@register_env("ctrl_humaneval", final_evaluation=ctrl_final_evaluation)
+def ctrl_humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0,
+                            timeout_s: float = 3.0, ctrl_reward: str = "all_pass", missing_judgment_reward: float = 0.0,
+                            format_check: bool = True,
+                            reviser_model_path: Optional[str] = None, reviser_max_new_tokens: int = 256,
+                            reviser_max_prompt_tokens: int = 1536, reviser_batch: int = 8,
+                            reviser_timeout_s: float = 900.0, mutations: int = 2, samples: int = 0,
+                            max_prompt_chars: Optional[int] = None, task_ids: Optional[list[str]] = None,
+                            heldout_cases: Optional[int] = 16) -> "CTRLTaskSet":
+    """CTRL critique training on HumanEval. ctrl_reward: all_pass | pass_rate. missing_judgment_reward: the
+    reward of a critique without its judgment line (0; -1 punishes it). format_check: false revises and
+    scores critiques without a judgment line too (a base model never taught the format, as the paper's SFT
+    stage teaches it, writes none: no reward would ever differ). reviser_model_path: the frozen
+    reviser (null: the policy's base model). reviser_*: its new-token and prompt limits, batch, timeout.
+    mutations: verified-failing mutants per problem; samples: the base model's own solutions per problem
+    (generated once, cached). max_prompt_chars: drop cases whose critic prompt is longer (CPU runs).
+    task_ids: only these training problems. heldout_cases: the balanced held-out set of the final evaluation."""
+    check_split(split, "ctrl_humaneval")
+    if ctrl_reward not in REWARD_MODES:
+        raise ConfigError(f"ctrl_reward must be one of {', '.join(REWARD_MODES)}, got {ctrl_reward!r}")
+    if not isinstance(missing_judgment_reward, (int, float)) or not -1.0 <= missing_judgment_reward <= 0.0:
+        raise ConfigError(f"missing_judgment_reward must be a number in [-1, 0], got {missing_judgment_reward!r}")
+    if not isinstance(format_check, bool):
+        raise ConfigError(f"ctrl_humaneval format_check must be true or false, got {format_check!r}")
+    check_reviser_options(reviser_max_new_tokens, reviser_max_prompt_tokens, reviser_batch, reviser_timeout_s)
+    for name, value in (("mutations", mutations), ("samples", samples)):
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"ctrl_humaneval {name} must be a non-negative integer, got {value!r}")
+    if not timeout_s > 0:
+        raise ConfigError(f"ctrl_humaneval timeout_s must be positive, got {timeout_s}")
+    if reviser_model_path is not None:  # a bad path is one line here, before Ray starts
+        from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+
+        reviser_model_path = str(resolve_lm_path(reviser_model_path))
+    sample_model = None
+    if samples:
+        from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+
+        sample_model = str(resolve_lm_path(tokenizer_path))  # the base model the critic starts from
+    built = {s: build_cases(s, seed, mutations, samples, sample_model, timeout_s, task_ids if s == "train" else None)
+             for s in ("train", "heldout")}
+    if max_prompt_chars is not None:
+        built = {s: [c for c in cases if len(critic_prompt(c["prompt"], c["solution"])) <= max_prompt_chars]
+                 for s, cases in built.items()}
+    if not built["train"] or not built["heldout"]:
+        raise ConfigError(f"ctrl_humaneval has no training or no held-out case left (task_ids {task_ids}, "
+                          f"max_prompt_chars {max_prompt_chars}); widen them")
+    longest = [max((critic_prompt(c["prompt"], c["solution"]) for c in cases), key=len) for cases in built.values()]
+    return CTRLTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), timeout_s=float(timeout_s),
+                       ctrl_reward=ctrl_reward, missing_judgment_reward=float(missing_judgment_reward),
+                       format_check=format_check,
+                       reviser_model_path=reviser_model_path, reviser_max_new_tokens=reviser_max_new_tokens,
+                       reviser_max_prompt_tokens=reviser_max_prompt_tokens, reviser_batch=reviser_batch,
+                       reviser_timeout_s=float(reviser_timeout_s), heldout_cases=heldout_cases,
+                       train=built["train"], heldout=built["heldout"],
+                       obs_spec={"text": True, "example_prompts": longest})
+
+
+@dataclass
+class CTRLTaskSet(TextTaskSetBase):
+    """The cases of both splits travel with it (~1 MB): every process scores the same cases."""
+
+    timeout_s: float = 3.0
+    ctrl_reward: str = "all_pass"
+    missing_judgment_reward: float = 0.0
+    format_check: bool = True
+    reviser_model_path: Optional[str] = None
+    reviser_max_new_tokens: int = 256
+    reviser_max_prompt_tokens: int = 1536
+    reviser_batch: int = 8
+    reviser_timeout_s: float = 900.0
+    heldout_cases: Optional[int] = 16
+    train: list = field(default_factory=list)
+    heldout: list = field(default_factory=list)
+    reviser_name: str = field(default_factory=lambda: f"ctrl-reviser-{uuid.uuid4().hex[:8]}")  # unique to the run
+    task_names: list[str] = field(default_factory=lambda: ["ctrl_humaneval"])
+
+    def reviser_path(self) -> Optional[str]:
+        """The reviser's model: its own path, else the critic's base model (the driver's model path)."""
+        return self.reviser_model_path or self.tokenizer_path
+
+    def heldout_count(self) -> int:
+        return len(self.heldout)
+
+    def make_env(self, task_index: int, seed: int, revise: Optional[TextFn] = None) -> "CTRLEnv":
+        if task_index != 0:
+            raise IndexError(f"task_index {task_index} out of range: ctrl_humaneval has one task")
+        queue = RevisionQueue(revise) if revise is not None else None
+        return CTRLEnv(self, self.train if self.split == "train" else self.heldout,
+                       seed=int(seed) + 1_000_003 * self.seed, queue=queue)
+
+
+def _key(action: Union[str, np.ndarray]) -> Any:
+    return action if isinstance(action, str) else (np.asarray(action).tobytes(), np.asarray(action).dtype.str)
+
+
+class CTRLEnv(TextEnvBase):
+    task_name = "ctrl"
+    reason_names = ("no_judgment",) + REASONS
+
+    def __init__(self, task_set: CTRLTaskSet, cases: list, seed: int, queue: Optional[RevisionQueue] = None) -> None:
+        super().__init__(task_set.tokenizer_path, seed)
+        self.task_set, self.cases = task_set, cases
+        self._queue = queue  # None: the process's queue to the run's reviser, made on first use
+        self._pending: Optional[tuple[Any, Optional[dict[str, Any]]]] = None
+        self.extra = {"ctrl_judgment_right": 0, "ctrl_judgment_wrong": 0, "ctrl_judgment_missing": 0, "ctrl_cache_lookups": 0,
+                      "ctrl_cache_hits": 0, "ctrl_reviser_wait_ms": 0}
+
+    @property
+    def queue(self) -> RevisionQueue:
+        if self._queue is None:
+            self._queue = revision_queue(self.task_set)
+        return self._queue
+
+    def _problem(self, start: Optional[int]) -> dict:
+        self._pending = None
+        case = self.cases[int(self.rng.integers(len(self.cases))) if start is None else start % len(self.cases)]
+        return {"prompt": critic_prompt(case["prompt"], case["solution"]), "case": case}
+
+    def _score_revision(self, revision: str) -> "Future[SandboxResult]":
+        case = self.problem["case"]
+        future, hit = score_revision(revision, case["tests"], case["prefix"], _CACHE, shared_pool(), self.task_set.timeout_s)
+        if hit is not None:  # None: no code, nothing looked up
+            self.extra["ctrl_cache_lookups"] += 1
+            self.extra["ctrl_cache_hits"] += int(hit)
+        return future
+
+    def prepare_step(self, action: Union[str, np.ndarray]) -> None:
+        """Queue the revision of this critique (see the module docstring); ``step`` collects its result."""
+        if self.problem is None:
+            return
+        text = response_text(action, self.tokenizer_path, self.task_name)
+        case = self.problem["case"]
+        ticket = None
+        if parse_judgment(text) is not None or not self.task_set.format_check:
+            ticket = self.queue.add(revision_prompt(case["prompt"], case["solution"], text), self._score_revision)
+        self._pending = (_key(action), ticket)
+
+    def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
+        if self._pending is None or self._pending[0] != _key(action):
+            self.prepare_step(action)
+        return super().step(action)
+
+    def score(self, text: str) -> tuple[float, dict[str, Any]]:
+        pending, self._pending = self._pending, None
+        if pending is None:  # scored without prepare_step (the caller passed text)
+            self.prepare_step(text)
+            pending, self._pending = self._pending, None
+        ticket = pending[1]
+        waited = self.queue.waited_ms
+        result = None if ticket is None else self.queue.result(ticket)
+        self.extra["ctrl_reviser_wait_ms"] += self.queue.waited_ms - waited
+        reward, info = critique_reward(text, result, self.task_set.ctrl_reward, self.task_set.missing_judgment_reward,
+                                       self.task_set.format_check)
+        if info["judgment"] is None:
+            self.extra["ctrl_judgment_missing"] += 1
+        else:
+            right = info["judgment"] == self.problem["case"]["correct"]
+            self.extra["ctrl_judgment_right" if right else "ctrl_judgment_wrong"] += 1
+        return reward, info
+
+    def counters(self) -> dict[str, int]:
+        return {**super().counters(), **self.extra}
