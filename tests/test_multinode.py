@@ -49,6 +49,7 @@ def run_launch(cluster: TwoNodeCluster, flags: list[str], log: Path) -> tuple[in
     """Run the MetaWorld launch inside namespace A; returns its exit code and, per node, the Ray
     actor processes seen inside that node's namespace while it ran ({pid: actor class})."""
     seen: dict[int, dict[int, str]] = {0: {}, 1: {}}
+    parents: dict[int, int] = {}
     with open(log, "w") as out:
         proc = subprocess.Popen(cluster.exec_cmd(0, str(PYTHON), "launch/ds_metaworld_ppo_mlp.py", *flags), cwd=ROOT,
                                 env=cluster.env, stdout=out, stderr=subprocess.STDOUT)
@@ -57,7 +58,8 @@ def run_launch(cluster: TwoNodeCluster, flags: list[str], log: Path) -> tuple[in
             for node in (0, 1):
                 for pid in cluster.pids(node):
                     try:
-                        title = " ".join(psutil.Process(pid).cmdline())
+                        process = psutil.Process(pid)
+                        title, parents[pid] = " ".join(process.cmdline()), process.ppid()
                     except psutil.Error:
                         continue
                     if match := ACTOR_TITLE.search(title):
@@ -67,7 +69,11 @@ def run_launch(cluster: TwoNodeCluster, flags: list[str], log: Path) -> tuple[in
             proc.kill()
             proc.wait(timeout=30)
             pytest.fail(f"the two-node run did not end within {RUN_TIMEOUT_S:g} s:\n{log.read_text()[-3000:]}")
-    return proc.returncode, seen
+    # A child an actor forks (DeepSpeed's op build runs compilers through subprocess) carries its
+    # parent's title until it execs; on a busy machine a poll can land in that gap. It is not an actor.
+    actors = {pid for node in seen.values() for pid in node}
+    return proc.returncode, {node: {pid: cls for pid, cls in found.items() if parents.get(pid) not in actors}
+                             for node, found in seen.items()}
 
 
 def actors_on(seen: dict[int, str], cls: str) -> int:
