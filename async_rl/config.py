@@ -153,7 +153,7 @@ class ObjectiveSection(_Section):
 
 
 class ScaleSection(_Section):
-    """How many of each actor, batch sizes, replay, and resources (seed 004 section 2.1); defaults fit
+    """How many of each actor, batch sizes, replay, and resources (named as in ds_libero_ppo.py); defaults fit
     a 2-core machine. Sizes count steps (PPO) or segments of ``rollout_local_buf`` steps (V-trace)."""
 
     num_trainers: Positive = 2
@@ -175,7 +175,7 @@ class ScaleSection(_Section):
     updates_per_epoch: Positive = 4
     replay_sampling: Literal["consume", "reuse"] = "consume"
     """consume: sampled experience leaves the buffer (each step trains in one epoch); reuse: it stays
-    and may be drawn again (seed 004), so trainers never wait for data"""
+    and may be drawn again (as in the original ds_libero_ppo.py framework), so trainers never wait for data"""
     max_sample_reuse: Optional[pydantic.PositiveFloat] = None
     """bounded update-to-data ratio: trainers wait for fresh data while the items drawn so far, each
     trained updates_per_epoch times, would exceed this many uses per item collected

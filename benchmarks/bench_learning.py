@@ -14,7 +14,7 @@ Methods (one run each per task, one after the other, same seed, same machine):
 - ``vtrace``: this system, ``configs/metaworld_mt1_vtrace.yaml`` (V-trace on the trainers), clip mode ``clip``.
 - ``grpo``, ``rloo``: this system, ``configs/metaworld_mt1_ppo.yaml`` with ``--advantage grpo|rloo --group-size 8``
   (critic-free group advantages, clip mode ``clip``).
-- ``pacs``: the same with ``--clip-mode pacs --clip-config configs/clip/pacs.yaml`` (seed 003: the policy's
+- ``pacs``: the same with ``--clip-mode pacs --clip-config configs/clip/pacs.yaml`` (PACS: the policy's
   log-ratio to the reference, compared within its group, is the logit of a BCE against the episode's success).
 - ``sb3``: Stable-Baselines3 PPO on the same environment (``envs.make_task_set(...).make_env(i, seed + i)``
   behind a small gymnasium adapter), 2 envs.

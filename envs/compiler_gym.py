@@ -1,4 +1,4 @@
-"""CompilerGym LLVM pass ordering (seed 000), driven through a Python 3.10 server process.
+"""CompilerGym LLVM pass ordering (Passformer RL training, after CompilerDream), driven through a Python 3.10 server process.
 
 compiler_gym 0.2.5 runs only on Python 3.9/3.10, so each env starts ``envs/_compiler_gym_server.py``
 in ``.venv-compilergym`` (built by ``scripts/setup_compilergym.sh``) and talks to it over a pipe,
@@ -17,7 +17,7 @@ Programs: ``generator://csmith-v0/<seed>`` over disjoint seed ranges for trainin
 or every .c/.cpp/.bc file of ``benchmark_dir``, or named CompilerGym datasets (online only).
 Programs that fail to build or whose -Oz count exceeds their -O0 count are skipped and counted.
 
-Reward (seed 000 section 3.1): reduction r = (c0 - c) / (c0 - c_oz) (``reward_baseline: oz``,
+Reward: reduction r = (c0 - c) / (c0 - c_oz) (``reward_baseline: oz``,
 1.0 = as good as -Oz, so every program weighs the same whatever its size) or (c0 - c) / c0
 (``initial``); the -Oz denominator is at least ``oz_floor * c0`` (programs that -Oz barely
 shrinks would otherwise give huge rewards); above ``baseline_thre`` it grows with slope

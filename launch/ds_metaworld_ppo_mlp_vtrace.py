@@ -1,5 +1,6 @@
 """MetaWorld with an MLP actor-critic; the trainer recomputes log-probs and values on stored
-segments and trains on V-trace targets and policy-gradient advantages (seed 004 section 5.4).
+segments and trains on V-trace targets and policy-gradient advantages (V-trace: "IMPALA: Scalable
+Distributed Deep-RL with Importance Weighted Actor-Learner Architectures").
 
     python launch/ds_metaworld_ppo_mlp_vtrace.py --clip-mode sapo --max-minutes 3
 """

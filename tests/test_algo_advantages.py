@@ -35,7 +35,7 @@ def gae_direct(rewards, values, dones, bootstrap, gamma, lam):
 
 
 DOC = dict(rewards=[0.1, 0.2, 0.3, 0.4], values=[2.0, 2.1, 2.2, 2.3], gamma=0.9, lam=0.95)
-# Exact values of the design doc's example, worked by hand:
+# Exact values of a small example, worked by hand:
 # d3 = 0.4 - 2.3 = -1.9; d2 = 0.3 + 0.9*2.3 - 2.2 = 0.17; d1 = 0.2 + 0.9*2.2 - 2.1 = 0.08;
 # d0 = 0.1 + 0.9*2.1 - 2.0 = -0.01; gamma*lam = 0.855.
 DOC_EXACT = [-0.01 + 0.855 * (0.08 + 0.855 * (0.17 + 0.855 * -1.9)), 0.08 + 0.855 * (0.17 + 0.855 * -1.9),

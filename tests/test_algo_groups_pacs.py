@@ -1,6 +1,6 @@
 """Group baselines over ragged groups, the PACS loss, and the KL to a reference policy.
 
-References are written here from the definitions (seed 003, Schulman's KL estimators), group by
+References are written here from the definitions (PACS's paper, Schulman's KL estimators), group by
 group in plain loops, never with the scatter ops of the code under test; gradients come from
 closed forms where there is one, otherwise from autograd through those loops.
 """

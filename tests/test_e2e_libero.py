@@ -62,7 +62,7 @@ def test_real_run(tmp_path, launch_config):
         torch.testing.assert_close(seen["inference"][name], value, rtol=0, atol=0, msg=name)
 
     # Experience records what training reads (async_rl/experience.py): the behaviour log-prob
-    # (seed 004 sections 2.2 and 3.1 rebuild it from mu/log_std or logits), not unread statistics.
+    # (the original ds_libero_ppo.py framework rebuilds it from mu/log_std or logits), not unread statistics.
     sample = seen["sample"]
     keys = set(sample.keys())
     assert {"advantage", "value_target", "logp", "value", "policy_version"} <= keys

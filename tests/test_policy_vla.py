@@ -251,7 +251,7 @@ def test_libero_configs_load(name):
     cfg = load_config(["--lora-target-modules", LM_LORA], str(ROOT / "configs" / f"{name}.yaml"))
     assert cfg.policy == ("vla_discrete" if "discrete" in name else "vla")
     assert cfg.lora_rank > 0 and cfg.lora_target_modules == LM_LORA and "value_head" in cfg.lora_trainable
-    if "gpu" in name:  # the seed's scale (seed 004 section 2.1)
+    if "gpu" in name:  # the scale of the original ds_libero_ppo.py framework
         assert (cfg.num_trainers, cfg.num_inference_actors, cfg.num_rollout_workers) == (4, 1, 40)
         assert (cfg.train_batch_size, cfg.accumulation_steps, cfg.super_batch_size) == (20, 13, 260)
 

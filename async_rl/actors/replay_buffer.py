@@ -37,7 +37,7 @@ class ReplayStorage:
 
     New items fill free slots first, then replace the oldest live items (FIFO eviction).
     ``sample`` draws distinct live items uniformly; with ``consume`` they leave the buffer, so
-    each experience feeds one training epoch (otherwise it can be drawn again, as in seed 004).
+    each experience feeds one training epoch (otherwise it can be drawn again, as in ds_libero_ppo.py).
     """
 
     def __init__(self, capacity: int, seed: int = 0) -> None:

@@ -11,7 +11,7 @@ vtrace   trainer  segment  yes     the worker ships segments of rollout_local_bu
                                    corrects them off-policy with its current weights (``loss_inputs``)
 grpo     worker   step     no      group-relative advantages over n rollouts of one start state
 rloo     worker   step     no      leave-one-out baseline over the same groups
-naive    worker   step     no      the raw outcome, no baseline (seed 003)
+naive    worker   step     no      the raw outcome, no baseline (PACS)
 =======  =======  =======  ======  ==================================================================
 
 grpo and rloo need group rollouts (``group_size`` >= 2, ``check_group_size``): the rollout workers take

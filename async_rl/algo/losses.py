@@ -49,7 +49,7 @@ class PolicyLossParams(pydantic.BaseModel):
     ratio_level: Literal["token", "sequence", "geometric"] = "token"
     """token: one ratio per action element (dimension / token); sequence: the joint ratio of the whole
     action (sum of its log-ratios); geometric: their mean (GSPO). The last two need advantages [B, 1]."""
-    # PACS (seed 003): score = beta * sum(log pi - log pi_ref) (reward_method "1") or
+    # PACS: score = beta * sum(log pi - log pi_ref) (reward_method "1") or
     # beta * mean(log pi) (reward_method "2"), compared within its group (adv_estimator), used as a logit.
     beta: float = pydantic.Field(1.0, gt=0.0)
     reward_method: Literal["1", "2"] = "1"
@@ -312,8 +312,9 @@ def _cispo_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
 
 @register_policy_loss("pacs", per_action=True, reads=("logp_ref", "group_id", "success"))
 def _pacs_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
-    """PACS (seed 003): the action's score against the reference, compared within its group, is the
-    logit of a binary cross-entropy against the episode's success."""
+    """PACS ("Implicit Actor Critic Coupling via a Supervised Learning Framework for RLVR"): the
+    action's score against the reference, compared within its group, is the logit of a binary
+    cross-entropy against the episode's success."""
     if x.group_id is None or x.success is None or (p.reward_method == "1" and x.logp_ref is None):
         raise ValueError("clip mode 'pacs' needs group_id and success in the batch (group rollouts) and, with "
                          "reward_method 1, the reference log-probs")

@@ -1,4 +1,4 @@
-"""MLP actor-critic with a tanh-squashed Gaussian policy (seed 004 section 2.2)."""
+"""MLP actor-critic with a tanh-squashed Gaussian policy (as in the original ds_libero_ppo.py framework)."""
 from __future__ import annotations
 
 from typing import Any, Sequence

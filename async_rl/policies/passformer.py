@@ -1,4 +1,4 @@
-"""Passformer (seed 000 sections 3.2-3.3): a seq2seq policy that writes a whole pass sequence.
+"""Passformer (Passformer RL training, after CompilerDream): a seq2seq policy that writes a whole pass sequence.
 
 A transformers BART (built from a tiny configuration, or loaded from ``model_path``) with one
 vocabulary: ids ``[0, P)`` are the env's pass tokens (``obs_spec["action_vocab"]``: specials,

@@ -1,4 +1,5 @@
-"""Vision-language-action actor-critics on a Hugging Face VLM (seed 004 sections 2 and 3).
+"""Vision-language-action actor-critics on a Hugging Face VLM (OpenVLA-style, as the original
+ds_libero_ppo.py framework fine-tunes it).
 
 This module holds the two registered policies and their worker-side preprocessor; the parts
 they are made of live by job in ``vla_loading`` (backbone, processor and action statistics
