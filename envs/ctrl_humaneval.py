@@ -15,6 +15,8 @@ the reviser. The final evaluation critiques a balanced set of held-out cases gre
 """
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import threading
 import time
 import uuid
@@ -42,14 +44,17 @@ class RevisionQueue:
     is asked for; each revision is then scored by its env's ``score`` callback (which starts its sandbox
     run), so all of a worker's sandbox runs start together."""
 
-    def __init__(self, revise: TextFn) -> None:
-        self.revise = revise
+    def __init__(self, revise: TextFn, spans: bool = False) -> None:
+        """``spans``: ``revise`` also takes the wall-clock span in which the batch's critiques were generated
+        (the ReviserActor keeps it: the overlap of revising and generating is read from both)."""
+        self.revise, self.spans = revise, spans
         self._waiting: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.waited_ms = 0
 
-    def add(self, prompt: str, score: Callable[[str], "Future[SandboxResult]"]) -> dict[str, Any]:
-        ticket = {"prompt": prompt, "score": score, "result": None}
+    def add(self, prompt: str, score: Callable[[str], "Future[SandboxResult]"],
+            generated: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
+        ticket = {"prompt": prompt, "score": score, "result": None, "generated": generated}
         with self._lock:
             self._waiting.append(ticket)
         return ticket
@@ -59,7 +64,12 @@ class RevisionQueue:
             if ticket["result"] is None:
                 batch, self._waiting = self._waiting, []
                 started = time.monotonic()
-                texts = self.revise([t["prompt"] for t in batch])
+                prompts = [t["prompt"] for t in batch]
+                if self.spans:
+                    span = (min(t["generated"][0] for t in batch), max(t["generated"][1] for t in batch))
+                    texts = self.revise(prompts, span)  # type: ignore[call-arg]
+                else:
+                    texts = self.revise(prompts)
                 self.waited_ms += int(1000 * (time.monotonic() - started))
                 for waiting, text in zip(batch, texts):
                     waiting["result"] = waiting["score"](text)
@@ -72,45 +82,65 @@ _CACHE = ResultCache()  # one per process: the envs of a worker share what their
 
 def remote_reviser(task_set: "CTRLTaskSet") -> TextFn:
     """Revisions by the run's ReviserActor (created by the first env that asks), bounded by
-    ``reviser_timeout_s``."""
+    ``reviser_timeout_s``. The actor shares the fate of the worker that created it: when that worker died
+    (and Ray restarted it), the first call fails and the next caller creates the reviser again."""
     import ray  # noqa: PLC0415
 
     from async_rl.ctrl.reviser import reviser_handle  # noqa: PLC0415
 
-    handle = reviser_handle(task_set.reviser_name, task_set.reviser_path(), task_set.reviser_max_new_tokens,
-                            task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
+    def handle() -> Any:
+        return reviser_handle(task_set.reviser_name, task_set.reviser_path(), task_set.reviser_max_new_tokens,
+                              task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
 
-    def revise(prompts: list[str]) -> list[str]:
-        try:
-            return ray.get(handle.revise.remote(prompts), timeout=task_set.reviser_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"the CTRL reviser did not revise {len(prompts)} prompts within reviser_timeout_s="
-                               f"{task_set.reviser_timeout_s:g} s") from None
+    current = [handle()]
+
+    def revise(prompts: list[str], generated: Optional[tuple[float, float]] = None) -> list[str]:
+        for attempt in range(2):
+            try:
+                # A future, not ray.get: this runs in the worker's env thread, not on the async actor's event
+                # loop, which ray.get would warn about.
+                ref = current[0].revise.remote(prompts, generated, os.getpid())
+                return ref.future().result(timeout=task_set.reviser_timeout_s)
+            except concurrent.futures.TimeoutError:
+                raise RuntimeError(f"the CTRL reviser did not revise {len(prompts)} prompts within "
+                                   f"reviser_timeout_s={task_set.reviser_timeout_s:g} s") from None
+            except ray.exceptions.RayActorError:
+                if attempt:
+                    raise
+                current[0] = handle()
+        raise AssertionError("unreachable")
     return revise
 
 
 def local_reviser(task_set: "CTRLTaskSet") -> TextFn:
     """Revisions in this process (no Ray: unit tests, evaluation scripts)."""
-    from async_rl.ctrl.reviser import Reviser  # noqa: PLC0415
+    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
 
-    return Reviser(task_set.reviser_path(), task_set.reviser_max_new_tokens, task_set.reviser_max_prompt_tokens,
-                   task_set.reviser_batch).revise
+    return load_writer(None, task_set.reviser_path(), task_set.reviser_max_new_tokens,
+                       task_set.reviser_max_prompt_tokens, task_set.reviser_batch).write
 
 
 def revision_queue(task_set: "CTRLTaskSet") -> RevisionQueue:
     if task_set.reviser_name not in _QUEUES:
         import ray  # noqa: PLC0415
 
-        _QUEUES[task_set.reviser_name] = RevisionQueue(
-            remote_reviser(task_set) if ray.is_initialized() else local_reviser(task_set))
+        remote = ray.is_initialized()
+        _QUEUES[task_set.reviser_name] = RevisionQueue(remote_reviser(task_set) if remote else local_reviser(task_set),
+                                                       spans=remote)
     return _QUEUES[task_set.reviser_name]
+
+
+def heldout_set(task_set: "CTRLTaskSet") -> list[dict[str, Any]]:
+    """The balanced held-out cases every evaluation of a config uses (drawn with seed 0 whatever the run's
+    seed, so that runs and benchmarks compare on the same cases)."""
+    return balanced(task_set.heldout, task_set.heldout_cases, 0)
 
 
 def ctrl_final_evaluation(task_set: "CTRLTaskSet", act: Any, preprocess: Any, seed: int) -> dict[str, Any]:
     """The final weights critique a balanced set of held-out cases greedily; the reviser revises."""
     import torch  # noqa: PLC0415
 
-    cases = balanced(task_set.heldout, task_set.heldout_cases, seed)
+    cases = heldout_set(task_set)
 
     def critique(prompts: list[str]) -> list[str]:
         out = []
@@ -245,6 +275,7 @@ class CTRLEnv(TextEnvBase):
         self.task_set, self.cases = task_set, cases
         self._queue = queue  # None: the process's queue to the run's reviser, made on first use
         self._pending: Optional[tuple[Any, Optional[dict[str, Any]]]] = None
+        self._asked = 0.0
         self.extra = {"ctrl_judgment_right": 0, "ctrl_judgment_wrong": 0, "ctrl_judgment_missing": 0, "ctrl_cache_lookups": 0,
                       "ctrl_cache_hits": 0, "ctrl_reviser_wait_ms": 0}
 
@@ -257,6 +288,7 @@ class CTRLEnv(TextEnvBase):
     def _problem(self, start: Optional[int]) -> dict:
         self._pending = None
         case = self.cases[int(self.rng.integers(len(self.cases))) if start is None else start % len(self.cases)]
+        self._asked = time.time()  # the worker sends the prompt to the inference actor after this reset
         return {"prompt": critic_prompt(case["prompt"], case["solution"]), "case": case}
 
     def _score_revision(self, revision: str) -> "Future[SandboxResult]":
@@ -275,7 +307,8 @@ class CTRLEnv(TextEnvBase):
         case = self.problem["case"]
         ticket = None
         if parse_judgment(text) is not None or not self.task_set.format_check:
-            ticket = self.queue.add(revision_prompt(case["prompt"], case["solution"], text), self._score_revision)
+            ticket = self.queue.add(revision_prompt(case["prompt"], case["solution"], text), self._score_revision,
+                                    (self._asked, time.time()))
         self._pending = (_key(action), ticket)
 
     def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:

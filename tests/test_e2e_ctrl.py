@@ -44,8 +44,11 @@ def test_ctrl_critic_training_with_the_real_model(tmp_path):
     reviser = summary["inspect"]
 
     assert summary["epochs"] == 2 and "train/kl_ref" in summary
-    # The reviser answered in batches: one call per worker step holds all its envs' revisions.
-    assert reviser["busy"] and all(n == GROUP for _, _, n in reviser["busy"][:-1])
+    # The reviser answered in batches: one call per worker step holds all its envs' revisions (the last call
+    # is the final evaluation's, with the generation span only the workers' calls carry).
+    workers = reviser["busy"][:-1]
+    assert workers and all(n == GROUP for _, _, n, _ in workers)
+    assert len(reviser["generated"]) == len(workers) and len({pid for _, _, _, pid in workers}) == 2
     # Every critique was revised and scored; the cache was consulted for each revision with code.
     scored = sum(summary.get(f"env/ctrl_{r}", 0) for r in ("ok", "no_code", "syntax_error", "crash", "timeout", "exit"))
     assert scored >= 2 * GROUP

@@ -112,6 +112,8 @@ def build_cases(split: str, seed: int = 0, mutations: int = 2, samples: int = 0,
     if task_ids is not None:
         wanted = set(task_ids)
         problems = [p for p in problems if p["task_id"] in wanted]
+    if not problems:  # nothing to build (and nothing worth a file)
+        return []
     key = json.dumps({"format": CASES_FORMAT, "data": _data_file().stat().st_size, "split": split, "seed": seed,
                       "mutations": mutations, "samples": samples, "model": str(sample_model_path) if samples else None,
                       "timeout": timeout_s, "tasks": [p["task_id"] for p in problems]}, sort_keys=True)

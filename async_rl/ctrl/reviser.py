@@ -1,6 +1,6 @@
 """The frozen reviser: a causal LM that rewrites the code from problem, solution and critique.
 
-``Reviser`` holds the model (the critic's base model by default, its adapters never applied: it is
+``GreedyWriter`` over ``load_writer(model_path=...)`` holds the model (the critic's base model by default, its adapters never applied: it is
 loaded without them; or the CTRL paper's stronger "proxy" model at another path) and decodes greedily,
 batched, with its own longer token limit. Its prompts are left-padded to the longest of their batch, not to a
 fixed width: a revision prompt holds a critique of any length.
@@ -25,24 +25,20 @@ from tensordict import TensorDict
 
 
 
-class Reviser:
-    """Greedy revisions of prompts, ``batch_size`` at a time. ``max_prompt_tokens`` bounds a prompt: a
-    longer one is not revised (its revision is empty, which scores ``no_code``) and counted."""
+class GreedyWriter:
+    """Greedy answers of a loaded causal-LM policy to prompts, ``batch_size`` at a time (the reviser; the
+    critic in evaluations). A prompt longer than the preprocessor's ``max_prompt_tokens`` is not answered
+    (its answer is empty, which scores ``no_code``) and counted in ``too_long``."""
 
-    def __init__(self, model_path: Optional[str] = None, max_new_tokens: int = 256, max_prompt_tokens: int = 1536,
-                 batch_size: int = 8) -> None:
-        from async_rl.policies.lm_checkpoint import load_lm_policy  # noqa: PLC0415
-
-        self.policy, self.preprocess, self.description = load_lm_policy(model_path=model_path, overrides={
-            "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens})
+    def __init__(self, policy: Any, preprocess: Any, batch_size: int = 8) -> None:
         from async_rl.policies.causal_lm import load_tokenizer  # noqa: PLC0415
 
-        self.tokenizer = load_tokenizer(self.preprocess.model_path)
-        self.batch_size = batch_size
-        self.too_long = 0  # prompts not revised because they exceed max_prompt_tokens
+        self.policy, self.preprocess, self.batch_size = policy, preprocess, batch_size
+        self.tokenizer = load_tokenizer(preprocess.model_path)
+        self.too_long = 0
 
     @torch.inference_mode()
-    def revise(self, prompts: list[str]) -> list[str]:
+    def write(self, prompts: list[str]) -> list[str]:
         out: list[str] = [""] * len(prompts)
         encoded: list[tuple[int, list[int]]] = []
         for index, prompt in enumerate(prompts):
@@ -63,28 +59,46 @@ class Reviser:
         return out
 
 
+def load_writer(checkpoint: Optional[str] = None, model_path: Optional[str] = None, max_new_tokens: Optional[int] = None,
+                max_prompt_tokens: int = 1536, batch_size: int = 8) -> GreedyWriter:
+    """A GreedyWriter over a run's checkpoint or a model (None: the default model); ``max_new_tokens`` None
+    keeps the checkpoint's own."""
+    from async_rl.policies.lm_checkpoint import load_lm_policy  # noqa: PLC0415
+
+    overrides: dict[str, Any] = {"max_prompt_tokens": max_prompt_tokens}
+    if max_new_tokens is not None:
+        overrides["max_new_tokens"] = max_new_tokens
+    policy, preprocess, _ = load_lm_policy(checkpoint=checkpoint, model_path=model_path, overrides=overrides)
+    return GreedyWriter(policy, preprocess, batch_size)
+
+
 def _remote_class() -> Any:
     import ray  # noqa: PLC0415
 
     @ray.remote
     class ReviserActor:
-        """The Reviser in its own process; ``busy`` keeps the wall-clock spans of its batches (the overlap
-        with the critic's generation is read from them)."""
+        """The reviser's GreedyWriter in its own process. It keeps the wall-clock spans of its batches and,
+        per batch, the span in which the caller's critiques were generated: the overlap of revising one
+        worker's batch with generating another's is read from the two (``stats``)."""
 
         def __init__(self, model_path: Optional[str], max_new_tokens: int, max_prompt_tokens: int, batch_size: int,
                      threads: int = 1) -> None:
             torch.set_num_threads(threads)
-            self.reviser = Reviser(model_path, max_new_tokens, max_prompt_tokens, batch_size)
-            self.busy: list[tuple[float, float, int]] = []
+            self.reviser = load_writer(None, model_path, max_new_tokens, max_prompt_tokens, batch_size)
+            self.busy: list[tuple[float, float, int, int]] = []  # (start, end, prompts, caller pid)
+            self.generated: list[tuple[float, float, int]] = []  # (start, end, caller pid)
 
-        def revise(self, prompts: list[str]) -> list[str]:
+        def revise(self, prompts: list[str], generated: Optional[tuple[float, float]] = None, caller: int = 0) -> list[str]:
+            if generated is not None:
+                self.generated.append((generated[0], generated[1], caller))
             started = time.time()
-            texts = self.reviser.revise(prompts)
-            self.busy.append((started, time.time(), len(prompts)))
+            texts = self.reviser.write(prompts)
+            self.busy.append((started, time.time(), len(prompts), caller))
             return texts
 
         def stats(self) -> dict[str, Any]:
-            return {"busy": list(self.busy), "too_long": self.reviser.too_long, "pid": os.getpid()}
+            return {"busy": list(self.busy), "generated": list(self.generated), "too_long": self.reviser.too_long,
+                    "pid": os.getpid()}
 
     return ReviserActor
 
