@@ -109,6 +109,28 @@ class TextEnvBase:
         pass
 
 
+def action_key(action: Union[str, np.ndarray, list]) -> Any:
+    """A hashable identity of an action (its text, or its token ids and their dtype)."""
+    return action if isinstance(action, str) else (np.asarray(action).tobytes(), np.asarray(action).dtype.str)
+
+
+class PreparedStepEnv(TextEnvBase):
+    """A text env whose scoring starts in ``prepare_step(action)`` (the rollout worker calls it for all its
+    envs before stepping any, so their scoring runs in parallel) and is collected in ``score``. A subclass
+    sets ``self._pending = (action_key(action), whatever score needs)``; a step of an action that was not
+    prepared prepares it first."""
+
+    _pending: Optional[tuple[Any, Any]] = None
+
+    def prepare_step(self, action: Union[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
+        if self._pending is None or self._pending[0] != action_key(action):
+            self.prepare_step(action)
+        return super().step(action)
+
+
 EVAL_BATCH = 16  # prompts per inference request of the held-out evaluation
 
 

@@ -33,7 +33,7 @@ from async_rl.ctrl.reward import REWARD_MODES, ResultCache, critique_reward, sco
 from async_rl.errors import ConfigError
 from async_rl.sandbox import REASONS, SandboxResult
 from envs import register_env
-from envs._text import EVAL_BATCH, TextEnvBase, TextTaskSetBase, check_split, response_text
+from envs._text import EVAL_BATCH, PreparedStepEnv, TextTaskSetBase, action_key, check_split, response_text
 from envs.humaneval import shared_pool
 
 TextFn = Callable[[list[str]], list[str]]
@@ -262,11 +262,7 @@ class CTRLTaskSet(TextTaskSetBase):
                        seed=int(seed) + 1_000_003 * self.seed, queue=queue)
 
 
-def _key(action: Union[str, np.ndarray]) -> Any:
-    return action if isinstance(action, str) else (np.asarray(action).tobytes(), np.asarray(action).dtype.str)
-
-
-class CTRLEnv(TextEnvBase):
+class CTRLEnv(PreparedStepEnv):
     task_name = "ctrl"
     reason_names = ("no_judgment",) + REASONS
 
@@ -309,12 +305,7 @@ class CTRLEnv(TextEnvBase):
         if parse_judgment(text) is not None or not self.task_set.format_check:
             ticket = self.queue.add(revision_prompt(case["prompt"], case["solution"], text), self._score_revision,
                                     (self._asked, time.time()))
-        self._pending = (_key(action), ticket)
-
-    def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
-        if self._pending is None or self._pending[0] != _key(action):
-            self.prepare_step(action)
-        return super().step(action)
+        self._pending = (action_key(action), ticket)
 
     def score(self, text: str) -> tuple[float, dict[str, Any]]:
         pending, self._pending = self._pending, None

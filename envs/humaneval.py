@@ -28,7 +28,7 @@ from async_rl.code_blocks import extract_code
 from async_rl.errors import ConfigError
 from async_rl.sandbox import REASONS, SandboxPool, SandboxResult, run_tests
 from envs import register_env
-from envs._text import TextEnvBase, TextTaskSetBase, check_split, heldout_evaluation, response_text
+from envs._text import PreparedStepEnv, TextTaskSetBase, action_key, check_split, heldout_evaluation, response_text
 
 HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, 164, 5))  # 0, 5, ..., 160: 33 problems
 PROMPT = ("Complete the following Python function. Reply with the whole function, with its imports, "
@@ -157,11 +157,7 @@ class HumanEvalTaskSet(TextTaskSetBase):
                             timeout_s=self.timeout_s)
 
 
-def _key(action: Union[str, np.ndarray]) -> Any:
-    return action if isinstance(action, str) else (np.asarray(action).tobytes(), np.asarray(action).dtype.str)
-
-
-class HumanEvalEnv(TextEnvBase):
+class HumanEvalEnv(PreparedStepEnv):
     task_name = "humaneval"
     reason_names = REASONS
 
@@ -187,12 +183,7 @@ class HumanEvalEnv(TextEnvBase):
         else:
             future = shared_pool().submit(f"{self.problem['prefix']}\n\n{extract_code(text)}", self.problem["tests"],
                                           timeout_s=self.timeout_s)
-        self._pending = (_key(action), future)
-
-    def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
-        if self._pending is None or self._pending[0] != _key(action):
-            self.prepare_step(action)
-        return super().step(action)
+        self._pending = (action_key(action), future)
 
     def score(self, text: str) -> tuple[float, dict[str, Any]]:
         """(reward, info) of a response to the current problem (``reset`` first): reward = the
