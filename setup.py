@@ -6,7 +6,7 @@ that pip never pulls a CUDA build of torch on a CPU-only machine, then this pack
 from setuptools import find_packages, setup
 
 # Versions measured together on the project's machine (Python 3.11, CPU):
-# torch 2.13.0+cpu, ray 2.60.0, deepspeed 0.19.8, peft 0.21.2, transformers 5.23.0,
+# torch 2.13.0+cpu, ray 2.60.0, deepspeed 0.19.8, peft 0.21.2, transformers 5.24.0,
 # swanlab 0.10.3, tensordict 0.15.3, pydantic 2.14.3, metaworld 3.1.1 / mujoco 3.3.0.
 INSTALL_REQUIRES = [
     # tensordict 0.15 requires torch>=2.11; the set-up script installs torch==2.13.0 first.
@@ -14,7 +14,7 @@ INSTALL_REQUIRES = [
     "ray[default]==2.60.0",
     "deepspeed==0.19.8",
     "peft>=0.21.2,<1",
-    "transformers>=5.23,<6",
+    "transformers>=5.24,<6",  # the KV cache is passed as `cache=` (5.24 deprecates past_key_values=)
     "swanlab>=0.10.3,<0.11",
     "tensordict>=0.15.3,<0.16",
     "pydantic>=2.14,<3",

