@@ -6,6 +6,7 @@ dies or raises is replaced by a new actor (``health/evaluator_restarts``) and it
 dropped; results come back in the order they finish."""
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import ray
@@ -17,6 +18,7 @@ from async_rl.errors import ActorFailedError, ActorTimeoutError
 from async_rl.orchestration.actor_group import ActorGroup, failure_reason
 
 console = Console(stderr=True)
+HEAL_POLL_S = 1.0  # between two asks whether a restarted inference actor is back
 
 
 class EvaluationPoller:
@@ -101,4 +103,27 @@ def final_evaluation(runtime: Any) -> Optional[dict]:
         evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(
             0, runtime.task_set, runtime.preprocessor_factory, *runtime.inference_for(0), cfg)
         evaluators.members["eval-final"] = evaluator  # shut down with the others
-    return ray.get(evaluator.final_evaluation.remote(cfg.env, cfg.seed), timeout=cfg.startup_timeout_s)
+    for attempt in (1, 2):
+        try:
+            return ray.get(evaluator.final_evaluation.remote(cfg.env, cfg.seed), timeout=cfg.startup_timeout_s)
+        except (ray.exceptions.RayError, ActorTimeoutError) as exc:
+            cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+            first = (str(cause).splitlines() or [""])[0]
+            if attempt == 1 and isinstance(cause, (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError)):
+                # Ray restarted an inference actor mid-evaluation (e.g. the memory monitor killed it):
+                # it answers again once it holds the final weights.
+                console.print(f"final evaluation: an actor it used was restarted ({type(cause).__name__}); "
+                              "sending the weights again and evaluating once more", style="yellow", markup=False)
+                _heal_inference(runtime, cfg.actor_timeout_s)
+                continue
+            console.print(f"final evaluation failed, the run ends without it ({type(cause).__name__}: {first}); "
+                          "the last checkpoint holds the final weights", style="yellow", markup=False, soft_wrap=True)
+            return None
+    return None
+
+
+def _heal_inference(runtime: Any, timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) until a restarted inference actor is back and has the weights."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not runtime.weight_sync.heal():
+        time.sleep(HEAL_POLL_S)

@@ -1,0 +1,71 @@
+"""The env's final evaluation at the end of a run: an inference actor that Ray restarted under it
+(seen as ActorUnavailableError inside the evaluator's request) gets the weights again and the
+evaluation runs once more; any other failure ends the run without it, in one line, not a traceback."""
+import types
+
+import ray
+
+from async_rl.orchestration import evaluation
+
+
+@ray.remote(num_cpus=0)
+class ScriptedEvaluator:
+    """Raises the given errors on its first calls, then returns a report."""
+
+    def __init__(self, failures: list[str]) -> None:
+        self.failures, self.calls = list(failures), 0
+
+    def final_evaluation(self, env: str, seed: int) -> dict:
+        self.calls += 1
+        if self.failures:
+            kind = self.failures.pop(0)
+            if kind == "inference restarted":
+                raise ray.exceptions.ActorUnavailableError("The actor was restarted.", None)
+            raise ValueError(kind)
+        return {"scalars": {"eval/heldout_reward": 0.5}, "text": "done"}
+
+    def count(self) -> int:
+        return self.calls
+
+
+class Evaluators(dict):
+    def names(self) -> list[str]:
+        return list(self)
+
+
+def runtime_with(evaluator) -> types.SimpleNamespace:
+    heals = []
+
+    def heal() -> bool:
+        heals.append(1)
+        return len(heals) >= 2  # the restarted actor answers on the second probe
+
+    cfg = types.SimpleNamespace(env="arithmetic", seed=0, startup_timeout_s=60.0, actor_timeout_s=30.0)
+    return types.SimpleNamespace(cfg=cfg, evaluators=Evaluators({"eval-0": evaluator}), heals=heals,
+                                 workers=types.SimpleNamespace(call=lambda *a, **k: None),
+                                 weight_sync=types.SimpleNamespace(heal=heal))
+
+
+def test_a_restarted_inference_actor_is_healed_and_the_evaluation_runs_again(ray_local, monkeypatch):
+    monkeypatch.setattr(evaluation, "HEAL_POLL_S", 0.01)
+    evaluator = ScriptedEvaluator.remote(["inference restarted"])
+    runtime = runtime_with(evaluator)
+    report = evaluation.final_evaluation(runtime)
+    assert report is not None and report["scalars"]["eval/heldout_reward"] == 0.5
+    assert len(runtime.heals) == 2 and ray.get(evaluator.count.remote()) == 2
+
+
+def test_another_failure_ends_the_run_without_the_evaluation_in_one_line(ray_local, capsys):
+    evaluator = ScriptedEvaluator.remote(["the env raised"])
+    runtime = runtime_with(evaluator)
+    assert evaluation.final_evaluation(runtime) is None
+    assert runtime.heals == [] and ray.get(evaluator.count.remote()) == 1
+    err = capsys.readouterr().err
+    assert "final evaluation failed" in err and "ValueError: the env raised" in err and "Traceback" not in err
+
+
+def test_a_second_restart_is_not_retried_forever(ray_local, monkeypatch):
+    monkeypatch.setattr(evaluation, "HEAL_POLL_S", 0.01)
+    evaluator = ScriptedEvaluator.remote(["inference restarted", "inference restarted"])
+    assert evaluation.final_evaluation(runtime_with(evaluator)) is None
+    assert ray.get(evaluator.count.remote()) == 2
