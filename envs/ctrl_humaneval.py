@@ -65,11 +65,17 @@ class RevisionQueue:
                 batch, self._waiting = self._waiting, []
                 started = time.monotonic()
                 prompts = [t["prompt"] for t in batch]
-                if self.spans:
-                    span = (min(t["generated"][0] for t in batch), max(t["generated"][1] for t in batch))
-                    texts = self.revise(prompts, span)  # type: ignore[call-arg]
-                else:
-                    texts = self.revise(prompts)
+                try:
+                    if self.spans:
+                        span = (min(t["generated"][0] for t in batch), max(t["generated"][1] for t in batch))
+                        texts = self.revise(prompts, span)  # type: ignore[call-arg]
+                    else:
+                        texts = self.revise(prompts)
+                except BaseException as exc:  # every env of the batch gets the error, not a missing result
+                    for waiting in batch:
+                        waiting["result"] = failed = Future()
+                        failed.set_exception(exc)
+                    raise
                 self.waited_ms += int(1000 * (time.monotonic() - started))
                 for waiting, text in zip(batch, texts):
                     waiting["result"] = waiting["score"](text)
@@ -203,7 +209,10 @@ def ctrl_humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] 
     if reviser_model_path is not None:  # a bad path is one line here, before Ray starts
         from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
 
-        reviser_model_path = str(resolve_lm_path(reviser_model_path))
+        try:
+            reviser_model_path = str(resolve_lm_path(reviser_model_path))
+        except ConfigError as exc:  # its message names the critic's flag
+            raise ConfigError(str(exc).replace("--model-path", "--reviser-model-path", 1)) from None
     sample_model = None
     if samples:
         from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415

@@ -2,11 +2,16 @@
 of all envs go to the reviser in ONE call (here a reviser that answers hand-written revisions, so that the
 rewards are known), critiques without a judgment line are not revised, the sandbox scores each revision,
 a repeated revision is answered by the cache, and the counters say so. Bad options are ConfigErrors."""
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from async_rl.errors import ConfigError
 from envs import make_task_set
 
+ROOT = Path(__file__).resolve().parents[1]
 TASK = "HumanEval/23"  # strlen(string) -> int, a training problem
 RIGHT = "```python\ndef strlen(string: str) -> int:\n    return len(string)\n```"
 WRONG = "```python\ndef strlen(string: str) -> int:\n    return len(string) + 1\n```"
@@ -66,9 +71,16 @@ def test_format_check_off_revises_critiques_without_a_judgment_line():
     ({"ctrl_reward": "half"}, "ctrl_reward must be one of all_pass, pass_rate"),
     ({"missing_judgment_reward": 1.0}, "missing_judgment_reward must be a number in [-1, 0]"),
     ({"reviser_batch": 0}, "reviser_batch must be a positive integer"),
-    ({"reviser_model_path": "/no/such/model"}, "no such file or directory"),
+    ({"reviser_model_path": "/no/such/model"}, "--reviser-model-path /no/such/model: no such file or directory"),
     ({"task_ids": ["HumanEval/0"]}, "no training or no held-out case left"),  # a held-out id is never trained on
 ])
 def test_bad_options(options, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         make_task_set("ctrl_humaneval", **options)
+
+
+def test_the_launch_says_a_bad_shorthand_flag_in_one_line_before_ray():
+    done = subprocess.run([sys.executable, str(ROOT / "launch" / "ds_ctrl_grpo.py"), "--ctrl-reward", "half"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.strip() == ("error: ctrl_reward must be one of all_pass, pass_rate, "
+                                                            "got 'half'")
