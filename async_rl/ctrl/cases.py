@@ -25,6 +25,7 @@ import numpy as np
 
 from async_rl.code_blocks import extract_code
 from async_rl.ctrl.mutations import KINDS, mutate, solution_source
+from async_rl.ctrl.reward import passes_all
 from async_rl.errors import ConfigError
 from async_rl.sandbox import SandboxPool
 
@@ -40,10 +41,6 @@ def cache_dir() -> Path:
 def _case(problem: dict[str, Any], solution: str, correct: bool, source: str) -> dict[str, Any]:
     return {"task_id": problem["task_id"], "prompt": problem["code_prompt"].strip(), "solution": solution,
             "tests": list(problem["tests"]), "prefix": problem["prefix"], "correct": bool(correct), "source": source}
-
-
-def _passes_all(result: Any) -> bool:
-    return result.total > 0 and result.passed == result.total
 
 
 def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: int, pool: SandboxPool,
@@ -69,10 +66,10 @@ def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: in
     for (problem, source, code, _), future in zip(jobs, futures):
         result = future.result()
         if source == "canonical":
-            references_ok[problem["task_id"]] = _passes_all(result)
-            if _passes_all(result):
+            references_ok[problem["task_id"]] = passes_all(result)
+            if passes_all(result):
                 cases.append(_case(problem, code, True, source))
-        elif not _passes_all(result) and len(mutants.setdefault(problem["task_id"], [])) < per_problem:
+        elif not passes_all(result) and len(mutants.setdefault(problem["task_id"], [])) < per_problem:
             mutants[problem["task_id"]].append(_case(problem, code, False, source))
     # A mutant only counts as wrong if its reference passed here (else the tests, not the code, fail).
     cases += [c for task, found in mutants.items() if references_ok.get(task) for c in found]
@@ -100,7 +97,7 @@ def sampled_cases(problems: Sequence[dict[str, Any]], samples: int, model_path: 
         if code is not None:
             jobs.append((problem, code.strip(), pool.submit(f"{problem['prefix']}\n\n{code}", problem["tests"],
                                                             timeout_s=timeout_s)))
-    return [_case(p, code, _passes_all(f.result()), "sampled") for p, code, f in jobs]
+    return [_case(p, code, passes_all(f.result()), "sampled") for p, code, f in jobs]
 
 
 def build_cases(split: str, seed: int = 0, mutations: int = 2, samples: int = 0, sample_model_path: Optional[str] = None,

@@ -165,11 +165,14 @@ def _run(pool: Optional[SandboxPool], code: str, tests: list[str], timeout_s: fl
     return future
 
 
+def passes_all(result: SandboxResult) -> bool:
+    """Whether the code passed every one of its (at least one) tests."""
+    return result.total > 0 and result.passed == result.total
+
+
 def reward_of(result: SandboxResult, mode: str) -> float:
     """1/0 for all tests passed (``all_pass``) or the fraction passed (``pass_rate``)."""
-    if mode == "pass_rate":
-        return result.fraction
-    return float(result.total > 0 and result.passed == result.total)
+    return result.fraction if mode == "pass_rate" else float(passes_all(result))
 
 
 def score_revision(revision: str, tests: Sequence[str], prefix: str, cache: ResultCache,
@@ -197,5 +200,5 @@ def critique_reward(critique: str, result: Optional[SandboxResult], mode: str = 
     if result is None:
         raise ValueError("a critique that is scored needs its revision's sandbox result")
     return reward_of(result, mode), {"judgment": judgment, "reason": result.reason,
-                                     "success": result.total > 0 and result.passed == result.total,
+                                     "success": passes_all(result),
                                      "passed": result.passed, "total": result.total}
