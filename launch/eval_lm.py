@@ -93,11 +93,15 @@ def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], kind: str
 
     overrides = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
     policy, preprocess, source = load_lm_policy(args.checkpoint, args.model_path, overrides)
-    for item in problems:  # a prompt that does not fit is bad input, found before generating
-        try:
-            preprocess.prompt_ids(item["prompt"])
-        except ValueError as exc:
-            raise ConfigError(f"--problems {args.problems}: {exc}") from None
+    # The prompt width only pads a batch to one shape: widened to the longest prompt, not a refusal
+    # (the default model's width is 256 tokens; HumanEval's prompts reach 334 with the chat template).
+    width, preprocess.max_prompt_tokens = preprocess.max_prompt_tokens, 1 << 30
+    longest = max(len(preprocess.prompt_ids(item["prompt"])) for item in problems)
+    preprocess.max_prompt_tokens = max(width, longest)
+    context = getattr(policy.lm.config, "max_position_embeddings", None)
+    if context is not None and longest + policy.max_new_tokens > context:
+        raise ConfigError(f"--problems {args.problems}: a prompt of {longest} tokens plus {policy.max_new_tokens} new "
+                          f"tokens exceeds the model's context of {context}; shorten it or lower --max-new-tokens")
     tokenizer = load_tokenizer(preprocess.model_path)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

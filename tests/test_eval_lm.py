@@ -60,7 +60,9 @@ def test_the_default_model_on_answer_and_code_problems(tmp_path):
     for row in report["problems"]:
         assert row["score"] == arithmetic_reward(row["responses"][0], row["answer"])
 
-    code = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "Write a Python function add(a, b) that returns a + b, in a "
+    # A prompt longer than the default model's 256-token width (HumanEval's reach 334): the width grows to fit.
+    rules = " ".join(["Keep the function short and pure."] * 50)
+    code = write_jsonl(tmp_path / "c.jsonl", [{"prompt": f"{rules} Write a Python function add(a, b) that returns a + b, in a "
                                                "```python block.", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}])
     done = run_eval("--problems", str(code), "--out", str(tmp_path / "c.json"), "--max-new-tokens", "32", "--samples", "2", "--threads", "1")
     assert done.returncode == 0, done.stderr[-2000:]
