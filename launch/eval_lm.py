@@ -27,21 +27,13 @@ if __package__ in (None, ""):  # run as a script
 import torch  # noqa: E402
 
 from async_rl.errors import ConfigError  # noqa: E402
+from async_rl.jsonl import jsonl_values  # noqa: E402
 
 
 def read_problems(path: str) -> tuple[list[dict[str, Any]], str]:
     """The problems of a JSONL file and their kind (``answer`` or ``tests``); ConfigError naming the line."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--problems {path}: no such file; pass a JSONL file of {{\"prompt\", \"answer\"|\"tests\"}}")
     problems, kinds = [], set()
-    for number, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--problems {path} line {number}: not JSON ({exc.msg})") from None
+    for number, item in jsonl_values(path, "--problems", "{\"prompt\", \"answer\"|\"tests\"}"):
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise ConfigError(f"--problems {path} line {number}: needs a string \"prompt\"")
         kind = [k for k in ("answer", "tests") if k in item]

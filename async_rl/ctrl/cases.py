@@ -27,6 +27,7 @@ from async_rl.code_blocks import extract_code
 from async_rl.ctrl.mutations import KINDS, mutate, solution_source
 from async_rl.ctrl.reward import passes_all
 from async_rl.errors import ConfigError
+from async_rl.jsonl import jsonl_values
 from async_rl.sandbox import SandboxPool
 
 CASES_FORMAT = 1  # bump when what a built case holds changes (part of the disk key)
@@ -152,18 +153,8 @@ def write_cases(path: str | Path, cases: Iterable[dict[str, Any]]) -> None:
 
 def read_cases(path: str | Path) -> list[dict[str, Any]]:
     """The cases of a JSONL file; a ConfigError naming the first bad line."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--problems {path}: no such file; pass a JSONL file of "
-                          "{\"prompt\", \"solution\", \"tests\": [...], \"correct\": bool}")
     cases = []
-    for number, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            case = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--problems {path} line {number}: not JSON ({exc.msg})") from None
+    for number, case in jsonl_values(path, "--problems", "{\"prompt\", \"solution\", \"tests\": [...], \"correct\": bool}"):
         problem = _problem_error(case)
         if problem:
             raise ConfigError(f"--problems {path} line {number}: {problem}")
