@@ -194,7 +194,7 @@ def test_chunked_logits_and_gradient_checkpointing_change_no_logp_and_no_gradien
     monkeypatch.setattr(causal_lm, "TOKEN_CHUNK", 5)  # 12 positions: chunks of 5, 5 and 2
     chunked = stats(whole)
     checkpointed = copy.deepcopy(base_policy).train()
-    checkpointed.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     with_checkpoints = stats(checkpointed)
     for got in (chunked, with_checkpoints):
         torch.testing.assert_close(reference[0], got[0], rtol=1e-4, atol=1e-5)

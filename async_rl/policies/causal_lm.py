@@ -121,7 +121,7 @@ class CausalLMActorCritic(ActorCritic):
 
         self.lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if gradient_checkpointing:
-            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.min_new_tokens = min(min_new_tokens, max_new_tokens)
         tokenizer = load_tokenizer(model_path)
