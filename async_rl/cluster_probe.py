@@ -8,6 +8,7 @@ three apart in a few seconds; ``probe_cluster`` turns each into one sentence tha
 from __future__ import annotations
 
 import json
+import os
 from typing import Optional
 
 PROBE_TIMEOUT_S = 5.0
@@ -50,12 +51,16 @@ def probe_cluster(address: Optional[str], timeout_s: float = PROBE_TIMEOUT_S) ->
     with grpc.insecure_channel(f"{host}:{port}") as channel:
         stub = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel)
         request = gcs_service_pb2.InternalKVGetRequest(key=CLUSTER_METADATA_KEY, namespace=ray_constants.KV_NAMESPACE_CLUSTER)
+        metadata = _auth_metadata()
         try:
-            reply = stub.InternalKVGet(request, timeout=timeout_s, metadata=_auth_metadata())
+            reply = stub.InternalKVGet(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.UNAUTHENTICATED:
-                if not _auth_metadata():
+                if not metadata and os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+                    return (f"--ray-address {address}: the cluster uses token authentication and this process found "
+                            "no token; set RAY_AUTH_TOKEN or copy the head's ~/.ray/auth_token")
+                if not metadata:
                     return (f"--ray-address {address}: the cluster uses token authentication; run with "
                             "RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token or RAY_AUTH_TOKEN)")
                 return (f"--ray-address {address}: the cluster refused this process's token; use the head's token "

@@ -137,7 +137,7 @@ def partial(figures: dict[str, Any], out: Optional[str]) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = parser(__doc__, "the issue's run: 3 seeds x 30 minutes of training, the config's 16 held-out cases")
+    ap = parser(__doc__, "the full benchmark: 3 seeds x 30 minutes of training, the config's 16 held-out cases")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--train-minutes", type=float, default=30.0, help="training minutes per seed")
     ap.add_argument("--cases", type=int, default=None, help="held-out cases (balanced; default: the config's)")

@@ -206,17 +206,19 @@ def ctrl_humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] 
             raise ConfigError(f"ctrl_humaneval {name} must be a non-negative integer, got {value!r}")
     if not timeout_s > 0:
         raise ConfigError(f"ctrl_humaneval timeout_s must be positive, got {timeout_s}")
-    if reviser_model_path is not None:  # a bad path is one line here, before Ray starts
-        from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+    if heldout_cases is not None and (isinstance(heldout_cases, bool) or not isinstance(heldout_cases, int)
+                                      or heldout_cases < 2):
+        raise ConfigError(f"ctrl_humaneval heldout_cases must be an integer >= 2 (half correct, half not) or null, "
+                          f"got {heldout_cases!r}")
+    from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
 
+    if reviser_model_path is not None:  # a bad path is one line here, before Ray starts
         try:
             reviser_model_path = str(resolve_lm_path(reviser_model_path))
         except ConfigError as exc:  # its message names the critic's flag
             raise ConfigError(str(exc).replace("--model-path", "--reviser-model-path", 1)) from None
     sample_model = None
     if samples:
-        from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
-
         sample_model = str(resolve_lm_path(tokenizer_path))  # the base model the critic starts from
     built = {s: build_cases(s, seed, mutations, samples, sample_model, timeout_s, task_ids if s == "train" else None)
              for s in ("train", "heldout")}

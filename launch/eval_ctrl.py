@@ -91,7 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return write_heldout(args.write_heldout)
         if not args.problems or not args.out:
             raise ConfigError("pass --problems FILE.jsonl and --out FILE.json (or --write-heldout FILE)")
-        if min(args.revision_tokens, args.batch, args.threads, args.critique_tokens or 1) < 1 or not args.timeout_s > 0:
+        if min(args.revision_tokens, args.batch, args.threads, args.critique_tokens if args.critique_tokens is not None else 1) < 1 or not args.timeout_s > 0:
             raise ConfigError("--critique-tokens, --revision-tokens, --batch and --threads must be positive integers, "
                               "--timeout-s positive")
         from async_rl.ctrl.cases import read_cases  # noqa: PLC0415

@@ -1,6 +1,5 @@
 """The main job's output (`make run`'s launch, shortened) holds status lines and real warnings once
-each: a warning printed at every forward or step (a deprecated transformers argument printed 96
-lines in 5 minutes once) fails here."""
+each: a warning printed at every forward or step (e.g. a deprecated argument's warning) fails here."""
 import collections
 import os
 import subprocess

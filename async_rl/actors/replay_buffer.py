@@ -106,8 +106,8 @@ class ReplayStorage:
             slots = taken.nonzero().squeeze(-1)
             if len(slots) != len(stamps):
                 raise ValueError(f"a logged draw of {len(stamps)} items finds {len(slots)} of them stored")
-            by_stamp = torch.argsort(self._stamp[slots])
-            items = self._storage[slots[by_stamp][torch.searchsorted(self._stamp[slots][by_stamp], wanted)]].clone()
+            by_stamp = slots[torch.argsort(self._stamp[slots])]
+            items = self._storage[by_stamp[torch.searchsorted(self._stamp[by_stamp], wanted)]].clone()
         self._live &= ~taken
         self.counters["sampled"] += len(stamps)
         return items
@@ -405,9 +405,11 @@ class ReplayBuffer:
             return None
         if consume and request is not None:
             self._draws.hold(request, batch)
-        await self._commit({"op": "take", "stamps": self._store.last_taken,
-                            **({"request": list(request)} if request is not None else {})} if consume
-                           else {"op": "count", "key": "sampled", "n": n})
+        if consume:  # replay reads "request" with .get: None (no id) and absent are the same
+            await self._commit({"op": "take", "stamps": self._store.last_taken,
+                                "request": list(request) if request is not None else None})
+        else:
+            await self._commit({"op": "count", "key": "sampled", "n": n})
         return batch
 
     def snapshot(self) -> Optional[TensorDict]:

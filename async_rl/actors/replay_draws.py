@@ -48,9 +48,6 @@ class HeldDraws:
         requester, request_id = request
         self._held[requester] = (request_id, items)
 
-    def __len__(self) -> int:
-        return len(self._held)
-
     # ---- saved state (checkpoints and log snapshots) --------------------------------------
     def state(self) -> list[tuple[str, str, TensorDict]]:
         """(requester, request id, items) of every held draw (the items are never changed in place)."""

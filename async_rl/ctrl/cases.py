@@ -31,7 +31,6 @@ from async_rl.jsonl import jsonl_values
 from async_rl.sandbox import SandboxPool
 
 CASES_FORMAT = 1  # bump when what a built case holds changes (part of the disk key)
-SOURCES = ("canonical", "mutated", "sampled")
 MUTATION_TRIES = 12  # draws per problem to find mutants that fail a test
 
 
@@ -48,10 +47,10 @@ def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: in
                   timeout_s: float) -> list[dict[str, Any]]:
     """The canonical cases (dropped when the reference does not pass here) and up to ``per_problem``
     verified-failing mutants of each, all sandbox runs of all problems in flight together."""
-    jobs: list[tuple[dict[str, Any], str, str, Any]] = []  # (problem, source, solution, future)
+    jobs: list[tuple[dict[str, Any], str, str]] = []  # (problem, source, solution)
     for number, problem in enumerate(problems):
         reference = solution_source(problem["code_prompt"], problem["canonical_solution"], problem["entry_point"])
-        jobs.append((problem, "canonical", reference, None))
+        jobs.append((problem, "canonical", reference))
         rng = np.random.default_rng([seed, number])
         seen = {reference}
         # Kinds in a seeded order, then any kind again: the mutants of a problem differ in kind first.
@@ -60,15 +59,15 @@ def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: in
             found = mutate(reference, problem["entry_point"], rng, kind)
             if found is not None and found[1] not in seen:
                 seen.add(found[1])
-                jobs.append((problem, f"mutated:{found[0]}", found[1], None))
-    futures = [pool.submit(f"{p['prefix']}\n\n{code}", p["tests"], timeout_s=timeout_s) for p, _, code, _ in jobs]
+                jobs.append((problem, f"mutated:{found[0]}", found[1]))
+    futures = [pool.submit(f"{p['prefix']}\n\n{code}", p["tests"], timeout_s=timeout_s) for p, _, code in jobs]
     cases, mutants = [], {}
     references_ok = {}
-    for (problem, source, code, _), future in zip(jobs, futures):
+    for (problem, source, code), future in zip(jobs, futures):
         result = future.result()
         if source == "canonical":
             references_ok[problem["task_id"]] = passes_all(result)
-            if passes_all(result):
+            if references_ok[problem["task_id"]]:
                 cases.append(_case(problem, code, True, source))
         elif not passes_all(result) and len(mutants.setdefault(problem["task_id"], [])) < per_problem:
             mutants[problem["task_id"]].append(_case(problem, code, False, source))
@@ -132,7 +131,7 @@ def build_cases(split: str, seed: int = 0, mutations: int = 2, samples: int = 0,
 
 def balanced(cases: Sequence[dict[str, Any]], count: Optional[int], seed: int) -> list[dict[str, Any]]:
     """As many correct as incorrect cases (``count`` in all, or as many as the smaller side allows), drawn
-    by a seeded RNG, at most one of each kind per problem before a second one."""
+    by a seeded RNG, one case per problem before a second one of the same problem."""
     rng = np.random.default_rng(seed)
     sides = [[c for c in cases if c["correct"]], [c for c in cases if not c["correct"]]]
     per_side = min(len(sides[0]), len(sides[1]), (count // 2) if count else len(cases))
@@ -141,7 +140,8 @@ def balanced(cases: Sequence[dict[str, Any]], count: Optional[int], seed: int) -
         order = [side[i] for i in rng.permutation(len(side))]
         seen: set[str] = set()
         first = [c for c in order if not (c["task_id"] in seen or seen.add(c["task_id"]))]
-        rest = [c for c in order if all(c is not f for f in first)]
+        chosen = {id(c) for c in first}
+        rest = [c for c in order if id(c) not in chosen]
         out += (first + rest)[:per_side]
     return out
 

@@ -13,6 +13,7 @@ imports, module-level names and ``global``/``nonlocal`` ones. Code that does not
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import threading
 from collections import OrderedDict
@@ -98,6 +99,9 @@ def normalize_code(code: str) -> str:
     # Names bound outside ast.Name (``except E as e``, match captures): kept, since their uses are not renamed.
     finder.kept.update(n.name for n in ast.walk(module)
                        if isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and n.name)
+    # A builtin is never renamed, even where a function binds its name: else a local ``sum`` in one
+    # function and a call of the builtin ``sum`` in another would share a name, and two programs a key.
+    finder.kept.update(dir(builtins))
     order: dict[str, str] = {}
     for name in finder.bound:
         if name not in finder.kept and name not in order:
