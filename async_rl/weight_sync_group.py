@@ -20,216 +20,37 @@ the calls on all members must be in flight together (submit all of them before a
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
-import socket
 import threading
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
 
 from async_rl.errors import ActorTimeoutError, ConfigError
+# connect_store, find_free_port and interface_of are not used here: the trainer still imports them from this module.
+from async_rl.rendezvous import (  # noqa: F401
+    POLL_S,
+    connect_store,
+    find_free_port,
+    host_store,
+    interface_of,
+    is_loopback,
+    timedelta_s,
+)
+from async_rl.weight_signature import check_signature, normalise_signature, tensor_signature
+from async_rl.weight_transport import ProcessGroupNCCL, choose_transport, device_report, member_device
 
-try:  # the CPU build of torch has no NCCL backend
-    from torch.distributed import ProcessGroupNCCL as _ProcessGroupNCCL
-except ImportError:  # pragma: no cover - depends on the torch build
-    _ProcessGroupNCCL = None
+__all__ = ["WeightSyncGroup"]
 
-__all__ = [
-    "WeightSyncGroup",
-    "tensor_signature",
-    "first_signature_difference",
-    "check_signature",
-    "find_free_port",
-    "host_store",
-    "connect_store",
-    "interface_of",
-    "nccl_available",
-    "choose_transport",
-    "device_report",
-]
-
-Signature = list[tuple[str, tuple[int, ...], str]]
-
-_POLL_S = 0.05
 _MiB = 1 << 20
-
-
-# --------------------------------------------------------------------------- signatures
-def tensor_signature(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Signature:
-    """(name, shape, dtype string) per tensor, in order, e.g. ("w", (4, 3), "torch.float32")."""
-    return [(str(name), tuple(int(d) for d in t.shape), str(t.dtype)) for name, t in named_tensors]
-
-
-def _normalise(sig: Iterable[Sequence[Any]]) -> Signature:
-    # Accepts signatures that went through JSON (lists instead of tuples).
-    return [(str(n), tuple(int(d) for d in shape), str(dt)) for n, shape, dt in sig]
-
-
-def first_signature_difference(ours: Iterable[Sequence[Any]], theirs: Iterable[Sequence[Any]]) -> str | None:
-    """None if the signatures are equal, else a one-line description of the first difference."""
-    ours, theirs = _normalise(ours), _normalise(theirs)
-    for i, ((n1, s1, d1), (n2, s2, d2)) in enumerate(zip(ours, theirs)):
-        if n1 != n2:
-            return f"tensor #{i}: name '{n1}' (ours) vs '{n2}' (theirs)"
-        if s1 != s2:
-            return f"tensor #{i} '{n1}': shape {s1} (ours) vs {s2} (theirs)"
-        if d1 != d2:
-            return f"tensor #{i} '{n1}': dtype {d1} (ours) vs {d2} (theirs)"
-    if len(ours) > len(theirs):
-        i = len(theirs)
-        return (f"tensor #{i} '{ours[i][0]}' is missing on their side "
-                f"({len(ours)} tensors ours, {len(theirs)} theirs)")
-    if len(theirs) > len(ours):
-        i = len(ours)
-        return (f"extra tensor #{i} '{theirs[i][0]}' on their side "
-                f"({len(ours)} tensors ours, {len(theirs)} theirs)")
-    return None
-
-
-def check_signature(ours: Iterable[Sequence[Any]], theirs: Iterable[Sequence[Any]], peer_name: str) -> None:
-    """Raise ConfigError naming the peer and the first difference if the signatures differ."""
-    difference = first_signature_difference(ours, theirs)
-    if difference is not None:
-        raise ConfigError(f"weight signature mismatch with {peer_name}: {difference}")
-
-
-# --------------------------------------------------------------------------- helpers
-def find_free_port(addr: str = "") -> int:
-    """A TCP port that was free on ``addr`` (default: every interface) a moment ago (another
-    process may still take it). Call it on the host that will listen on the port."""
-    with socket.socket(_family(addr), socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
-
-
-def nccl_available() -> bool:
-    return _ProcessGroupNCCL is not None and torch.cuda.is_available()
-
-
-def is_loopback(addr: str) -> bool:
-    if addr == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False
-
-
-def _family(addr: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in addr else socket.AF_INET
-
-
-def interface_of(addr: str) -> str:
-    """Name of this host's network interface that holds ``addr`` (e.g. for GLOO_SOCKET_IFNAME)."""
-    import psutil  # noqa: PLC0415 (a dependency of ray[default]; only multi-node runs need it)
-
-    if is_loopback(addr):
-        return "lo"
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == addr for a in addrs):
-            return name
-    raise ConfigError(f"no network interface of this host holds {addr}; start Ray with --node-ip-address "
-                      "set to one of this host's addresses")
-
-
-def host_store(addr: str, port: int, world_size: int | None, timeout: datetime.timedelta) -> dist.TCPStore:
-    """The master side of a TCPStore that listens on ``addr`` only (loopback for a local run, the
-    node's own address on a cluster): TCPStore alone listens on every interface, so it is handed a
-    socket bound to ``addr`` (it takes the descriptor over)."""
-    listen = socket.create_server((addr, port), family=_family(addr), backlog=128)
-    store = dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=listen.fileno())
-    listen.detach()
-    return store
-
-
-def connect_store(addr: str, port: int, world_size: int | None, timeout_s: float, who: str, host: str) -> dist.TCPStore:
-    """The client side of ``host``'s store at ``addr:port``. Waits for the master's socket itself
-    (TCPStore's own connect retries overshoot the timeout 2-3x and log a C++ stack trace each try);
-    raises ActorTimeoutError naming ``who`` and ``host`` if it is not reachable within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((addr, port), timeout=max(min(1.0, deadline - time.monotonic()), 0.05)):
-                break
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise ActorTimeoutError(f"{who}: {host} did not open its store at {addr}:{port} within "
-                                        f"{timeout_s:g} s ({e})") from None
-            time.sleep(_POLL_S)
-    try:
-        return dist.TCPStore(addr, port, world_size, False, _td(max(deadline - time.monotonic(), 1.0)))
-    except RuntimeError as e:
-        raise ActorTimeoutError(f"{who}: could not connect to the store of {host} at {addr}:{port}: {e}") from e
-
-
-# --------------------------------------------------------------------------- transport choice
-def _member_device(device: torch.device | str | None) -> torch.device:
-    """The device a member's tensors live on; by default the current GPU where NCCL can be used."""
-    if device is not None:
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return device
-    return torch.device("cuda", torch.cuda.current_device()) if nccl_available() else torch.device("cpu")
-
-
-def device_report(device: torch.device | str | None) -> dict[str, Any]:
-    """What a member tells rank 0 about where its tensors live: ``{"device": "cpu"}``, or
-    ``{"device": "cuda", "gpu": <the GPU's UUID>, "nccl": <this torch has NCCL>}``."""
-    device = _member_device(device)
-    if device.type != "cuda":
-        return {"device": device.type}
-    return {"device": "cuda", "gpu": str(torch.cuda.get_device_properties(device).uuid),
-            "nccl": _ProcessGroupNCCL is not None}
-
-
-def choose_transport(reports: Sequence[Mapping[str, Any]], names: Sequence[str], requested: str = "auto") -> tuple[str, str]:
-    """(backend, the reason in words) for members reporting ``reports`` (``device_report``, rank order).
-
-    NCCL only where every member holds its tensors on a GPU of its own and has NCCL: NCCL refuses
-    two ranks on one device and cannot reach a CPU. Anything else goes over gloo through host
-    memory (GPU tensors staged through CPU buffers). ``requested`` "nccl" that cannot work is a
-    ConfigError naming the members in the way.
-    """
-    on_cpu = [n for n, r in zip(names, reports) if r["device"] != "cuda"]
-    by_gpu: dict[str, list[str]] = {}
-    for name, report in zip(names, reports):
-        if report["device"] == "cuda":
-            by_gpu.setdefault(str(report["gpu"]), []).append(name)
-    shared = next(((gpu, members) for gpu, members in by_gpu.items() if len(members) > 1), None)
-    no_nccl = [n for n, r in zip(names, reports) if r["device"] == "cuda" and not r.get("nccl")]
-    if len(on_cpu) == len(names):
-        problem = "every member holds its weights on the CPU"
-    elif on_cpu:
-        problem = f"{', '.join(on_cpu)} on the CPU, the others on GPUs"
-    elif shared is not None:
-        problem = f"{' and '.join(shared[1])} share one GPU ({shared[0]}); NCCL needs one GPU per rank"
-    elif no_nccl:
-        problem = f"no NCCL in the torch build of {', '.join(no_nccl)}"
-    else:
-        problem = None
-    if requested == "gloo":
-        return "gloo", "gloo over host memory (requested)"
-    if problem is None:
-        return "nccl", "nccl: every member on a GPU of its own"
-    if requested == "nccl":
-        raise ConfigError(f"backend 'nccl' cannot serve this group: {problem}; use backend 'gloo' or 'auto'")
-    return "gloo", f"gloo over host memory: {problem}"
-
-
-def _td(seconds: float) -> datetime.timedelta:
-    return datetime.timedelta(seconds=max(float(seconds), 0.001))
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-# --------------------------------------------------------------------------- the group
 class WeightSyncGroup:
     """Sender (rank 0) + receivers (ranks 1..N), on a TCPStore hosted by rank 0.
 
@@ -311,7 +132,7 @@ class WeightSyncGroup:
         self._store = dist.PrefixStore(group_name, self._base_store)
         self.backend, self.transport = self._agree_on_backend(backend, device, deadline)
         # gloo moves host memory: a GPU member's tensors are staged through CPU buffers.
-        self.device = _member_device(device) if self.backend == "nccl" else torch.device("cpu")
+        self.device = member_device(device) if self.backend == "nccl" else torch.device("cpu")
         self._store.set(f"seq/{rank}", "0")
         self._store.set(f"joined/{rank}", self.member_names[rank])
         self._wait_for_members(deadline)
@@ -329,10 +150,10 @@ class WeightSyncGroup:
         addr, port = self.master_addr, self.master_port
         if self.rank == 0:
             try:
-                return host_store(addr, port, None, _td(self.timeout_s))
+                return host_store(addr, port, None, timedelta_s(self.timeout_s))
             except (RuntimeError, OSError) as e:
                 raise ConfigError(f"{self._who}: cannot host the store on {addr}:{port} ({e}); "
-                                  "pick a port free on this node, e.g. weight_sync_group.find_free_port(addr)") from e
+                                  "pick a port free on this node, e.g. rendezvous.find_free_port(addr)") from e
         return connect_store(addr, port, None, max(deadline - time.monotonic(), 0.05), self._who,
                              f"{self.member_names[0]} (rank 0; members: {self._members_str()})")
 
@@ -374,7 +195,7 @@ class WeightSyncGroup:
                     f"{self._who}: {names} did not {what} within {self.timeout_s:g}s; "
                     f"members: {self._members_str()}; store {self.master_addr}:{self.master_port}"
                 )
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
 
     def _wait_for_members(self, deadline: float) -> None:
         self._wait_keys([f"joined/{r}" for r in range(self.world_size)], deadline, what="join")
@@ -383,13 +204,13 @@ class WeightSyncGroup:
         if self.world_size == 1:
             return None
         pg_store = dist.PrefixStore("pg", self._store)
-        timeout = _td(self.timeout_s)
+        timeout = timedelta_s(self.timeout_s)
         try:
             if self.backend == "nccl":
-                opts = _ProcessGroupNCCL.Options()
+                opts = ProcessGroupNCCL.Options()
                 opts.is_high_priority_stream = False
                 opts._timeout = timeout
-                return _ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
+                return ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
             local = self.local_addr or ("127.0.0.1" if is_loopback(self.master_addr) else None)
             if local is not None:
                 # This member's pairs listen on its own address (loopback on one host), not on
@@ -422,7 +243,7 @@ class WeightSyncGroup:
         if items and isinstance(items[0][1], torch.Tensor):
             sig = tensor_signature(items)
         else:
-            sig = _normalise(items)
+            sig = normalise_signature(items)
         self._check_usable()
         deadline = time.monotonic() + self.timeout_s
         self._sig_epoch += 1
@@ -538,7 +359,7 @@ class WeightSyncGroup:
             if remaining <= 0:
                 raise _WaitTimeout()
             try:
-                work.wait(_td(remaining))
+                work.wait(timedelta_s(remaining))
             except RuntimeError as e:
                 if time.monotonic() >= deadline - 0.01 or "timed out" in str(e).lower():
                     raise _WaitTimeout() from e
@@ -586,7 +407,7 @@ class WeightSyncGroup:
                f"timed out after {elapsed:.1f}s; members: {self._members_str()}")
         try:
             if self._owns_store:  # don't wait long on a store whose host may be gone
-                self._base_store.set_timeout(_td(2.0))
+                self._base_store.set_timeout(timedelta_s(2.0))
             behind = []
             for r in range(self.world_size):
                 if r == self.rank:
@@ -634,3 +455,4 @@ class WeightSyncGroup:
 
 class _WaitTimeout(Exception):
     pass
+

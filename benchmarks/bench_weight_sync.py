@@ -42,7 +42,8 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from async_rl.policies import build_policy  # noqa: E402
-from async_rl.weight_sync_group import WeightSyncGroup, find_free_port  # noqa: E402
+from async_rl.rendezvous import find_free_port  # noqa: E402
+from async_rl.weight_sync_group import WeightSyncGroup  # noqa: E402
 from benchmarks import common  # noqa: E402
 
 _MiB = 1 << 20

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config import RunConfig
 from async_rl.policies import build_policy
-from async_rl.weight_sync_group import find_free_port
+from async_rl.rendezvous import find_free_port
 
 SPEC, ACTIONS, N = {"state_dim": 39}, 4, 8
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=2, train_batch_size=4, accumulation_steps=2,

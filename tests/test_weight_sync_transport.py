@@ -11,7 +11,9 @@ import torch
 
 from async_rl.errors import ConfigError
 from conftest import assert_broadcast_delivered, released
-from async_rl.weight_sync_group import WeightSyncGroup, choose_transport, find_free_port
+from async_rl.rendezvous import find_free_port
+from async_rl.weight_sync_group import WeightSyncGroup
+from async_rl.weight_transport import choose_transport
 
 CPU = {"device": "cpu"}
 
