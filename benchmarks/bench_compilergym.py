@@ -34,10 +34,9 @@ from async_rl.config import load_config  # noqa: E402
 from async_rl.driver import prepare, run  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
 from benchmarks import common  # noqa: E402
-from envs.compiler_gym import (  # noqa: E402
-    BUNDLED_PROGRAMS, compiler_gym_unavailable_reason, format_search_table, program_uris, search_horizon,
-    search_programs,
-)
+from envs.compiler_gym_client import compiler_gym_unavailable_reason  # noqa: E402
+from envs.compiler_gym_evaluation import format_search_table, search_horizon, search_programs  # noqa: E402
+from envs.compiler_gym_programs import BUNDLED_PROGRAMS, program_uris  # noqa: E402
 from envs.compiler_gym_search import ModelPolicy, parse_search  # noqa: E402
 from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
 from launch.eval_compilergym import load_policy, read_run_config  # noqa: E402

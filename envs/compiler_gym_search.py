@@ -1,4 +1,4 @@
-"""Search at inference time for LLVM pass ordering (issue 17), under a budget of compilations.
+"""Search at inference time for LLVM pass ordering, under a budget of compilations.
 
 A compilation is one pass application. Every search gets a budget of them per program, never
 uses more, and says how many it used:
@@ -18,9 +18,8 @@ uses more, and says how many it used:
 Each returns the smallest IR count among the states it compiled and the pass sequence reaching
 it: any prefix of an applied sequence counts (stopping there is a valid sequence). The searches
 see the compiler through ``Compiler`` and the policy through ``SearchPolicy``, so the same code
-runs on the CompilerGym server (``envs.compiler_gym.EnvCompiler``) and on a small deterministic
-model of IR counts in the tests. This module imports nothing of the env (``envs.compiler_gym``
-imports it).
+runs on the CompilerGym server (``envs.compiler_gym_env_compiler.EnvCompiler``) and on a small
+deterministic model of IR counts in the tests. This module imports nothing of the env.
 """
 from __future__ import annotations
 
@@ -245,18 +244,26 @@ def beam(compiler: Counted, policy: SearchPolicy, width: int, horizon: int, expa
     return _timed(run, compiler)
 
 
-def random_search(compiler: Counted, horizon: int, rng: np.random.Generator) -> SearchResult:
+def random_search(compiler: Counted, horizon: int, rng: np.random.Generator, every_prefix: bool = True) -> SearchResult:
     """Random sequences of ``horizon`` passes from the loaded program until the budget is spent
-    (the last one cut short): exactly ``budget.total`` compilations unless a program fails to load."""
+    (the last one cut short): exactly ``budget.total`` compilations unless a program fails to load.
+
+    ``every_prefix``: every state compiled counts, as in the searches. False: only the state each
+    sequence ends in, and a sequence whose compilation failed as the unchanged program (nothing
+    optimised is left), as a policy's episode is judged; the baseline for a policy's own episodes."""
 
     def run(best: SearchResult) -> None:
         start = compiler.reset()  # loaded even with no budget: the unchanged program is a result
         while start is not None:
-            best.see(start[1], [])
+            if every_prefix:
+                best.see(start[1], [])
             if compiler.budget.left <= 0:
                 return
             plan = [int(p) for p in rng.integers(compiler.num_passes, size=min(horizon, compiler.budget.left))]
-            _apply(compiler, *start, plan, [], best)
+            done: list[int] = []
+            reached = _apply(compiler, *start, plan, done, best if every_prefix else SearchResult())
+            if not every_prefix:
+                best.see(start[1], []) if reached is None else best.see(reached[1], done)
             start = compiler.reset() if compiler.budget.left > 0 else None
 
     return _timed(run, compiler)
@@ -279,9 +286,10 @@ def run_search(spec: SearchSpec, compiler: Compiler, policy: SearchPolicy, budge
     return beam(counted, policy, spec.k, horizon)
 
 
-def random_baseline(compiler: Compiler, budget: int, horizon: int, rng: np.random.Generator) -> SearchResult:
+def random_baseline(compiler: Compiler, budget: int, horizon: int, rng: np.random.Generator,
+                    every_prefix: bool = True) -> SearchResult:
     """Random search with ``budget`` compilations on one program."""
-    return random_search(Counted(compiler, Budget(budget)), horizon, rng)
+    return random_search(Counted(compiler, Budget(budget)), horizon, rng, every_prefix)
 
 
 # ---- policies ------------------------------------------------------------------------------

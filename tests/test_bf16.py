@@ -45,7 +45,7 @@ RUNS = {
 
 def _unavailable(env: str):
     if env == "compiler_gym":
-        from envs.compiler_gym import compiler_gym_unavailable_reason
+        from envs.compiler_gym_client import compiler_gym_unavailable_reason
 
         return compiler_gym_unavailable_reason()
     if env == "libero":

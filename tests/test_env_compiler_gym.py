@@ -12,10 +12,11 @@ import pytest
 from async_rl.errors import ConfigError
 from async_rl.tokens import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from envs import make_task_set
-from envs.compiler_gym import (
-    AUTOPHASE_DIM, CompilerGymServerError, PassVocab, RewardConfig,
-    compiler_gym_unavailable_reason, feature_dim, held_out_evaluation, observation_features, tokenize_ir,
-)
+from envs.compiler_gym_client import CompilerGymServerError, compiler_gym_unavailable_reason
+from envs.compiler_gym_evaluation import held_out_evaluation
+from envs.compiler_gym_features import AUTOPHASE_DIM, feature_dim, observation_features
+from envs.compiler_gym_reward import RewardConfig
+from envs.compiler_gym_tokens import PassVocab, tokenize_ir
 
 UNAVAILABLE = compiler_gym_unavailable_reason()
 needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
@@ -177,17 +178,18 @@ def test_fork_and_restore(per_step_set):
 
 
 @needs_server
-def test_random_search_starts_every_trial_from_the_reset_program(per_step_set):
-    from envs.compiler_gym import random_search
+def test_random_baseline_starts_every_sequence_from_the_reset_program(per_step_set):
+    from envs.compiler_gym_env_compiler import EnvCompiler
+    from envs.compiler_gym_search import random_baseline
 
     uri = "generator://csmith-v0/1000002"
     with closing(per_step_set.make_env(0, seed=0, benchmarks=[uri])) as env:
-        best = random_search(env, uri, 4, 3, np.random.default_rng(7))
+        best = random_baseline(EnvCompiler(env, uri), 9, 3, np.random.default_rng(7), every_prefix=False)
         rng, counts = np.random.default_rng(7), []  # the same three sequences, each after a reset
         for _ in range(3):
             env.reset_to(uri)
-            counts.append(env.apply_passes([int(a) for a in rng.integers(len(per_step_set.flags), size=4)])[0]["ir_count"])
-    assert best == min(counts)
+            counts.append(env.apply_passes([int(a) for a in rng.integers(len(per_step_set.flags), size=3)])[0]["ir_count"])
+    assert best.count == min(counts) and best.compilations == 9
 
 
 @needs_server
@@ -287,14 +289,14 @@ def test_a_program_that_fails_to_parse_is_skipped_and_counted(per_step_set):
 
 
 def test_benchmark_dir_split_holds_out_a_fraction_and_says_when_it_cannot(capsys):
-    from envs.compiler_gym import _split_dir
+    from envs.compiler_gym_programs import split_held_out
 
     files = [f"p{i}.c" for i in range(10)]
-    train, held_out = _split_dir(files, 0.2)
+    train, held_out = split_held_out(files, 0.2)
     assert held_out == ["p0.c", "p1.c"] and train == files[2:]
-    assert _split_dir(files[:2], 0.1) == (["p1.c"], ["p0.c"])  # at least one held out
+    assert split_held_out(files[:2], 0.1) == (["p1.c"], ["p0.c"])  # at least one held out
     assert capsys.readouterr().err == ""
-    assert _split_dir(["only.c"], 0.2) == (["only.c"], ["only.c"])
+    assert split_held_out(["only.c"], 0.2) == (["only.c"], ["only.c"])
     assert "not held out" in capsys.readouterr().err
 
 
@@ -331,66 +333,49 @@ def test_held_out_evaluation_reports_greedy_sampled_and_random_search():
     assert written["rows"][0]["policy_sequence"] == row["policy_sequence"] and written["skipped"] == report["skipped"]
 
 
-class ScriptedEnv:
-    """What ``random_search`` uses of a CompilerGymTaskEnv; each trial's passes get the next answer of
-    ``answers`` (a server answer, or an exception the call raises). A session that is gone takes the
-    server's fork with it, so the next ``restore`` fails, as on the real server."""
+class ScriptedCompiler:
+    """A ``Compiler`` of a program of 100 instructions whose every pass gets the next of ``answers``:
+    an IR count, or None (the compilation failed)."""
+
+    num_passes = 3
 
     def __init__(self, answers):
-        from types import SimpleNamespace
+        self.answers, self.resets = list(answers), 0
 
-        self.ts = SimpleNamespace(flags=["-a", "-b", "-c"])
-        self.program = {"uri": "p", "o0_count": 100, "oz_count": 60}
-        self.answers, self.resets, self.forked = list(answers), 0, False
-        self.client = self
+    def reset(self):
+        self.resets += 1
+        return {}, 100
 
-    def reset_to(self, uri):
-        self.resets, self.forked = self.resets + 1, False
-        return {"ir_count": self.program["o0_count"]}
-
-    def call(self, cmd):
-        if cmd == "restore" and not self.forked:
-            raise CompilerGymServerError("CompilerGym 'restore' failed: restore without fork")
-        self.forked = True
-        return {}
-
-    def apply_passes(self, passes):
+    def step(self, pass_index):
         answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            self.forked = False
-            raise answer
-        if "observe_error" in answer:  # the env replaces the server (apply_passes): no fork any more
-            self.forked = False
-        return answer, (answer.get("error") if answer.get("done") else None)
+        return None if answer is None else ({}, answer)
 
 
-def test_random_search_scores_a_trial_whose_pass_failed_as_the_unchanged_program():
-    # A pass that kills the compiler's session gets an answer without "ir_count" (the server cannot
-    # observe a gone session): that raised KeyError and crashed the held-out evaluation. Every failed
-    # trial (that one, a failed pass with a count, a dead server) is scored like the env scores a failed
-    # episode: nothing optimised is left, the -O0 count.
-    from envs.compiler_gym import random_search
+def test_random_baseline_for_episodes_judges_each_sequence_by_its_end_and_a_failed_one_as_unchanged():
+    # A policy's episode is judged by the program it ends with, and one whose compilation failed
+    # leaves nothing optimised; the random baseline beside it is judged alike (every_prefix=False).
+    from envs.compiler_gym_search import random_baseline
 
-    gone = {"done": True, "error": "pass crashed", "observe_error": "ServiceError: session not found"}
-    answers = [{"done": False, "ir_count": 90}, gone, {"done": True, "error": "pass failed", "ir_count": 50},
-               CompilerGymServerError("CompilerGym server (pid 1) died during 'step'"), {"done": False, "ir_count": 95}]
-    env = ScriptedEnv(answers)
-    assert random_search(env, "p", 3, len(answers), np.random.default_rng(0)) == 90
-    assert env.resets == 3 and not env.answers  # the first start, then one after each trial that lost the fork
-    env = ScriptedEnv([gone, gone])
-    assert random_search(env, "p", 3, 2, np.random.default_rng(0)) == env.program["o0_count"]
+    answers = [95, 90, 97, 80, None, 99]  # ends at 97; passes 80, then fails; cut short at 99
+    compiler = ScriptedCompiler(answers)
+    result = random_baseline(compiler, 6, 3, np.random.default_rng(0), every_prefix=False)
+    assert result.count == 97 and result.compilations == 6 and compiler.resets == 3 and not compiler.answers
+    assert random_baseline(ScriptedCompiler(answers), 6, 3, np.random.default_rng(0)).count == 80  # as the searches
+    assert random_baseline(ScriptedCompiler([None, None]), 2, 3, np.random.default_rng(0),
+                           every_prefix=False).count == 100
 
 
 @needs_server
-def test_random_search_goes_on_after_a_trial_kills_the_compiler_service(per_step_set):
-    # The real server's answer when a trial takes CompilerGym's service down (no count, or the call fails).
-    from envs.compiler_gym import random_search
+def test_random_baseline_goes_on_after_a_sequence_kills_the_compiler_service(per_step_set):
+    # The real server's answer when a sequence takes CompilerGym's service down (no count, or the call fails).
+    from envs.compiler_gym_env_compiler import EnvCompiler
+    from envs.compiler_gym_search import random_baseline
 
     with closing(per_step_set.make_env(0, seed=0, benchmarks=[SMALL_PROGRAM])) as env:
         real, answers = env.apply_passes, []
 
         def apply_passes(passes):
-            if len(answers) == 1:  # the second trial: its service dies under it
+            if len(answers) == 3:  # the second sequence's first pass: its service dies under it
                 os.kill(env.client.call("hello")["service_pid"], signal.SIGKILL)
             try:
                 answers.append(real(passes))
@@ -400,6 +385,7 @@ def test_random_search_goes_on_after_a_trial_kills_the_compiler_service(per_step
             return answers[-1]
 
         env.apply_passes = apply_passes
-        best = random_search(env, SMALL_PROGRAM, 4, 3, np.random.default_rng(7))
-        assert len(answers) == 3 and (isinstance(answers[1], CompilerGymServerError) or answers[1][1] is not None)
-        assert best is not None and 0 < best <= env.program["o0_count"] and env.server_restarts == 1
+        best = random_baseline(EnvCompiler(env, SMALL_PROGRAM), 9, 3, np.random.default_rng(7), every_prefix=False)
+        assert isinstance(answers[3], CompilerGymServerError) or answers[3][1] is not None
+        assert best.compilations == 9 and env.server_restarts == 1
+        assert best.count is not None and 0 < best.count <= env.program["o0_count"]
