@@ -7,7 +7,7 @@ from tensordict import TensorDict
 from async_rl.actors.replay_buffer import ReplayStorage
 from async_rl.actors.rollout_worker import FailureWeightedTaskSampler
 from async_rl.algo.estimators import GaeSegmenter, VtraceSegmenter
-from async_rl.experience import from_wire, inference_keys, step_record, to_wire
+from async_rl.experience import from_wire, inference_keys, step_records, to_wire
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -16,7 +16,7 @@ def _record(t: int, value: float, reward: float, done: bool = False, version: in
     out = TensorDict({"action": torch.zeros(2), "env_action": torch.zeros(2), "logp": torch.zeros(2),
                       "value": torch.tensor(value), "policy_version": torch.tensor(version)}, batch_size=[])
     obs = TensorDict({"state": torch.tensor([float(t)])}, batch_size=[])
-    return step_record(obs, out, reward, done)
+    return step_records(obs.unsqueeze(0), out.unsqueeze(0), [reward], [done])[0]
 
 
 def test_wire_ships_declared_dtypes_and_float32_for_bf16():
@@ -71,26 +71,20 @@ def test_the_compact_layout_round_trips_every_field_and_reads_ray_arrays_without
     assert back["obs", "state"].data_ptr() == wire["obs"]["state"].ctypes.data  # zero-copy
 
 
-def test_batched_step_records_equal_one_record_per_env():
-    from async_rl.experience import step_records
-
+def test_step_records_keep_what_the_trainer_reads_one_per_env():
     out = TensorDict({"action": torch.randn(3, 2), "env_action": torch.randn(3, 2), "logp": torch.randn(3),
                       "value": torch.randn(3), "policy_version": torch.tensor([4, 4, 5])}, [3])
     obs = TensorDict({"state": torch.randn(3, 5)}, [3])
     rewards, dones = [0.5, -1.0, 2.0], [False, True, False]
-    for k, record in enumerate(step_records(obs, out, rewards, dones)):
-        reference = step_record(obs[k], out[k], rewards[k], dones[k])
-        assert set(record.keys(True, True)) == set(reference.keys(True, True))
-        for key, value in reference.items(True, True):
-            assert record[key].dtype == value.dtype and torch.equal(record[key], value), key
-
-
-def test_step_record_keeps_what_the_trainer_reads():
-    out = TensorDict({"action": torch.zeros(2), "env_action": torch.ones(2), "logp": torch.zeros(2),
-                      "value": torch.tensor(0.5), "policy_version": torch.tensor(3)}, batch_size=[])
-    record = step_record(TensorDict({"state": torch.zeros(1)}, []), out, 1.5, True)
-    assert set(record.keys()) == {"action", "logp", "value", "policy_version", "obs", "reward", "done"}
-    assert record["reward"].dtype == torch.float32 and record["done"].dtype == torch.bool
+    records = step_records(obs, out, rewards, dones)
+    assert len(records) == 3
+    for k, record in enumerate(records):
+        assert set(record.keys()) == {"action", "logp", "value", "policy_version", "obs", "reward", "done"}
+        assert record["reward"].dtype == torch.float32 and record["done"].dtype == torch.bool
+        assert float(record["reward"]) == rewards[k] and bool(record["done"]) == dones[k]
+        for key in ("action", "logp", "value", "policy_version"):
+            assert torch.equal(record[key], out[k][key]), key
+        assert torch.equal(record["obs", "state"], obs[k]["state"])
 
 
 def _manual_gae(rewards, values, bootstrap):

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from async_rl.algo.estimators import GaeSegmenter
 from async_rl.config import load_config
-from async_rl.experience import step_record
+from async_rl.experience import step_records
 from async_rl.policies import build_preprocessor
 from conftest import lone_rollout_worker
 
@@ -65,7 +65,9 @@ def reference_items(seed: int, steps: int, value, cfg) -> dict[tuple, dict[str, 
         cut = truncated and not terminated
         learn_reward = reward * cfg.reward_scale + (cfg.gamma * value(next_obs) if cut else 0.0)
         out = {"value": torch.tensor(value(obs)), "logp": torch.zeros(()), "policy_version": torch.tensor(0)}
-        piece = segmenter.add(step_record(obs, TensorDict(out, []), learn_reward, terminated or truncated), next_obs)
+        record = step_records(obs.unsqueeze(0), TensorDict(out, []).unsqueeze(0), [learn_reward],
+                              [terminated or truncated])[0]
+        piece = segmenter.add(record, next_obs)
         if piece is not None:
             for row in piece:
                 items[tuple(row["obs", "state"].tolist())] = {k: float(row[k]) for k in

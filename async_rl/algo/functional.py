@@ -150,6 +150,17 @@ def distributed_normalize(
     return (x.to(torch.float64) / (math.sqrt(total_sq / count) + eps)).to(x.dtype)
 
 
+def per_action(x: Tensor, mask: Optional[Tensor], how: str) -> Tensor:
+    """Sum (``how="sum"``) or mean (``"mean"``) of the valid elements of each action (last dim), as ``[..., 1]``."""
+    if mask is not None:
+        x = torch.where(mask.bool(), x, torch.zeros_like(x))  # a masked-out NaN must not reach the sum
+    total = x.sum(-1, keepdim=True)
+    if how == "sum":
+        return total
+    count = x.shape[-1] if mask is None else mask.bool().sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
+    return total / count
+
+
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -164,13 +175,9 @@ def aggregate(x: Tensor, mask: Optional[Tensor], mode: str = "token-mean") -> Te
         raise ValueError(f"loss aggregation '{mode}': valid {', '.join(LOSS_AGGREGATIONS)}")
     if mask is None:
         mask = torch.ones_like(x, dtype=torch.bool)
-    x = torch.where(mask.bool(), x, torch.zeros_like(x))  # a masked-out NaN must not reach a sum
     if x.dim() < 2 or mode == "token-mean":
-        return masked_mean(x, mask)
-    valid = mask.to(x.dtype)
-    sums = x.sum(-1)
+        # A masked-out NaN must not reach the sum.
+        return masked_mean(torch.where(mask.bool(), x, torch.zeros_like(x)), mask)
     if mode == "seq-mean-token-mean":
-        per_seq = sums / valid.sum(-1).clamp_min(1.0)
-    else:
-        per_seq = sums / x.shape[-1]
-    return per_seq.mean()
+        return per_action(x, mask, "mean").mean()
+    return (per_action(x, mask, "sum") / x.shape[-1]).mean()

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from async_rl.algo.advantages import group_relative, group_sum
-from async_rl.algo.functional import aggregate
+from async_rl.algo.functional import aggregate, per_action
 from async_rl.errors import ConfigError
 from async_rl.registry import Registry
 from async_rl.validation import validate_model
@@ -348,17 +348,6 @@ def _class_weights(positive: Tensor, group_id: Tensor, valid: Tensor, mode: str)
     classes = (k > 0).float() + (k < n).float()
     own = torch.where(positive.flatten(), k, n - k)
     return (n / (classes * own).clamp_min(1.0)).reshape(positive.shape)
-
-
-def per_action(x: Tensor, mask: Optional[Tensor], how: str) -> Tensor:
-    """Sum (``how="sum"``) or mean (``"mean"``) of the valid elements of each action (last dim), as ``[..., 1]``."""
-    if mask is not None:
-        x = torch.where(mask.bool(), x, torch.zeros_like(x))  # a masked-out NaN must not reach the sum
-    total = x.sum(-1, keepdim=True)
-    if how == "sum":
-        return total
-    count = x.shape[-1] if mask is None else mask.bool().sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
-    return total / count
 
 
 class PolicyLoss:
