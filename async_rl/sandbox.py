@@ -87,6 +87,11 @@ class SandboxResult:
         """passed / total (0 without tests)."""
         return self.passed / self.total if self.total else 0.0
 
+    @property
+    def all_passed(self) -> bool:
+        """Whether the code passed every one of its (at least one) tests."""
+        return self.total > 0 and self.passed == self.total
+
     def to_json(self) -> dict:
         return {"passed": self.passed, "total": self.total, "reason": self.reason}
 

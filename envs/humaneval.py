@@ -193,5 +193,5 @@ class HumanEvalEnv(PreparedStepEnv):
             result = pending[1].result()
         else:
             result = code_reward(text, self.problem["tests"], shared_pool(), self.problem["prefix"], self.timeout_s)
-        return result.fraction, {"success": result.total > 0 and result.passed == result.total,
-                                 "reason": result.reason, "passed": result.passed, "total": result.total}
+        return result.fraction, {"success": result.all_passed, "reason": result.reason, "passed": result.passed,
+                                 "total": result.total}

@@ -111,7 +111,7 @@ def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], kind: str
             else:
                 results = [code_reward(t, item["tests"], pool, item.get("prefix", ""), args.timeout) for t in texts]
                 scores = [r.fraction for r in results]
-                solved = [r.total > 0 and r.passed == r.total for r in results]
+                solved = [r.all_passed for r in results]
             rows.append({**{k: item[k] for k in ("prompt", "answer", "tests") if k in item}, "responses": texts,
                          "scores": scores, "score": sum(scores) / len(scores),
                          **({} if solved is None else {"solved": sum(solved) / len(solved)})})

@@ -15,7 +15,6 @@
 #                                where no find-links folder has it
 set -euo pipefail
 
-TORCH_VERSION="2.13.0"
 # Debian packages the project needs. g++: DeepSpeed JIT-builds a small comm op on first use.
 # Extend this list when a new need appears.
 # Headless rendering (LIBERO): libEGL + Mesa's EGL vendor, libOpenGL (PyOpenGL's GL under EGL),
@@ -32,6 +31,9 @@ done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# torch's version is the lock's (a GPU machine installs that version's CUDA build).
+TORCH_VERSION="$(sed -n 's/^torch==\([0-9.]*\)+cpu .*/\1/p' requirements/torch-cpu.lock.txt)"
+[ -n "$TORCH_VERSION" ] || { echo "setup: no torch==<version>+cpu line in requirements/torch-cpu.lock.txt" >&2; exit 2; }
 VENV="$ROOT/.venv"
 STAMP="$VENV/.async_rl-setup.stamp"
 log() { echo "[setup] $*"; }

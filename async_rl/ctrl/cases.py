@@ -25,17 +25,13 @@ import numpy as np
 
 from async_rl.code_blocks import extract_code
 from async_rl.ctrl.mutations import KINDS, mutate, solution_source
-from async_rl.ctrl.reward import passes_all
 from async_rl.errors import ConfigError
 from async_rl.jsonl import jsonl_values
 from async_rl.sandbox import SandboxPool
+from async_rl.user_cache import user_cache_dir
 
 CASES_FORMAT = 1  # bump when what a built case holds changes (part of the disk key)
 MUTATION_TRIES = 12  # draws per problem to find mutants that fail a test
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "async_rl" / "ctrl"
 
 
 def _case(problem: dict[str, Any], solution: str, correct: bool, source: str) -> dict[str, Any]:
@@ -66,10 +62,10 @@ def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: in
     for (problem, source, code), future in zip(jobs, futures):
         result = future.result()
         if source == "canonical":
-            references_ok[problem["task_id"]] = passes_all(result)
+            references_ok[problem["task_id"]] = result.all_passed
             if references_ok[problem["task_id"]]:
                 cases.append(_case(problem, code, True, source))
-        elif not passes_all(result) and len(mutants.setdefault(problem["task_id"], [])) < per_problem:
+        elif not result.all_passed and len(mutants.setdefault(problem["task_id"], [])) < per_problem:
             mutants[problem["task_id"]].append(_case(problem, code, False, source))
     # A mutant only counts as wrong if its reference passed here (else the tests, not the code, fail).
     cases += [c for task, found in mutants.items() if references_ok.get(task) for c in found]
@@ -97,7 +93,7 @@ def sampled_cases(problems: Sequence[dict[str, Any]], samples: int, model_path: 
         if code is not None:
             jobs.append((problem, code.strip(), pool.submit(f"{problem['prefix']}\n\n{code}", problem["tests"],
                                                             timeout_s=timeout_s)))
-    return [_case(p, code, passes_all(f.result()), "sampled") for p, code, f in jobs]
+    return [_case(p, code, f.result().all_passed, "sampled") for p, code, f in jobs]
 
 
 def build_cases(split: str, seed: int = 0, mutations: int = 2, samples: int = 0, sample_model_path: Optional[str] = None,
@@ -114,7 +110,7 @@ def build_cases(split: str, seed: int = 0, mutations: int = 2, samples: int = 0,
     key = json.dumps({"format": CASES_FORMAT, "data": _data_file().stat().st_size, "split": split, "seed": seed,
                       "mutations": mutations, "samples": samples, "model": str(sample_model_path) if samples else None,
                       "timeout": timeout_s, "tasks": [p["task_id"] for p in problems]}, sort_keys=True)
-    path = cache_dir() / f"cases-{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsonl"
+    path = user_cache_dir("ctrl") / f"cases-{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsonl"
     if use_disk and path.is_file():
         return read_cases(path)
     with SandboxPool() as pool:

