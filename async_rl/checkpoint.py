@@ -76,7 +76,8 @@ def staging_dir(root: Path, epoch: int) -> Path:
     return path
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's entries: a rename or a new file survives a power loss)."""
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
     try:
         os.fsync(fd)
@@ -91,9 +92,9 @@ def _sync_tree(root: Path) -> dict[str, int]:
     for directory, _, files in os.walk(root, topdown=False):  # a directory after its entries
         for name in files:
             path = Path(directory, name)
-            _fsync(path)
+            fsync_path(path)
             sizes[str(path.relative_to(root))] = path.stat().st_size
-        _fsync(Path(directory))
+        fsync_path(Path(directory))
     return sizes
 
 
@@ -126,10 +127,10 @@ def commit(staging: Path, meta: Mapping[str, Any], keep: int) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp_meta, staging / META)
-    _fsync(staging)
+    fsync_path(staging)
     final = _final_name(root, int(meta["epoch"]))
     os.rename(staging, final)
-    _fsync(root)  # the rename itself survives a power loss
+    fsync_path(root)  # the rename itself survives a power loss
     for old in complete_checkpoints(root)[:-keep]:
         _remove(old)
     return final
@@ -168,6 +169,20 @@ def resolve_resume(path: str) -> Path:
 
 def read_meta(path: Path) -> dict[str, Any]:
     return json.loads((path / META).read_text())
+
+
+def trained_config(checkpoint: Path, key: str, expected: str) -> dict[str, Any]:
+    """The config ``checkpoint`` (a ``--checkpoint`` argument) was trained with; ConfigError unless it
+    is readable, its ``key`` is ``expected`` (e.g. ``policy`` ``causal_lm``) and the weights are there."""
+    try:
+        config = read_meta(checkpoint)["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--checkpoint {checkpoint}: unreadable {META} ({exc!r}); pass another checkpoint") from None
+    if config.get(key) != expected:
+        raise ConfigError(f"--checkpoint {checkpoint}: a run of {key} '{config.get(key)}', not {expected}")
+    if not (checkpoint / "model.safetensors").is_file():
+        raise ConfigError(f"--checkpoint {checkpoint}: no model.safetensors (damaged checkpoint); pass an older one")
+    return config
 
 
 def check_resumable(path: Path, cfg: Any) -> None:

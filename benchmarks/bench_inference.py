@@ -194,20 +194,12 @@ def plot(rows: list[dict[str, float]], figures: dict[str, Any], path: Path, titl
         ax.set_xticks(batches, [str(b) for b in batches])
         ax.set_xlabel("inference_batch (rows per forward, max)")
         ax.grid(True, alpha=0.3)
-    ax_rps.set_ylabel("requests/s (1 row each)")
-    ax_rps.set_ylim(bottom=0)
-    ax_rps.set_title("throughput")
-    ax_rps.legend(fontsize=8)
-    ax_lat.set_ylabel("client-side latency (ms)")
-    ax_lat.set_ylim(bottom=0)
-    ax_lat.set_title("latency")
-    ax_lat.legend(fontsize=7, ncol=2)
+    common.label_panel(ax_rps, "requests/s (1 row each)", "throughput", from_zero=True)
+    common.label_panel(ax_lat, "client-side latency (ms)", "latency", from_zero=True, fontsize=7, ncol=2)
     ax_rows.plot(batches, batches, ":", color="gray", label="full batches")
     ax_rows.set_yscale("log", base=2)
     ax_rows.set_yticks(batches, [str(b) for b in batches])
-    ax_rows.set_ylabel("mean rows per forward pass (actor stats)")
-    ax_rows.set_title("batch actually formed")
-    ax_rows.legend(fontsize=8)
+    common.label_panel(ax_rows, "mean rows per forward pass (actor stats)", "batch actually formed")
     if "batched_over_unbatched" in figures:
         title += (f"\nbest batched {figures['best_batched_requests_per_sec']:,.0f} req/s (batch "
                   f"{figures['best_batch_size']}, {figures['best_timeout_ms']:g} ms) = "
@@ -304,11 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "client_actors": args.client_actors,
         "seconds_per_config": seconds,
         "passes": passes_done,
-        "quick": args.quick,
-        "cores": os.cpu_count(),
-        "load_avg_1min_before": round(load_before[0], 2),
-        "load_avg_1min_after": round(load_after[0], 2),
-        "bench_seconds": round(elapsed, 1),
+        **common.run_facts(args.quick, load_before, load_after, elapsed),
     })
     for r in rows:
         k = _key(int(r["batch"]), r["timeout_ms"])

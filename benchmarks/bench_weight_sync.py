@@ -188,13 +188,8 @@ def plot(rows: dict[str, dict[str, Any]], figures: dict[str, Any], path: Path, t
         ax.set_xlabel("MiB of float32")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
-    ax_t.set_ylabel("ms, sender starts -> receiver holds the values (median)")
-    ax_t.set_title("time per broadcast (ms, log)")
-    ax_t.legend(fontsize=8)
-    ax_bw.set_ylabel("GiB/s")
-    ax_bw.set_ylim(bottom=0)
-    ax_bw.set_title("effective bandwidth")
-    ax_bw.legend(fontsize=8)
+    common.label_panel(ax_t, "ms, sender starts -> receiver holds the values (median)", "time per broadcast (ms, log)")
+    common.label_panel(ax_bw, "GiB/s", "effective bandwidth", from_zero=True)
     if "group_over_object_store_speedup" in figures:
         title += f"\n100 MiB: group {figures['broadcast_100mib_seconds'] * 1e3:.0f} ms, object store " \
                  f"{figures['object_store_100mib_seconds'] * 1e3:.0f} ms " \
@@ -279,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.update({
         "all_received_correctly": all(r["ok"] for r in rows.values()),
         "reps": reps,
-        "quick": args.quick,
-        "cores": os.cpu_count(),
-        "load_avg_1min_before": round(load_before[0], 2),
-        "load_avg_1min_after": round(load_after[0], 2),
-        "bench_seconds": round(elapsed, 1),
+        **common.run_facts(args.quick, load_before, load_after, elapsed),
     })
     title = (f"weight sync, sender -> 1 receiver (2 Ray actors, gloo over loopback) vs Ray object store; "
              f"median of {reps}, load {load_before[0]:.1f}->{load_after[0]:.1f} on {os.cpu_count()} cores")

@@ -51,6 +51,13 @@ def machine() -> dict[str, Any]:
             "load_avg_1min": round(os.getloadavg()[0], 2)}
 
 
+def run_facts(quick: bool, load_before: Sequence[float], load_after: Sequence[float], seconds: float) -> dict[str, Any]:
+    """What a benchmark's figures say of its own run: quick or not, cores, the 1-minute load average
+    before and after (``os.getloadavg()`` at its start and end) and how long it took."""
+    return {"quick": quick, "cores": os.cpu_count(), "load_avg_1min_before": round(load_before[0], 2),
+            "load_avg_1min_after": round(load_after[0], 2), "bench_seconds": round(seconds, 1)}
+
+
 def print_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None, title: str = "") -> None:
     """Rows of dicts as an aligned text table (floats with 4 significant digits)."""
     if not rows:
@@ -109,6 +116,16 @@ def pyplot():
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     return plt
+
+
+def label_panel(ax: Any, ylabel: str, title: str, from_zero: bool = False, **legend: Any) -> None:
+    """One panel's y label, title and legend (``legend``: its options, font size 8 unless given);
+    ``from_zero``: the y axis starts at 0."""
+    ax.set_ylabel(ylabel)
+    if from_zero:
+        ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(**{"fontsize": 8, **legend})
 
 
 def save(fig: Any, path: Path, title: str = "") -> None:

@@ -37,15 +37,7 @@ _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_sea
 
 def read_run_config(checkpoint: Path) -> dict[str, Any]:
     """The config the checkpoint was trained with; ConfigError unless it is a CompilerGym run with weights."""
-    try:
-        config = ckpt.read_meta(checkpoint)["config"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"--checkpoint {checkpoint}: unreadable {ckpt.META} ({exc!r}); pass another checkpoint") from None
-    if config.get("env") != "compiler_gym":
-        raise ConfigError(f"--checkpoint {checkpoint}: a run of env '{config.get('env')}', not compiler_gym")
-    if not (checkpoint / "model.safetensors").is_file():
-        raise ConfigError(f"--checkpoint {checkpoint}: no model.safetensors (damaged checkpoint); pass an older one")
-    return config
+    return ckpt.trained_config(checkpoint, "env", "compiler_gym")
 
 
 def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSpec, list[str]]:

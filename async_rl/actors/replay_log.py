@@ -36,6 +36,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import safetensors.torch
 from tensordict import TensorDict
 
+from async_rl.checkpoint import fsync_path
+
 FRAME = struct.Struct("<IIQ")  # header bytes, CRC32 of header + payload, payload bytes
 TOKEN = "token"  # names this log's life (a checkpoint made under another log is no base for it)
 LIMIT_FLOOR = 32 * 2**20  # the automatic size limit is at least this (bytes)
@@ -62,14 +64,6 @@ def unpack(blob: bytes, sizes: list[list[int]]) -> list[TensorDict]:
         index, rest = key.split("/", 1)
         tds[int(index)][tuple(rest.split("/"))] = value
     return tds
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_segment(path: Path) -> list[Record]:

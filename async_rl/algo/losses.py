@@ -29,6 +29,16 @@ from async_rl.validation import validate_model
 Tensor = torch.Tensor
 
 
+def _given_or(name: str, fallback: str) -> property:
+    """A read-only attribute: field ``name``, or attribute ``fallback`` where ``name`` is None."""
+
+    def value(self: Any) -> float:
+        given = getattr(self, name)
+        return getattr(self, fallback) if given is None else given
+
+    return property(value)
+
+
 class PolicyLossParams(pydantic.BaseModel):
     """Hyper-parameters shared by the clip modes (``--clip-config`` loads these)."""
 
@@ -70,21 +80,11 @@ class PolicyLossParams(pydantic.BaseModel):
     def _method_as_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-    @property
-    def eps_low(self) -> float:
-        return self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
-
-    @property
-    def eps_high(self) -> float:
-        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-
-    @property
-    def is_low(self) -> float:
-        return self.eps_low if self.is_eps_low is None else self.is_eps_low
-
-    @property
-    def is_high(self) -> float:
-        return self.eps_high if self.is_eps_high is None else self.is_eps_high
+    # The bounds in use: a side that is not given takes the general value.
+    eps_low = _given_or("clip_eps_low", "clip_eps")
+    eps_high = _given_or("clip_eps_high", "clip_eps")
+    is_low = _given_or("is_eps_low", "eps_low")
+    is_high = _given_or("is_eps_high", "eps_high")
 
 
 def _types(info: Any) -> tuple[Any, ...]:

@@ -19,15 +19,7 @@ TEXT_SPEC = {"text": True}
 
 def run_config(checkpoint: Path) -> dict[str, Any]:
     """The config a checkpoint was trained with; ConfigError unless it trained a causal LM."""
-    try:
-        config = ckpt.read_meta(checkpoint)["config"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"--checkpoint {checkpoint}: unreadable {ckpt.META} ({exc!r}); pass another checkpoint") from None
-    if config.get("policy") != "causal_lm":
-        raise ConfigError(f"--checkpoint {checkpoint}: a run of policy '{config.get('policy')}', not causal_lm")
-    if not (checkpoint / "model.safetensors").is_file():
-        raise ConfigError(f"--checkpoint {checkpoint}: no model.safetensors (damaged checkpoint); pass an older one")
-    return config
+    return ckpt.trained_config(checkpoint, "policy", "causal_lm")
 
 
 def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] = None,
