@@ -6,9 +6,10 @@ A **segment** (batch ``[N]``) holds ``steps`` (step records, batch ``[N, T]``) a
 (the observation after the last step): the unit of estimators that run on the trainer (V-trace).
 Which of the two a replay item is, is the advantage estimator's ``unit`` (async_rl/algo/estimators.py).
 
-Between Ray actors a record travels as a nested dict of numpy arrays (``to_wire`` / ``from_wire``),
-in the declared dtypes: floating tensors that declare none (observations, actions, statistics)
-become float32, so bf16 models ship float32 log-probs, values and actions.
+Between the rollout worker and the inference actor, observations and answers travel as nested
+dicts of numpy arrays (``to_wire`` / ``from_wire``) in the declared dtypes: floating tensors that
+declare none (observations, actions, statistics) become float32, so bf16 models ship float32
+log-probs, values and actions. The records go worker -> replay -> trainer as TensorDicts, pickled by Ray.
 """
 from __future__ import annotations
 

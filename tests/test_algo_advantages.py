@@ -267,7 +267,7 @@ def test_group_estimators_on_synthetic_groups(name, expected):
     from async_rl.algo import advantage_estimator
 
     est = advantage_estimator(name)
-    assert (est.where, est.unit, est.needs_critic, est.needs_group_rollouts) == ("worker", "step", False, True)
+    assert (est.where, est.unit, est.needs_critic, est.needs_group_rollouts) == ("replay", "step", False, True)
     returns = t(GROUPS).requires_grad_(True)
     adv = est.group_advantages(returns)
     torch.testing.assert_close(adv, t(expected), rtol=1e-12, atol=1e-12)

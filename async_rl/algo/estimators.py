@@ -1,6 +1,6 @@
 """Advantage estimators, chosen by name (``--advantage``).
 
-Each estimator owns where it runs and what a replay item is:
+Each estimator owns where its advantages are computed and what a replay item is:
 
 =======  =======  =======  ======  ==================================================================
 name     where    unit     critic  how
@@ -9,9 +9,9 @@ gae      worker   step     yes     the worker cuts its stream into pieces and ad
                                    value_target to each step record (``segmenter``)
 vtrace   trainer  segment  yes     the worker ships segments of rollout_local_buf steps; the trainer
                                    corrects them off-policy with its current weights (``loss_inputs``)
-grpo     worker   step     no      group-relative advantages over n rollouts of one start state
-rloo     worker   step     no      leave-one-out baseline over the same groups
-naive    worker   step     no      the raw outcome, no baseline (PACS)
+grpo     replay   step     no      group-relative advantages over n rollouts of one start state
+rloo     replay   step     no      leave-one-out baseline over the same groups
+naive    replay   step     no      the raw outcome, no baseline (PACS)
 =======  =======  =======  ======  ==================================================================
 
 grpo and rloo need group rollouts (``group_size`` >= 2, ``check_group_size``): the rollout workers take
@@ -73,7 +73,7 @@ class AdvantageEstimator:
     """Base: the advantage travels in the step records (computed on the worker)."""
 
     name: str
-    where: str = "worker"  # "worker" | "trainer"
+    where: str = "worker"  # where the advantage is computed: "worker" | "replay" (group assembler) | "trainer"
     unit: str = "step"  # a replay item: "step" (one step record) | "segment" (rollout_local_buf steps)
     needs_critic: bool = True
     needs_group_rollouts: bool = False
@@ -291,6 +291,7 @@ class EpisodeSegmenter:
 class GroupEstimator(AdvantageEstimator):
     """No critic: the advantage of a rollout compares its return with the others of its group."""
 
+    where = "replay"
     needs_critic = False
     needs_group_rollouts = True
     # Batch normalisation only scales: centering over the batch would add a baseline that naive leaves out
