@@ -25,16 +25,14 @@ from async_rl.algo import (
     resolve_policy_loss_params,
 )
 from async_rl.errors import ConfigError, unknown_key_message
-from async_rl.validation import validate_model
+from async_rl.supervised_config import SupervisedSection
+from async_rl.validation import ConfigSection, validate_model
 
 Positive = pydantic.PositiveInt
 Fraction = pydantic.confloat(ge=0.0, le=1.0)
 
 
-class _Section(pydantic.BaseModel):
-    """A section of the config: a frozen, typed view handed to the part of the runtime that reads it."""
-
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+_Section = ConfigSection
 
 
 class RunSection(_Section):
@@ -85,6 +83,8 @@ class PolicySection(_Section):
     policy: str = "mlp"
     """a registered policy (a module in async_rl/policies/)"""
     policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    init_from: Optional[str] = None
+    """a policy export (launch/sft.py) whose weights the policy starts from; LoRA, if any, goes on top"""
     model_path: Optional[str] = None
     """local model directory (or, for causal_lm, a .gguf file) for policies that load one (vla, causal_lm); null = their default"""
     lora_rank: pydantic.NonNegativeInt = 0
@@ -211,17 +211,17 @@ class TimeoutsSection(_Section):
 # Section name -> its typed view; every config key is in exactly one (tests/test_config.py checks).
 SECTIONS: dict[str, type[_Section]] = {
     "run": RunSection, "env": EnvSection, "policy": PolicySection, "objective": ObjectiveSection,
-    "scale": ScaleSection, "timeouts": TimeoutsSection,
+    "scale": ScaleSection, "timeouts": TimeoutsSection, "supervised": SupervisedSection,
 }
 
 
-class RunConfig(TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, EnvSection, RunSection):
+class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, EnvSection, RunSection):
     """Every knob of a run, flat (``cfg.gamma``); ``cfg.section("objective")`` is one section, frozen."""
 
     model_config = pydantic.ConfigDict(frozen=False, validate_assignment=True)
 
     def section(self, name: str) -> _Section:
-        """A frozen copy of section ``name`` (run, env, policy, objective, scale, timeouts)."""
+        """A frozen copy of section ``name`` (run, env, policy, objective, scale, timeouts, supervised)."""
         if name not in SECTIONS:
             raise KeyError(unknown_key_message(name, SECTIONS, "config section"))
         cls = SECTIONS[name]

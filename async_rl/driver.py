@@ -29,6 +29,7 @@ from async_rl.orchestration.progress import ProgressDisplay
 from async_rl.orchestration.runtime import Runtime, obs_spec_of
 from async_rl.orchestration.schedules import schedule_for
 from async_rl.policies import prepare_policy
+from async_rl.policies.initial_weights import check_init_from
 from async_rl.report import report_at_end
 from async_rl.process_setup import check_resources, pythonpath_with
 
@@ -50,6 +51,8 @@ def prepare(cfg: RunConfig) -> Any:
         check_resources(cfg, float(os.cpu_count() or 1))
     cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,
                                        cfg.policy_kwargs)
+    if cfg.init_from is not None:
+        cfg.init_from = check_init_from(cfg.init_from, cfg.policy, cfg.env)
     if getattr(task_set, "tokenizer_path", False) is None:  # a text env decodes responses with the policy's tokenizer
         task_set.tokenizer_path = cfg.policy_kwargs.get("model_path")
     return task_set

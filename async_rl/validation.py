@@ -1,4 +1,5 @@
-"""Turns pydantic validation errors into one-line messages that name the key and the fix."""
+"""Turns pydantic validation errors into one-line messages that name the key and the fix; the base of
+every config section."""
 from __future__ import annotations
 
 from typing import Any, Mapping, TypeVar
@@ -30,3 +31,9 @@ def validate_model(model_cls: type[ModelT], data: Mapping[str, Any], what: str) 
             raise ConfigError(msg) from None
         key = ".".join(str(part) for part in err["loc"])
         raise ConfigError(f"{what} '{key}' = {data.get(err['loc'][0])!r}: {msg}") from None
+
+
+class ConfigSection(pydantic.BaseModel):
+    """A section of the run config: a frozen, typed view handed to the part of the runtime that reads it."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

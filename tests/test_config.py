@@ -101,7 +101,7 @@ def test_every_key_is_in_exactly_one_section():
 
     keys = [key for cls in SECTIONS.values() for key in cls.model_fields]
     assert sorted(keys) == sorted(RunConfig.model_fields)  # none missing, none twice
-    assert list(SECTIONS) == ["run", "env", "policy", "objective", "scale", "timeouts"]
+    assert list(SECTIONS) == ["run", "env", "policy", "objective", "scale", "timeouts", "supervised"]
 
 
 def test_a_section_is_a_frozen_typed_copy():
@@ -258,7 +258,7 @@ def test_print_config_prints_the_sectioned_config_and_exits(tmp_path):
                    "--log-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
-    assert list(printed) == ["run", "env", "policy", "objective", "scale", "timeouts"]
+    assert list(printed) == ["run", "env", "policy", "objective", "scale", "timeouts", "supervised"]
     assert printed["policy"]["policy"] == "passformer" and printed["env"]["env_kwargs"]["mode"] == "sequence"
     assert printed["run"]["seed"] == 3 and printed["timeouts"]["actor_timeout_s"] == 600
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written

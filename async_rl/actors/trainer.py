@@ -21,11 +21,13 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator
+from async_rl.algo.behaviour_cloning import behaviour_cloning_loss
 from async_rl import checkpoint as ckpt
 from async_rl.actors.groups import group_minibatch_order, keep_whole_groups
 from async_rl.actors.prefetch import Prefetcher, RequestIds, poll, sample_once
 from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
+from async_rl.policies.initial_weights import export_policy
 from async_rl.policies.lora import apply_lora
 from async_rl.policies.reference import ReferencePolicy, frozen_copy
 from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
@@ -357,6 +359,26 @@ class TrainerActor:
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return bool(t.item())
+
+    # ---- supervised fine-tuning (launch/sft.py) ---------------------------------------------
+    def train_supervised(self, batch: TensorDict) -> dict[str, float]:
+        """One pass of behaviour cloning over this rank's shard of demonstration frames (``obs``,
+        ``env_action``), in minibatches of ``train_batch_size``, with the engine RL trains. Every
+        rank gets a shard of one size: ZeRO-2's backward and step are collectives."""
+        batch = batch.to(self.device)
+        module, mb, rows = self.engine.module, self.cfg.train_batch_size, []
+        for first in range(0, batch.batch_size[0], mb):
+            part = batch[first:first + mb]
+            loss, terms = behaviour_cloning_loss(self.engine, part["obs"], module.training_action(part["env_action"]))
+            self.engine.backward(loss)
+            self.engine.step()
+            rows.append(terms)
+        self.global_step = self.engine.global_steps
+        return {**mean_metrics(rows), "lr_policy": self.scheduler.get_last_lr()[0], "global_step": self.global_step}
+
+    def export_policy(self, directory: str, meta: dict[str, Any]) -> str:
+        """Rank 0 writes the trained policy (LoRA merged) where an RL run's ``init_from`` reads it."""
+        return str(export_policy(self.engine.module, Path(directory), meta))
 
     # ---- weights ------------------------------------------------------------------------
     def weight_signature(self) -> list[tuple[str, tuple[int, ...], str]]:

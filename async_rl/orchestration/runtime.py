@@ -26,6 +26,7 @@ from async_rl.orchestration.placement import Placement, on_driver_node
 from async_rl.orchestration.replay import ReplaySupervisor
 from async_rl.orchestration.weight_sync_coordinator import WeightSyncCoordinator
 from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies.initial_weights import with_initial_weights
 
 
 SUPERVISE_INTERVAL_S = 2.0  # how often a wait on the trainers checks the workers and inference actors
@@ -74,7 +75,8 @@ class Runtime:
     def __init__(self, cfg: Any, task_set: Any) -> None:
         self.cfg, self.task_set = cfg, task_set
         obs_spec = obs_spec_of(task_set)
-        self.policy_factory = functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs)
+        self.policy_factory = with_initial_weights(
+            functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs), cfg.init_from)
         if not advantage_estimator(cfg.advantage).needs_critic:  # trainers and inference actors alike
             self.policy_factory = functools.partial(critic_free, self.policy_factory)
         self.preprocessor_factory = functools.partial(build_preprocessor, cfg.policy, obs_spec, **cfg.policy_kwargs)

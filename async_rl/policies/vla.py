@@ -44,13 +44,18 @@ from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.nets import cast_inputs
 from async_rl.policies.vla_heads import (NUM_BINS, ActionNormalizer, action_token_log_prob, action_token_logits,
-                                         gaussian_head, gaussian_params, tokens_to_normalized, value_head)
+                                         gaussian_head, gaussian_params, normalized_to_tokens, tokens_to_normalized,
+                                         value_head)
 from async_rl.policies.vla_layouts import checkpoint_layout, flat_pixels, run_backbone
 from async_rl.policies.vla_loading import (OPENVLA_PROMPT, backbone_hidden_size, check_model_dir, image_size,
                                            load_backbone, load_norm_stats, load_processor, pixel_stats)
 from async_rl.policies.vla_tiny import tiny_vla_path
 
+TINY_VLA_SHAPE_KEYS = ("hidden_size", "num_layers", "vision_hidden_size", "patch_size", "vocab_size", "family")
+
 Head = Literal["continuous", "discrete"]
+# Labels of +-1 sit where tanh's log-density is -inf: behaviour cloning aims just inside.
+BC_TANH_LIMIT = 0.97
 
 
 # ---- worker side -----------------------------------------------------------------------------
@@ -136,7 +141,10 @@ class VLAActorCritic(ActorCritic):
                  cameras: Sequence[str] = ("agentview",), prompt: str = OPENVLA_PROMPT, max_prompt_tokens: int = 64,
                  unnorm_key: Optional[str] = None, gripper: Literal["openvla_libero", "none"] = "openvla_libero",
                  value_hidden: int = 256, init_log_std: float = -1.0, min_log_std: float = -5.0, max_log_std: float = 0.5,
-                 dtype: Literal["auto", "float32", "bfloat16"] = "auto", trust_remote_code: bool = False) -> None:
+                 dtype: Literal["auto", "float32", "bfloat16"] = "auto", trust_remote_code: bool = False,
+                 tiny_vla: Optional[Mapping[str, Any]] = None) -> None:
+        """``tiny_vla``: the tiny VLA's shape when no model is given (``vla_tiny.tiny_vla_spec`` keys,
+        e.g. ``{patch_size: 8}``); ``prepare_vla`` turns it into ``model_path``."""
         super().__init__()
         if head not in ("continuous", "discrete"):
             raise ValueError(f"head must be 'continuous' or 'discrete', got {head!r}")
@@ -239,6 +247,15 @@ class VLAActorCritic(ActorCritic):
         logits, last = self._teacher_forced(obs, action)
         return action_token_log_prob(logits, action, self.vocab_end), categorical_entropy(logits), self._value(last)
 
+    def training_action(self, env_action: torch.Tensor) -> torch.Tensor:
+        """A demonstration's env action as this policy's ``action_key`` holds it (behaviour cloning):
+        normalised with the checkpoint's statistics, then inside tanh's open range (continuous) or
+        binned into action tokens (discrete)."""
+        normalized = self.normalizer.normalize(self.normalizer.from_env(env_action)).clamp(-1.0, 1.0)
+        if self.head == "continuous":
+            return normalized.clamp(-BC_TANH_LIMIT, BC_TANH_LIMIT)
+        return normalized_to_tokens(normalized, self.vocab_end)
+
     def value(self, obs: TensorDict) -> torch.Tensor:
         out = self._run(obs["input_ids"], obs["attention_mask"], self._pixels(obs["pixel_values"]))
         return self._value(out.hidden_states[-1][:, -1])
@@ -261,7 +278,11 @@ def prepare_vla(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], p
     if model_path is None:
         size = obs_spec.get("image_size", 64)
         size = int(size[0] if isinstance(size, (list, tuple)) else size)
-        model_path = str(tiny_vla_path(image_size=size, action_dim=action_dim))
+        shape = dict(kwargs.get("tiny_vla") or {})
+        if not set(shape) <= set(TINY_VLA_SHAPE_KEYS):
+            raise ConfigError(f"policy_kwargs tiny_vla {shape}: give only {', '.join(TINY_VLA_SHAPE_KEYS)} "
+                              f"(the image size and action dimension come from the env)")
+        model_path = str(tiny_vla_path(image_size=size, action_dim=action_dim, **shape))
     trust = bool(kwargs.get("trust_remote_code", False))
     path = check_model_dir(model_path, trust)
     load_norm_stats(path, kwargs.get("unnorm_key"))  # both heads un-normalise env actions with them

@@ -77,6 +77,14 @@ class ActionNormalizer:
         scaled = 2.0 * (raw.float() - q01) / (q99 - q01).clamp_min(1e-8) - 1.0
         return torch.where(mask, scaled, raw.float())
 
+    def from_env(self, env_action: torch.Tensor) -> torch.Tensor:
+        """Inverse of ``to_env`` in the dataset's scale (demonstration labels): with ``openvla_libero``
+        the env's gripper -1 (open) is 1 and +1 (closed) is 0, as in OpenVLA's training data."""
+        out = env_action.float()
+        if self.gripper == "openvla_libero":
+            out = torch.cat([out[..., :-1], (1.0 - out[..., -1:].sign()) / 2.0], dim=-1)
+        return out
+
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         """The action the environment receives."""
         out = self.unnormalize(action)

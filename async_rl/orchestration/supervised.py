@@ -1,0 +1,130 @@
+"""Supervised fine-tuning (behaviour cloning) on recorded demonstrations, with the RL run's trainer
+ranks: the same config, DeepSpeed ZeRO-2 engine, LoRA and precision. The trained policy is exported
+(LoRA merged) for an RL run's ``init_from``.
+
+The demonstration frames are preprocessed once in the driver exactly as a rollout worker
+preprocesses observations, so the policy learns from the inputs it will later act on.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from rich.console import Console
+from tensordict import TensorDict
+
+from async_rl.actors.trainer import TrainerActor
+from async_rl.errors import ConfigError
+from async_rl.logger import MetricsLogger, mean_metrics
+from async_rl.orchestration.actor_group import ActorGroup, get_named
+from async_rl.orchestration.placement import rendezvous
+from async_rl.orchestration.runtime import obs_spec_of
+from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies.initial_weights import with_initial_weights
+
+
+def check_demos(cfg: Any) -> Any:
+    """The demonstrations of ``cfg.demos`` (driver-side, before Ray): a recording for this env that
+    holds every camera the policy reads."""
+    if not cfg.demos:
+        raise ConfigError("no demonstrations: pass --demos DIR (recorded with python -m async_rl.demos record)")
+    from async_rl.demos import load_demos  # noqa: PLC0415
+
+    try:
+        demos = load_demos(cfg.demos)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--demos {cfg.demos}: {exc}; record them with python -m async_rl.demos record") from None
+    if demos.manifest.get("env") != cfg.env:
+        raise ConfigError(f"--demos {cfg.demos} were recorded on env '{demos.manifest.get('env')}', this config trains "
+                          f"'{cfg.env}'; pass demonstrations of {cfg.env}")
+    if not demos.episodes:
+        raise ConfigError(f"--demos {cfg.demos} holds no episodes; record some")
+    recorded = set(demos.episodes[0].obs)
+    wanted = [c for c in cfg.policy_kwargs.get("cameras", []) if c not in recorded]
+    if wanted:
+        raise ConfigError(f"the policy reads camera(s) {wanted}, the demonstrations hold {sorted(recorded)}; record them "
+                          f"with --cameras {' '.join(cfg.policy_kwargs.get('cameras', []))}")
+    return demos
+
+
+def demonstration_frames(demos: Any, preprocess: Any) -> TensorDict:
+    """Every frame as ``{"obs": <preprocessed observation>, "env_action": <the expert's label>}``."""
+    rows = []
+    for episode in demos.episodes:
+        steps = len(episode.expert_action)
+        for t in range(steps):
+            raw = {key: value[t] for key, value in episode.obs.items()}
+            raw["instruction"] = episode.instruction
+            rows.append(preprocess(raw, episode.task_name))
+    obs = torch.stack(rows)
+    labels = torch.as_tensor(np.concatenate([e.expert_action for e in demos.episodes]), dtype=torch.float32)
+    return TensorDict({"obs": obs, "env_action": labels}, batch_size=[len(rows)])
+
+
+def _shards(frames: TensorDict, ranks: int, minibatch: int, generator: torch.Generator) -> list[TensorDict]:
+    """A shuffled epoch split into one equal shard per rank, each a whole number of minibatches
+    (the remainder of the shuffle is dropped this epoch; a new shuffle drops other frames)."""
+    order = torch.randperm(frames.batch_size[0], generator=generator)
+    per_rank = (len(order) // (ranks * minibatch)) * minibatch
+    if per_rank == 0:
+        raise ConfigError(f"{len(order)} demonstration frames are fewer than num_trainers x train_batch_size "
+                          f"({ranks} x {minibatch}); record more or lower train_batch_size")
+    return [frames[order[r * per_rank:(r + 1) * per_rank]] for r in range(ranks)]
+
+
+def run_supervised(cfg: Any, task_set: Any, demos: Any, console: Console) -> dict[str, Any]:
+    """Behaviour cloning for ``cfg.sft_epochs`` passes (or ``max_minutes``); exports the policy and
+    returns a summary (also written to <log_dir>/sft_summary.json). Ray must be initialised."""
+    started = time.monotonic()
+    obs_spec = obs_spec_of(task_set)
+    preprocess = build_preprocessor(cfg.policy, obs_spec, **cfg.policy_kwargs)
+    frames = demonstration_frames(demos, preprocess)
+    console.print(f"demonstrations: {len(demos.episodes)} episodes, {frames.batch_size[0]} frames from {cfg.demos}")
+    factory = with_initial_weights(
+        functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs), cfg.init_from)
+    trainers = ActorGroup("trainer", {
+        f"trainer-{r}": TrainerActor.options(num_cpus=cfg.trainer_num_cpus).remote(
+            r, cfg.num_trainers, None, None, cfg, factory, None)
+        for r in range(cfg.num_trainers)}, cfg.actor_timeout_s)
+    master = rendezvous(cfg, trainers["trainer-0"])
+    info = trainers.call("setup", *master, timeout_s=cfg.startup_timeout_s, what="DeepSpeed set-up")["trainer-0"]
+    console.print(f"[bold]policy[/] {cfg.policy}: {info['params']:,} parameters, {info['trainable']:,} trainable; "
+                  f"{cfg.num_trainers} trainer rank(s) under ZeRO-2")
+    logger = MetricsLogger(cfg.log_dir, cfg.swanlab_mode, cfg.model_dump(mode="json"), project="async_rl_sft")
+    generator = torch.Generator().manual_seed(cfg.seed)
+    deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
+    epochs = min(cfg.sft_epochs, cfg.max_epochs or cfg.sft_epochs)
+    history: list[dict[str, float]] = []
+    try:
+        for epoch in range(1, epochs + 1):
+            shards = _shards(frames, cfg.num_trainers, cfg.train_batch_size, generator)
+            refs = {name: actor.train_supervised.remote(shard) for (name, actor), shard in zip(trainers.items(), shards)}
+            metrics = mean_metrics(list(get_named(refs, cfg.actor_timeout_s, f"supervised epoch {epoch}").values()))
+            metrics["epoch_seconds"] = time.monotonic() - started
+            logger.log(metrics, epoch)
+            history.append(metrics)
+            console.print(f"sft epoch {epoch}/{epochs}: nll {metrics['bc/nll']:.3f}, entropy {metrics['bc/entropy']:.3f}, "
+                          f"step {int(metrics['global_step'])}, {metrics['epoch_seconds']:.0f} s")
+            if time.monotonic() > deadline:
+                console.print(f"max_minutes reached after {epoch} epoch(s)")
+                break
+        export = Path(cfg.sft_export or Path(cfg.log_dir) / "policy")
+        meta = {"policy": cfg.policy, "policy_kwargs": cfg.policy_kwargs, "env": cfg.env, "env_kwargs": cfg.env_kwargs,
+                "made_by": "launch/sft.py", "demos": str(cfg.demos), "frames": int(frames.batch_size[0]),
+                "epochs": len(history), "final_nll": history[-1]["bc/nll"], "seed": cfg.seed}
+        ray.get(trainers["trainer-0"].export_policy.remote(str(export), meta), timeout=cfg.actor_timeout_s)
+    finally:
+        logger.close()
+        trainers.call("shutdown", timeout_s=cfg.actor_timeout_s)
+    summary = {"export": str(export), "epochs": len(history), "frames": int(frames.batch_size[0]),
+               "nll_first": history[0]["bc/nll"], "nll_last": history[-1]["bc/nll"],
+               "wall_seconds": time.monotonic() - started}
+    Path(cfg.log_dir, "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(f"policy exported to {export} (an RL run starts from it with --init-from {export})")
+    return summary

@@ -1,0 +1,106 @@
+"""A policy's starting weights from an export: what supervised fine-tuning (``launch/sft.py``) writes
+and what an RL run's ``init_from`` reads.
+
+An export is a folder with ``policy.safetensors`` (every tensor of the plain policy, LoRA deltas
+merged into their base weights, so a run may put its own adapters on top) and ``policy.json``
+(the policy's registered name and kwargs, the env it was trained for, and how it was made). The
+policy is rebuilt from its own config as usual and the export's tensors are copied in; a tensor
+the policy has and the export lacks, or one of another shape, is an error naming it.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from async_rl.errors import ConfigError
+
+WEIGHTS = "policy.safetensors"
+META = "policy.json"
+FORMAT = "async_rl.policy/1"
+
+
+def export_policy(module: torch.nn.Module, directory: Path, meta: Mapping[str, Any]) -> Path:
+    """Write ``module``'s weights (LoRA merged, plain names) and ``meta`` to ``directory``; files are
+    renamed into place, the meta last, so a half-written export has no ``policy.json``."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    from async_rl.policies.lora import merged_named_tensors  # noqa: PLC0415
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / META).unlink(missing_ok=True)
+    merged = dict(merged_named_tensors(module))
+    tensors = {}
+    for name, value in module.state_dict().items():
+        if ".lora_" in name:
+            continue  # folded into its base weight
+        plain = name.replace(".base_layer.", ".")
+        # Tied weights (an LM head sharing the embedding) are one parameter but two state-dict names.
+        tensor = merged.get(plain, value).detach().cpu()
+        tensors[plain] = (tensor.float() if tensor.is_floating_point() else tensor).contiguous().clone()
+    tmp = directory / (WEIGHTS + ".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(directory / WEIGHTS)
+    tmp = directory / (META + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
+    tmp.replace(directory / META)
+    return directory
+
+
+def read_export_meta(path: str | Path) -> dict[str, Any]:
+    """The export's ``policy.json``; ConfigError naming the problem for anything that is not an export."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ConfigError(f"init_from {path}: no such directory; pass a folder written by launch/sft.py")
+    if not (directory / META).is_file() or not (directory / WEIGHTS).is_file():
+        raise ConfigError(f"init_from {path}: no {META} / {WEIGHTS} there (not a policy export, or an unfinished one); "
+                          f"pass a folder written by launch/sft.py")
+    try:
+        meta = json.loads((directory / META).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"init_from {path}: unreadable {META} ({exc}); export the policy again") from None
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"init_from {path}: format {meta.get('format')!r}, expected {FORMAT}; export the policy again")
+    return meta
+
+
+def check_init_from(path: str, policy: str, env: str) -> str:
+    """Driver-side check of an RL run's ``init_from``: an export of the same policy for the same env."""
+    meta = read_export_meta(path)
+    if meta.get("policy") != policy:
+        raise ConfigError(f"init_from {path} holds a '{meta.get('policy')}' policy, this run trains '{policy}'; "
+                          f"pass --policy {meta.get('policy')} or another export")
+    if meta.get("env") != env:
+        raise ConfigError(f"init_from {path} was trained on env '{meta.get('env')}', this run is '{env}'; "
+                          f"pass an export made for {env}")
+    return str(Path(path).resolve())
+
+
+def load_initial_weights(policy: torch.nn.Module, path: str | Path) -> torch.nn.Module:
+    """Copy an export's tensors into a freshly built plain policy (no LoRA yet); returns it."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    saved = load_file(str(Path(path) / WEIGHTS))
+    own = policy.state_dict()
+    missing = sorted(set(own) - set(saved))
+    wrong = sorted(n for n in own if n in saved and saved[n].shape != own[n].shape)
+    if missing or wrong:
+        detail = f"missing {missing[:3]}" if missing else \
+            f"{wrong[0]} is {tuple(saved[wrong[0]].shape)} there, {tuple(own[wrong[0]].shape)} here"
+        raise ValueError(f"the policy export {path} does not fit this policy ({detail}); was it made with "
+                         f"other policy_kwargs or another model?")
+    policy.load_state_dict({n: saved[n].to(own[n].dtype) for n in own}, strict=True)
+    return policy
+
+
+def initialized(factory: Callable[[], torch.nn.Module], path: str) -> torch.nn.Module:
+    """``factory()`` with the export's weights: the policy factory of a run with ``init_from``."""
+    return load_initial_weights(factory(), path)
+
+
+def with_initial_weights(factory: Callable[[], torch.nn.Module], path: str | None) -> Callable[[], torch.nn.Module]:
+    return factory if path is None else functools.partial(initialized, factory, str(path))
