@@ -18,7 +18,8 @@ Actions are 7 values in [-1, 1] (clipped): delta eef position (3), delta rotatio
 and is truncated after ``max_episode_steps`` policy steps.
 
 Each ``reset`` restores one of the task's fixed initial states (the suite's ``.pruned_init``
-file, 50 per task), cycled from a seed-chosen offset or sampled with the env's seeded RNG, then
+file, 50 per task; ``init_states`` may restrict them to a subset, e.g. to hold some out),
+cycled from a seed-chosen offset or sampled with the env's seeded RNG, then
 lets the scene settle for ``settle_steps`` no-op steps that are not rendered and not part of the
 episode (OpenVLA waits 10 steps). Resets never rebuild the scene (robosuite ``hard_reset=False``,
 ~20x faster than a rebuild): the initial state overwrites the simulator state, the gripper's
@@ -37,17 +38,16 @@ The TaskSet is plain data (suite, task indices, names, instructions, paths relat
 bddl / init-state folders) built in the driver without importing robosuite or mujoco; init states
 are read lazily in the worker with ``torch.load(weights_only=True)`` (numpy arrays, allow-listed).
 LIBERO asks interactively where its data lives unless ``$LIBERO_CONFIG_PATH/config.yaml`` exists,
-so this module writes its own config (see ``_ensure_libero_config``) before importing libero.
+so ``envs/libero_setup.py`` writes its own config (``ensure_libero_config``) before importing libero,
+checks the installation and picks the GL backend. ``LiberoTaskEnv.sim_state()`` is the simulator's
+flattened state, which demonstration replays compare.
 """
 from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib.util
 import io
-import os
-import sys
-import tempfile
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
@@ -56,6 +56,8 @@ import numpy as np
 
 from async_rl.errors import ConfigError, unknown_key_message
 from envs import register_env
+from envs.libero_setup import (INSTALL_HINT, SOFTWARE_GL, configure_rendering, ensure_libero_config, fast_render_settings,
+                               gl_renderer_name, import_benchmark, libero_package_dir, switch_to_fast_render)
 
 # Episode step limits of OpenVLA's LIBERO eval (openvla/openvla,
 # experiments/robot/libero/run_libero_eval.py: "max_steps = 220  # longest training demo has 193
@@ -75,110 +77,6 @@ RENDER_BACKENDS = ("auto", "egl", "osmesa")
 INIT_STATE_ORDERS = ("cycle", "sample")
 # OpenVLA's no-op while objects settle: no motion, gripper open.
 SETTLE_ACTION = np.array([0.0] * 6 + [-1.0])
-_SOFTWARE_GL = ("llvmpipe", "softpipe", "swrast", "software", "osmesa")
-_INSTALL_HINT = "run: make setup  (or: bash scripts/setup.sh), which installs LIBERO and its assets"
-# Modules LIBERO / robosuite import at start-up, checked in the driver so a missing one is a
-# ConfigError there instead of a crash in a rollout worker.
-_REQUIRED_MODULES = ("libero", "robosuite", "bddl", "mujoco", "cv2", "numba", "termcolor", "easydict",
-                     "matplotlib", "future", "yaml", "torch")
-
-
-# ---- installation checks and LIBERO's config file ---------------------------------------
-def _libero_package_dir() -> Path:
-    """``.../site-packages/libero/libero`` (holds bddl_files, init_files, assets), not imported."""
-    missing = [m for m in _REQUIRED_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ConfigError(f"LIBERO is not installed (missing Python modules: {', '.join(missing)}); {_INSTALL_HINT}")
-    spec = importlib.util.find_spec("libero")
-    root = Path(next(iter(spec.submodule_search_locations))) / "libero"
-    if not (root / "bddl_files").is_dir() or not (root / "init_files").is_dir():
-        raise ConfigError(f"the installed 'libero' package at {root.parent} has no bddl_files/init_files; {_INSTALL_HINT}")
-    if not (root / "assets" / "scenes").is_dir():
-        raise ConfigError(f"LIBERO's assets are missing ({root / 'assets'} does not exist); {_INSTALL_HINT}")
-    return root
-
-
-def _config_dir() -> Path:
-    """A project-owned directory for LIBERO's config.yaml: inside the venv if writable, else temp."""
-    override = os.environ.get("ASYNC_RL_LIBERO_CONFIG_DIR")
-    candidates = [Path(override)] if override else []
-    candidates += [Path(sys.prefix) / "async_rl" / "libero",
-                   Path(tempfile.gettempdir()) / f"async_rl-libero-{os.getuid()}"]
-    for d in candidates:
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(d, os.W_OK):
-            return d
-    raise ConfigError(f"no writable directory for LIBERO's config (tried {', '.join(map(str, candidates))}); "
-                      f"set ASYNC_RL_LIBERO_CONFIG_DIR to one")
-
-
-def _ensure_libero_config() -> Path:
-    """Point ``LIBERO_CONFIG_PATH`` at a complete config.yaml so that ``import libero.libero``
-    never prompts. A user's own ``LIBERO_CONFIG_PATH`` holding a config.yaml is kept."""
-    import yaml  # noqa: PLC0415
-
-    root = _libero_package_dir()
-    user_dir = os.environ.get("LIBERO_CONFIG_PATH")
-    if user_dir and (Path(user_dir) / "config.yaml").is_file():
-        return root
-    cfg_dir = _config_dir()
-    text = yaml.safe_dump({
-        "benchmark_root": str(root),
-        "bddl_files": str(root / "bddl_files"),
-        "init_states": str(root / "init_files"),
-        "datasets": str(cfg_dir / "datasets"),
-        "assets": str(root / "assets"),
-    })
-    path = cfg_dir / "config.yaml"
-    if not path.is_file() or path.read_text() != text:
-        # Several workers may start at once: write a private file, then rename it atomically.
-        fd, tmp = tempfile.mkstemp(dir=cfg_dir, prefix=".config-", suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    os.environ["LIBERO_CONFIG_PATH"] = str(cfg_dir)
-    return root
-
-
-def _import_benchmark() -> Any:
-    _ensure_libero_config()
-    try:
-        from libero.libero import benchmark  # noqa: PLC0415  (optional dependency)
-    except ImportError as exc:
-        raise ConfigError(f"LIBERO failed to import ({exc}); {_INSTALL_HINT}") from None
-    return benchmark
-
-
-# ---- rendering --------------------------------------------------------------------------
-def _configure_rendering(backend: str) -> str:
-    """Set ``MUJOCO_GL`` (and PyOpenGL's platform) before robosuite is imported; returns it."""
-    if backend == "auto":
-        backend = os.environ.get("MUJOCO_GL") or "egl"
-    if "robosuite.utils.binding_utils" in sys.modules:
-        # robosuite picked its GL context class at import; a different one can't be swapped in.
-        if os.environ.get("MUJOCO_GL") != backend:
-            raise RuntimeError(f"robosuite was imported with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} in this "
-                               f"process before the LIBERO env asked for {backend!r}; set MUJOCO_GL={backend} first")
-        return backend
-    os.environ["MUJOCO_GL"] = backend
-    os.environ.setdefault("PYOPENGL_PLATFORM", backend)
-    if backend == "egl" and os.environ.get("CUDA_VISIBLE_DEVICES") == "" and "MUJOCO_EGL_DEVICE_ID" not in os.environ:
-        # A process given no GPU (e.g. a Ray actor with num_gpus=0) has CUDA_VISIBLE_DEVICES="",
-        # which robosuite's EGL device selection cannot parse; take the first EGL device.
-        os.environ["MUJOCO_EGL_DEVICE_ID"] = "0"
-    return backend
-
-
-def _gl_renderer_name(render_context: Any) -> str:
-    """GL_RENDERER of a robosuite render context, e.g. 'llvmpipe (LLVM 15.0.6, 256 bits)' or a GPU's name."""
-    from OpenGL import GL  # noqa: PLC0415
-
-    render_context.gl_ctx.make_current()
-    name = GL.glGetString(GL.GL_RENDERER)
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 # ---- the TaskSet (built in the driver) --------------------------------------------------
@@ -212,6 +110,32 @@ def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, TaskSpec,
     return indices
 
 
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def parse_init_states(spec: Union[str, Sequence[int]]) -> Optional[list[int]]:
+    """``init_states`` as sorted distinct indices, or None for "all"; bad input is a one-line ConfigError."""
+    hint = 'give "all", a list of indices or an inclusive range such as "0-39"'
+    if isinstance(spec, str):
+        if spec == "all":
+            return None
+        match = _RANGE.match(spec)
+        if not match:
+            raise ConfigError(f"libero init_states {spec!r} is not a range; {hint}")
+        first, last = int(match.group(1)), int(match.group(2))
+        if first > last:
+            raise ConfigError(f"libero init_states range {spec!r} is empty (its start is past its end); {hint}")
+        return list(range(first, last + 1))
+    if not isinstance(spec, (list, tuple)) or not spec:
+        raise ConfigError(f"libero init_states must not be {spec!r}; {hint}")
+    for k in spec:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"libero init_states index {k!r} must be a non-negative integer; {hint}")
+    if len(set(spec)) != len(spec):
+        raise ConfigError(f"libero init_states lists an index twice: {list(spec)}")
+    return sorted(spec)
+
+
 @register_env("libero")
 def libero_task_set(
     suite: str = "libero_spatial",
@@ -224,6 +148,7 @@ def libero_task_set(
     fast_render: Optional[bool] = None,
     render_backend: str = "auto",
     reward_scale: float = 1.0,
+    init_states: Union[str, list[int]] = "all",
 ) -> LiberoTaskSet:
     """Build a LIBERO TaskSet.
 
@@ -233,7 +158,9 @@ def libero_task_set(
     init_state_order: "cycle" (from a seed-chosen offset) or "sample" the task's fixed initial
     states. settle_steps: unrendered no-op steps after each reset. fast_render: MSAA / shadows /
     reflections off; None = on for a software renderer. render_backend: "auto", "egl", "osmesa".
-    reward_scale multiplies LIBERO's sparse success reward.
+    reward_scale multiplies LIBERO's sparse success reward. init_states: which of each task's fixed
+    initial states the reset schedule uses, "all", a list of indices or an inclusive range "a-b"
+    (e.g. "0-39" for training, leaving 40-49 held out); ``reset(init_state=k)`` still takes any.
     """
     if suite not in SUITE_MAX_STEPS:
         raise ConfigError(unknown_key_message(str(suite), SUITES, "LIBERO suite"))
@@ -260,22 +187,28 @@ def libero_task_set(
         raise ConfigError(unknown_key_message(str(render_backend), RENDER_BACKENDS, "libero render_backend"))
     if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)):
         raise ConfigError(f"libero reward_scale must be a number, got {reward_scale!r}")
+    init_state_subset = parse_init_states(init_states)
 
-    benchmark = _import_benchmark()
+    benchmark = import_benchmark()
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
         bench = benchmark.get_benchmark_dict()[suite]()
     all_names = bench.get_task_names()
     indices = _resolve_tasks(suite, all_names, tasks)
-    root = _libero_package_dir()
+    root = libero_package_dir()
     specs = [bench.get_task(i) for i in indices]
     bddl = [f"{t.problem_folder}/{t.bddl_file}" for t in specs]
     inits = [f"{t.problem_folder}/{t.init_states_file}" for t in specs]
     for rel in bddl:
         if not (root / "bddl_files" / rel).is_file():
-            raise ConfigError(f"LIBERO task file {root / 'bddl_files' / rel} is missing; {_INSTALL_HINT}")
+            raise ConfigError(f"LIBERO task file {root / 'bddl_files' / rel} is missing; {INSTALL_HINT}")
     for rel in inits:
         if not (root / "init_files" / rel).is_file():
-            raise ConfigError(f"LIBERO init-state file {root / 'init_files' / rel} is missing; {_INSTALL_HINT}")
+            raise ConfigError(f"LIBERO init-state file {root / 'init_files' / rel} is missing; {INSTALL_HINT}")
+    if init_state_subset is not None:  # bounds need the files' counts (50 per task in every suite)
+        count = min(len(load_init_states(root / "init_files" / rel)) for rel in inits)
+        if max(init_state_subset) >= count:
+            raise ConfigError(f"libero init_states {init_states!r} goes past the last initial state: the tasks have "
+                              f"{count} (indices 0..{count - 1})")
     return LiberoTaskSet(
         suite=suite,
         task_indices=indices,
@@ -291,6 +224,7 @@ def libero_task_set(
         fast_render=fast_render,
         render_backend=render_backend,
         reward_scale=float(reward_scale),
+        init_states=init_state_subset,
     )
 
 
@@ -312,6 +246,7 @@ class LiberoTaskSet:
     fast_render: Optional[bool] = None
     render_backend: str = "auto"
     reward_scale: float = 1.0
+    init_states: Optional[list[int]] = None  # the reset schedule's subset of each task's initial states; None: all
     action_dim: int = ACTION_DIM
     obs_dim: int = PROPRIO_DIM  # the flat part of the observation (proprio)
     success_rule: ClassVar[str] = "any"  # success terminates the episode: its last step says it either way
@@ -331,6 +266,12 @@ class LiberoTaskSet:
             "instruction": True,
             "instructions": list(self.instructions),
         }
+
+    def init_state_choices(self, task_index: int) -> list[int]:
+        """The initial states a task's reset schedule draws from: ``init_states``, or all of the task's."""
+        if self.init_states is not None:
+            return list(self.init_states)
+        return list(range(len(load_init_states(libero_package_dir() / "init_files" / self.init_state_files[task_index]))))
 
     def make_env(self, task_index: int, seed: int) -> LiberoTaskEnv:
         if not 0 <= task_index < len(self.task_names):
@@ -356,20 +297,24 @@ def load_init_states(path: Union[str, Path]) -> np.ndarray:
 
 class InitStateSchedule:
     """Which of a task's ``n`` fixed initial states each reset uses, reproducible from ``seed``:
-    "cycle" walks through all of them from a seed-chosen offset, "sample" draws with replacement."""
+    "cycle" walks through all of them (or those in ``subset``) from a seed-chosen offset, "sample"
+    draws with replacement."""
 
-    def __init__(self, n: int, order: str, seed: int) -> None:
+    def __init__(self, n: int, order: str, seed: int, subset: Optional[Sequence[int]] = None) -> None:
         if order not in INIT_STATE_ORDERS:
             raise ValueError(f"init-state order must be one of {INIT_STATE_ORDERS}, got {order!r}")
+        self.choices = list(range(n)) if subset is None else [int(k) for k in subset]
+        if not self.choices or not all(0 <= k < n for k in self.choices):
+            raise ValueError(f"init-state subset {subset} must be non-empty indices below {n}")
         self.n, self.order = n, order
         self._rng = np.random.default_rng(seed)
-        self._next = int(self._rng.integers(n))
+        self._next = int(self._rng.integers(len(self.choices)))
 
     def next(self) -> int:
         if self.order == "sample":
-            return int(self._rng.integers(self.n))
-        index, self._next = self._next, (self._next + 1) % self.n
-        return index
+            return self.choices[int(self._rng.integers(len(self.choices)))]
+        position, self._next = self._next, (self._next + 1) % len(self.choices)
+        return self.choices[position]
 
 
 class LiberoTaskEnv:
@@ -377,13 +322,13 @@ class LiberoTaskEnv:
 
     def __init__(self, task_set: LiberoTaskSet, task_index: int, seed: int) -> None:
         ts = task_set
-        self.render_backend = _configure_rendering(ts.render_backend) if ts.cameras else "none"
-        root = _ensure_libero_config()
+        self.render_backend = configure_rendering(ts.render_backend) if ts.cameras else "none"
+        root = ensure_libero_config()
         try:
             from libero.libero.envs.env_wrapper import ControlEnv  # noqa: PLC0415
             from robosuite.utils.transform_utils import quat2axisangle  # noqa: PLC0415
         except ImportError as exc:
-            raise ConfigError(f"LIBERO failed to import ({exc}); {_INSTALL_HINT}") from None
+            raise ConfigError(f"LIBERO failed to import ({exc}); {INSTALL_HINT}") from None
         self._quat2axisangle = quat2axisangle
         self.task_name = ts.task_names[task_index]
         self.instruction = ts.instructions[task_index]
@@ -392,7 +337,7 @@ class LiberoTaskEnv:
         self.settle_steps = int(ts.settle_steps)
         self.reward_scale = float(ts.reward_scale)
         self._init_states = load_init_states(root / "init_files" / ts.init_state_files[task_index])
-        self._schedule = InitStateSchedule(len(self._init_states), ts.init_state_order, seed)
+        self._schedule = InitStateSchedule(len(self._init_states), ts.init_state_order, seed, ts.init_states)
         self._seed = int(seed) % 2**32
         self.init_state_index = -1
         render = bool(self.cameras)
@@ -411,10 +356,10 @@ class LiberoTaskEnv:
         self.gl_renderer = ""
         self.fast_render = False
         if render:
-            self.gl_renderer = _gl_renderer_name(self._render_context())
+            self.gl_renderer = gl_renderer_name(self._render_context())
             fast = ts.fast_render
             if fast is None:
-                fast = any(s in self.gl_renderer.lower() for s in _SOFTWARE_GL)
+                fast = any(s in self.gl_renderer.lower() for s in SOFTWARE_GL)
             if fast:
                 self._apply_fast_render()
         self._t = 0
@@ -431,34 +376,15 @@ class LiberoTaskEnv:
             self._render_context().gl_ctx.make_current()
 
     def _apply_fast_render(self) -> None:
-        """MSAA off (a new MjrContext reads ``offsamples``), no shadows, no reflections."""
-        import mujoco  # noqa: PLC0415
-
-        ctx = self._render_context()
-        ctx.gl_ctx.make_current()
-        self._env.sim.model._model.vis.quality.offsamples = 0
-        ctx.con.free()
-        ctx._set_mujoco_context_and_buffers()  # robosuite's own (re)creation of the MjrContext
-        ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
-        ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        switch_to_fast_render(self._env.sim, self._render_context())
         self.fast_render = True
 
     def render_settings(self) -> dict[str, Any]:
         """The renderer's live settings (for tests and logs); empty for a physics-only env."""
         if not self.cameras:
             return {}
-        import mujoco  # noqa: PLC0415
-
-        ctx = self._render_context()
-        return {
-            "backend": self.render_backend,
-            "gl_renderer": self.gl_renderer,
-            "fast_render": self.fast_render,
-            "offsamples": int(self._env.sim.model._model.vis.quality.offsamples),
-            "context_samples": int(ctx.con.offSamples),
-            "shadows": bool(ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW]),
-            "reflections": bool(ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION]),
-        }
+        return {"backend": self.render_backend, "gl_renderer": self.gl_renderer, "fast_render": self.fast_render,
+                **fast_render_settings(self._env.sim, self._render_context())}
 
     # -- episode --
     def _observation(self, raw: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -479,12 +405,22 @@ class LiberoTaskEnv:
     def num_init_states(self) -> int:
         return len(self._init_states)
 
+    @property
+    def init_state_choices(self) -> list[int]:
+        """The initial states the reset schedule (and ``start``) draws from: the task set's ``init_states``."""
+        return list(self._schedule.choices)
+
+    def sim_state(self) -> np.ndarray:
+        """The simulator's flattened state (time, qpos, qvel, ...), float64: what replays compare."""
+        return np.array(self._env.sim.get_state().flatten(), dtype=np.float64)
+
     def reset(self, init_state: Optional[int] = None, start: Optional[int] = None) -> dict[str, Any]:
         """Restore a fixed initial state (the schedule's next one, or index ``init_state``, or with
-        ``start`` (group rollouts) index ``start`` modulo their number), let the scene settle, and
-        return the first observation."""
+        ``start`` (group rollouts) the schedule's choice ``start`` modulo their number), let the
+        scene settle, and return the first observation."""
         if start is not None:
-            init_state = start % len(self._init_states)
+            choices = self._schedule.choices
+            init_state = choices[start % len(choices)]
         if init_state is None:
             self.init_state_index = self._schedule.next()
         elif 0 <= init_state < len(self._init_states):
