@@ -14,6 +14,11 @@ faster collection cannot hide a starved trainer: ``updates_per_sec`` (optimizer 
 ``env_steps_per_update`` and ``policy_lag_mean``. ``--quick`` measures both environments at 1, 2 and 4
 workers (MetaWorld 1.25 minutes per run, LIBERO 1.5; a log point every 2 s). Extra launch flags after
 ``--`` go to every run. Nothing is asserted.
+
+Collection only (``benchmarks/collect_only.py``: workers, inference, replay, no trainers), MetaWorld at
+``--collect-workers`` workers (default 1,2; run with ``--quick`` or ``--collect-only``, which skips the
+training runs): ``collect_only_env_steps_per_sec_w<N>``, the raw env's with N processes measured right
+after, and ``collect_only_over_raw_w<N>``.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ if __package__ in (None, ""):  # run as a script
 
 from benchmarks import common  # noqa: E402
 from benchmarks.bench_env_raw import raw_env_steps_per_sec  # noqa: E402
+from benchmarks.collect_only import collect_only_steps_per_sec  # noqa: E402
 
 CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "libero": common.LIBERO_CONFIG}
 
@@ -70,6 +76,25 @@ def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root
     }
 
 
+def measure_collect_only(config: Path, workers: int, seconds: float, raw_seconds: float,
+                         extra: list[str]) -> dict[str, float]:
+    """Collection only with ``workers`` workers (the config's envs per worker), then the raw env with as many
+    processes; figures suffixed ``_w<workers>``."""
+    from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
+    from async_rl.driver import prepare  # noqa: PLC0415
+
+    cfg = load_config(["--num-rollout-workers", str(workers), *extra], str(config))
+    task_set = prepare(cfg)
+    collected = collect_only_steps_per_sec(cfg, task_set, workers, seconds, warmup_s=8.0)
+    raw = raw_env_steps_per_sec(task_set, workers, raw_seconds, cfg.seed)
+    figures = {"collect_only_env_steps_per_sec": collected["env_steps_per_sec"],
+               "collect_only_raw_env_steps_per_sec": raw,
+               "collect_only_over_raw": common.ratio(collected["env_steps_per_sec"], raw),
+               "collect_only_rows_per_forward": collected["rows_per_forward"],
+               "collect_only_envs_per_worker": cfg.envs_per_worker}
+    return {f"{key}_w{workers}": round(value, 5) if isinstance(value, float) else value for key, value in figures.items()}
+
+
 def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     """Side by side: env steps/s of the system and of the raw env per run, ``system_over_raw`` against
     workers per environment (target 0.7), and the trainers' updates/s of the same runs."""
@@ -111,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default=None, help="comma list of rollout-worker counts, each a run of its own with "
                     "figures suffixed _w<N> (default: the config's count, unsuffixed; quick 1,2,4)")
     ap.add_argument("--log-root", default="runs/bench_throughput")
+    ap.add_argument("--collect-only", action="store_true", help="only the collection-only runs (no training runs)")
+    ap.add_argument("--collect-workers", default="1,2", help="worker counts of the collection-only runs (MetaWorld)")
+    ap.add_argument("--collect-seconds", type=float, default=20.0, help="measured window of a collection-only run")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     minutes = args.minutes or (1.25 if args.quick else 3.0)
@@ -126,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine()
     results: dict[str, dict[str, Any]] = {}
     figures: dict[str, Any] = {}
-    for env in wanted:
+    if args.quick or args.collect_only:
+        for workers in (int(w) for w in args.collect_workers.split(",")):
+            print(f"=== collection only, metaworld, {workers} workers: {args.collect_seconds:g} s, then "
+                  f"{raw_seconds:g} s raw ===", flush=True)
+            figures.update(measure_collect_only(CONFIGS["metaworld"], workers, args.collect_seconds, raw_seconds, extra))
+            print({k: v for k, v in figures.items() if k.endswith(f"_w{workers}")}, flush=True)
+    for env in ([] if args.collect_only else wanted):
         skip = common.libero_unavailable(configs[env]) if env == "libero" else None
         if skip:
             print(f"{env}: skipped: {skip}", flush=True)
@@ -159,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     common.report(figures, args, (lambda p: plot(results, p, title)) if results else None,
                   headline=("system_env_steps_per_sec", "raw_env_steps_per_sec", "system_over_raw",
                             *(f"{p}system_over_raw_w{n}" for p in ("", "libero_") for n in (1, 2, 4)),
+                            *(f"collect_only_over_raw_w{n}" for n in (1, 2)), "system_env_steps_per_sec_w2",
                             "broadcast_seconds_mean", "policy_mib", "libero_system_over_raw", "libero_skipped",
                             "bench_seconds"))
     return 0

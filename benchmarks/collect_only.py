@@ -1,0 +1,66 @@
+"""Collection only: the launch's rollout workers, inference actor, replay buffer and stats actor, no trainers.
+
+What the collection path alone costs (the trainers' CPU is left out): a local Ray of 2 CPUs, one
+``InferenceActor`` serving its initial weights, ``workers`` ``RolloutWorkerActor``s of the config's
+``envs_per_worker`` envs pushing to a ``ReplayBufferActor`` (a bounded FIFO: full, it drops its oldest
+items, so nothing stalls). After ``warmup_s`` the workers' env steps are counted over ``seconds``:
+``pause`` returns each worker's count at a step boundary, so the window holds whole lock-step rounds.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import ray
+
+from benchmarks import common
+
+
+def _workers_steps(workers: list[Any], method: str) -> int:
+    """Pause (or wait for) every worker; the sum of their env-step counts."""
+    return sum(ray.get([getattr(w, method).remote() for w in workers], timeout=120))
+
+
+def collect_only_steps_per_sec(cfg: Any, task_set: Any, workers: int, seconds: float, warmup_s: float) -> dict[str, float]:
+    """Env steps/s of ``workers`` workers collecting with no trainer, and the inference batching seen."""
+    from async_rl.actors.inference import InferenceActor  # noqa: PLC0415  (heavy imports only when needed)
+    from async_rl.actors.peers import SharedValue  # noqa: PLC0415
+    from async_rl.actors.replay_buffer import ReplayBufferActor  # noqa: PLC0415
+    from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers  # noqa: PLC0415
+    from async_rl.actors.stats import StatsActor  # noqa: PLC0415
+    from async_rl.orchestration.runtime import Runtime  # noqa: PLC0415
+
+    runtime = Runtime(cfg, task_set)  # the factories only; starts nothing
+    tag = f"collect{os.getpid()}"
+    peers = WorkerPeers(task_set=f"{tag}:task_set", inference=f"{tag}:inference", replay=f"{tag}:replay",
+                        stats=f"{tag}:stats")
+    common.start_local_ray(2)
+    try:
+        inference = InferenceActor.options(name=peers.inference, num_cpus=0).remote(
+            0, runtime.policy_factory, cfg.inference_batch, cfg.inference_timeout_ms, seed=cfg.seed)
+        ray.get(inference.serve_built_weights.remote(), timeout=120)
+        # Held here: a named actor whose last handle goes away is ended by Ray.
+        held = [SharedValue.options(name=peers.task_set, num_cpus=0).remote(task_set),
+                ReplayBufferActor.options(name=peers.replay, num_cpus=0).remote(cfg.replay_capacity, cfg.seed),
+                StatsActor.options(name=peers.stats, num_cpus=0).remote()]
+        ray.get([held[0].get.remote(), held[1].size.remote()], timeout=120)
+        actors = [RolloutWorkerActor.options(num_cpus=0).remote(i, peers, runtime.preprocessor_factory, cfg)
+                  for i in range(workers)]
+        runs = [w.run.remote() for w in actors]
+        time.sleep(warmup_s)
+        start = _workers_steps(actors, "pause")
+        ray.get(inference.stats.remote(), timeout=60)  # resets its batching counters
+        ray.get([w.resume.remote() for w in actors], timeout=60)
+        began = time.perf_counter()
+        time.sleep(seconds)
+        end = _workers_steps(actors, "pause")
+        elapsed = time.perf_counter() - began
+        batching = ray.get(inference.stats.remote(), timeout=60)
+        ray.get([w.stop.remote() for w in actors], timeout=60)
+        ray.get([w.resume.remote() for w in actors], timeout=60)
+        ray.get(runs, timeout=120)
+    finally:
+        ray.shutdown()
+    return {"env_steps_per_sec": (end - start) / elapsed, "rows_per_forward": batching["batch_size"],
+            "forward_ms": batching["forward_ms"]}
