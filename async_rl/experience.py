@@ -124,16 +124,21 @@ def split_wire(wire: Wire, sizes: list[int]) -> list[Wire]:
     return [piece(wire, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def step_records(obs: TensorDict, policy_out: TensorDict, rewards: Sequence[float],
-                 dones: Sequence[bool]) -> list[TensorDict]:
-    """One step record per env of a batch ``[K]``: the inference answer (minus the env action) plus
-    the observation and what the env returned. Built as one TensorDict, then split per env (~60 % of
-    the cost of building K records one by one)."""
+def step_batch(obs: TensorDict, policy_out: TensorDict, rewards: Sequence[float],
+               dones: Sequence[bool]) -> TensorDict:
+    """The step records of a batch ``[K]`` of envs as one TensorDict ``[K]``: the inference answer
+    (minus the env action) plus the observation and what the env returned."""
     record = policy_out.exclude(ENV_ACTION.name)
     record["obs"] = obs
     record["reward"] = torch.tensor(rewards, dtype=STEP_FIELDS["reward"].dtype)
     record["done"] = torch.tensor(dones, dtype=STEP_FIELDS["done"].dtype)
-    return list(record.unbind(0))
+    return record
+
+
+def step_records(obs: TensorDict, policy_out: TensorDict, rewards: Sequence[float],
+                 dones: Sequence[bool]) -> list[TensorDict]:
+    """``step_batch`` split per env (~60 % of the cost of building K records one by one)."""
+    return list(step_batch(obs, policy_out, rewards, dones).unbind(0))
 
 
 def segment(steps: list[TensorDict], bootstrap_obs: TensorDict) -> TensorDict:

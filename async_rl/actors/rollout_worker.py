@@ -23,8 +23,9 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.algo import advantage_estimator
+from async_rl.actors.columnar_gae import ColumnarGae
 from async_rl.actors.groups import Ticket, stamp_episode
-from async_rl.experience import env_steps, from_wire, step_records, to_wire
+from async_rl.experience import env_steps, from_wire, step_batch, to_wire
 from async_rl.actors.peers import peer
 from async_rl.process_setup import configure_torch, wait_for
 from envs.base import StartUnavailable, episode_success, success_rule
@@ -176,6 +177,7 @@ class RolloutWorkerActor:
         self._draining = False  # grouped, synchronous mode: the step budget is spent, open groups are filled
         self.task_names: list[str] = []
         self.slots: list[_EnvSlot] = []  # made by run(), once the task set has arrived
+        self.columns: Optional[ColumnarGae] = None  # GAE's step store, made with the slots
         self._curriculum: Optional[dict[str, Any]] = None  # a checkpoint's task-sampler state, applied by run()
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
         self.replay, self.stats = replay, stats
@@ -377,6 +379,9 @@ class RolloutWorkerActor:
             _EnvSlot(EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1) + 7_777 * k), self._segmenter())
             for k in range(cfg.envs_per_worker)
         ]
+        # GAE: the K envs' steps kept as rounds and cut as columns (the slots' segmenters stay unused)
+        self.columns = (ColumnarGae(cfg.envs_per_worker, cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+                        if cfg.advantage == "gae" else None)
 
     async def curriculum_state(self) -> Optional[dict[str, Any]]:
         """The task sampler's state (None before the worker has started)."""
@@ -397,7 +402,10 @@ class RolloutWorkerActor:
         while not self._stopped:
             if not self._resume.is_set():
                 # Hand over what this policy version collected before pausing (synchronous mode).
-                pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
+                if self.columns is not None:
+                    pieces = [p for p in (self.columns.flush(),) if p is not None]
+                else:
+                    pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
                 if pieces:
                     await self._push_and_count(torch.cat(pieces))
                 await self._settle_push()
@@ -426,15 +434,18 @@ class RolloutWorkerActor:
                 values = (await self.policy.act(stacked_next[torch.tensor(cut)]))["value"]
                 bootstrap = dict(zip(cut, values.tolist()))
             dones = [bool(r[2] or r[3]) for r in results]
-            records = step_records(obs, out, [r[1] * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
-                                              for k, r in enumerate(results)], dones)
-            pieces = []
+            records = step_batch(obs, out, [r[1] * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
+                                            for k, r in enumerate(results)], dones)
+            if self.columns is not None:
+                pieces = [p for p in (self.columns.add(records, dones, broken),) if p is not None]
+            else:
+                pieces, records = [], records.unbind(0)
             for k, (slot, (_, reward, terminated, truncated, info)) in enumerate(zip(self.slots, results)):
                 if k in broken:
                     self._drop_episode(slot)
                     continue
                 done = dones[k]
-                piece = slot.segmenter.add(records[k], next_obs[k])
+                piece = None if self.columns is not None else slot.segmenter.add(records[k], next_obs[k])
                 if piece is not None:
                     pieces.append(piece)
                 slot.episode_return += reward
