@@ -140,7 +140,7 @@ def _episode(group_id: int, n: int, ret: float) -> TensorDict:
 def test_episodes_held_for_their_group_survive_a_restart(tmp_path):
     async def main():
         buffer = _group_buffer(tmp_path)
-        tickets = [await buffer.ticket(f"worker-{k % 2}", 0) for k in range(4)]
+        tickets = [(await buffer.tickets(f"worker-{k % 2}", [0]))[0] for k in range(4)]
         gid = tickets[0][0]
         assert all(t == tickets[0] for t in tickets)  # four members of one group
         await buffer.add_episodes([_episode(gid, 5, 1.0), _episode(gid, 6, 0.0)], "worker-0/x/0")
@@ -152,7 +152,7 @@ def test_episodes_held_for_their_group_survive_a_restart(tmp_path):
         assert entered == 5 + 6 + 7 + 8 and again.size() == 26
         assert sorted(again.snapshot()["group_member"].unique().tolist()) == [0, 1, 2, 3]
         # A ticket after the restart continues the ledger: a new group, not an id handed out before.
-        assert (await again.ticket("worker-0", 0))[0] != gid
+        assert (await again.tickets("worker-0", [0]))[0][0] != gid
         again.close()
 
     asyncio.run(main())

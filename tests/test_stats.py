@@ -27,3 +27,15 @@ def test_mean_metrics_skips_non_finite_values_and_keys_missing_from_a_row():
     rows = [{"loss": 1.0, "ess": float("nan"), "only_a": 5.0}, {"loss": 3.0, "ess": 0.5}, {"loss": float("inf")}]
     assert mean_metrics(rows) == {"loss": 2.0, "ess": 0.5, "only_a": 5.0}
     assert mean_metrics([{"loss": float("nan")}]) == {}  # nothing finite: no value rather than NaN
+
+
+def test_a_round_reported_in_one_call_counts_as_its_steps_and_episodes_one_by_one():
+    batched, single = StatsAggregator(), StatsAggregator()
+    episodes = [("reach", 1.0, 500, True, 2.0), ("reach", 0.5, 500, False, 2.1)]
+    batched.record_collected("worker-0", 1024, episodes)
+    single.record_steps("worker-0", 1024)
+    for episode in episodes:
+        single.record_episode(*episode)
+    a, b = batched.snapshot(), single.snapshot()
+    assert a.pop("env_steps_per_sec") > 0 and b.pop("env_steps_per_sec") > 0
+    assert a == b and a["total_env_steps"] == 1024 and a["total_episodes"] == 2

@@ -195,6 +195,8 @@ class RolloutWorkerActor:
         self._paused = asyncio.Event()  # set while the loop waits at a step boundary
         self._pause_at: Optional[int] = None  # env step count at which to pause (synchronous mode)
         self._env_counts: dict[int, dict[str, int]] = {}  # per env: its counters() at the last report
+        # Reported to the stats actor once per round (_report_collected), not once per push and episode
+        self._pushed_steps, self._ended = 0, []
 
     async def pause(self) -> int:
         """Stop before the next step (pushes in flight finish); returns env steps so far."""
@@ -265,17 +267,18 @@ class RolloutWorkerActor:
         for a new group). While draining only open groups are filled: a slot without a ticket steps
         an episode that is never pushed (``resume`` restarts it)."""
         deadline = time.monotonic() + self.cfg.actor_timeout_s
-        for slot in slots:
-            while True:
-                try:
-                    found = await wait_for(self.replay.ticket.remote(f"worker-{self.index}", slot.task, self._draining),
-                                           max(deadline - time.monotonic(), 0.001), "replay buffer", "ticket")
-                    break
-                except ray.exceptions.RayActorError:  # restarting: ask the new buffer
-                    if time.monotonic() >= deadline:
-                        raise
-                    await asyncio.sleep(0.5)
-            slot.ticket = None if found is None else Ticket(*found)
+        while True:  # one call for all the slots
+            try:
+                found = await wait_for(self.replay.tickets.remote(f"worker-{self.index}", [s.task for s in slots],
+                                                                  self._draining),
+                                       max(deadline - time.monotonic(), 0.001), "replay buffer", "tickets")
+                break
+            except ray.exceptions.RayActorError:  # restarting: ask the new buffer
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        for slot, ticket in zip(slots, found, strict=True):
+            slot.ticket = None if ticket is None else Ticket(*ticket)
             if slot.ticket is not None:
                 slot.task = slot.ticket.task
 
@@ -302,8 +305,8 @@ class RolloutWorkerActor:
             if slot.ticket is not None and steps is not None:
                 self._episodes.append(stamp_episode(steps, slot.ticket.group_id, slot.success))
         self.sampler.record(slot.task, slot.success)
-        self.stats.record_episode.remote(self.task_names[slot.task], slot.episode_return, slot.episode_length,
-                                         slot.success, time.monotonic() - slot.started)
+        self._ended.append((self.task_names[slot.task], slot.episode_return, slot.episode_length, slot.success,
+                            time.monotonic() - slot.started))
         self._report_env_counters(slot.env)
         self._start_episode(slot)
 
@@ -357,13 +360,19 @@ class RolloutWorkerActor:
     async def _push_and_count(self, batch: TensorDict) -> None:
         """Push to the replay buffer and count its env steps (step records, or the steps of segments)."""
         await self._push(batch)
-        self.stats.record_steps.remote(f"worker-{self.index}", env_steps(batch))
+        self._pushed_steps += env_steps(batch)
 
     async def _push_episodes(self) -> None:
         """Hand the finished group members to the replay buffer's group assembler."""
         episodes, self._episodes = self._episodes, []
         await self._push(episodes, "add_episodes")
-        self.stats.record_steps.remote(f"worker-{self.index}", sum(e.batch_size[0] for e in episodes))
+        self._pushed_steps += sum(e.batch_size[0] for e in episodes)
+
+    def _report_collected(self) -> None:
+        """One stats call for a round: the env steps it pushed and the episodes that ended in it."""
+        if self._pushed_steps or self._ended:
+            self.stats.record_collected.remote(f"worker-{self.index}", self._pushed_steps, self._ended)
+            self._pushed_steps, self._ended = 0, []
 
     async def _make_slots(self) -> None:
         """The task set (awaited: the constructor of an async actor must not block on it) and the envs."""
@@ -408,6 +417,7 @@ class RolloutWorkerActor:
                     pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
                 if pieces:
                     await self._push_and_count(torch.cat(pieces))
+                self._report_collected()
                 await self._settle_push()
                 self._paused.set()
                 await self._resume.wait()
@@ -460,11 +470,13 @@ class RolloutWorkerActor:
                 await self._push_and_count(torch.cat(pieces))
             if self._episodes:
                 await self._push_episodes()
+            self._report_collected()
             if self.grouped:  # the next members' tickets now: between two steps every slot holds one
                 await self._reset_envs()
             if self._pause_at is not None and self.env_steps >= self._pause_at and await self._groups_filled():
                 self._pause_at = None
                 self._resume.clear()
+        self._report_collected()
         await self._settle_push()
         for slot in self.slots:
             await self._env_thread.call(slot.envs.close)

@@ -46,6 +46,13 @@ class StatsAggregator:
         self.total_episodes += 1
         self._episodes[task].append((episode_return, length, success))
 
+    def record_collected(self, source: str, steps: int, episodes: list[tuple[str, float, int, bool, float]]) -> None:
+        """A rollout worker's report of one round: env steps pushed and the episodes that ended
+        (``record_episode``'s arguments each); one call instead of one per push and per episode."""
+        self.record_steps(source, steps)
+        for episode in episodes:
+            self.record_episode(*episode)
+
     def snapshot(self) -> dict:
         """Per-task and overall means since the last snapshot, plus running totals."""
         now = time.monotonic()
