@@ -35,7 +35,8 @@ def parse_init_states(text: str) -> list[int]:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--init-from", help="a policy export (launch/sft.py); default: the policy as built")
+    parser.add_argument("--init-from", help="a policy export (launch/sft.py); default: the config's init_from "
+                        "(what its RL run starts from), else the policy as built")
     parser.add_argument("--checkpoint", help="an RL run's log dir or checkpoint: its newest weights")
     parser.add_argument("--init-states", default="40-49", help="initial states of every task (default 40-49)")
     parser.add_argument("--json", help="write the result here")
@@ -47,13 +48,14 @@ def main(argv=None) -> dict:
         states = parse_init_states(own.init_states)
         cfg = load_config(rest, str(config), __doc__)
         task_set = prepare(cfg)
-        init_from = own.init_from and check_init_from(own.init_from, cfg.policy, cfg.env)
+        init_from = own.init_from or cfg.init_from
+        init_from = init_from and check_init_from(init_from, cfg.policy, cfg.env)
         policy, preprocess = load_policy(cfg, task_set, init_from, own.checkpoint)
     except (ConfigError, ValueError) as exc:  # ValueError: weights that do not fit the configured policy
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     result = success_rates(task_set, policy, preprocess, states, cfg.seed, progress=lambda line: print(line, flush=True))
-    result["policy"] = own.checkpoint or init_from or "as built (no --init-from)"
+    result["policy"] = own.checkpoint or init_from or "as built (no init_from)"
     print(json.dumps({k: result[k] for k in ("success_rate", "per_task", "policy")}, indent=2))
     if own.json:
         Path(own.json).write_text(json.dumps(result, indent=2) + "\n")

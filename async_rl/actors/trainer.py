@@ -21,7 +21,6 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator
-from async_rl.algo.behaviour_cloning import behaviour_cloning_loss
 from async_rl import checkpoint as ckpt
 from async_rl.actors.groups import group_minibatch_order, keep_whole_groups
 from async_rl.actors.prefetch import Prefetcher, RequestIds, poll, sample_once
@@ -369,7 +368,7 @@ class TrainerActor:
         module, mb, rows = self.engine.module, self.cfg.train_batch_size, []
         for first in range(0, batch.batch_size[0], mb):
             part = batch[first:first + mb]
-            loss, terms = behaviour_cloning_loss(self.engine, part["obs"], module.training_action(part["env_action"]))
+            loss, terms = module.imitation_loss(part["obs"], part["env_action"])
             self.engine.backward(loss)
             self.engine.step()
             rows.append(terms)

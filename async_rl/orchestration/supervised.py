@@ -109,21 +109,21 @@ def run_supervised(cfg: Any, task_set: Any, demos: Any, console: Console) -> dic
             metrics["epoch_seconds"] = time.monotonic() - started
             logger.log(metrics, epoch)
             history.append(metrics)
-            console.print(f"sft epoch {epoch}/{epochs}: nll {metrics['bc/nll']:.3f}, entropy {metrics['bc/entropy']:.3f}, "
-                          f"step {int(metrics['global_step'])}, {metrics['epoch_seconds']:.0f} s")
+            console.print(f"sft epoch {epoch}/{epochs}: loss {metrics['bc/loss']:.4f}, step {int(metrics['global_step'])}, "
+                          f"{metrics['epoch_seconds']:.0f} s")
             if time.monotonic() > deadline:
                 console.print(f"max_minutes reached after {epoch} epoch(s)")
                 break
         export = Path(cfg.sft_export or Path(cfg.log_dir) / "policy")
         meta = {"policy": cfg.policy, "policy_kwargs": cfg.policy_kwargs, "env": cfg.env, "env_kwargs": cfg.env_kwargs,
                 "made_by": "launch/sft.py", "demos": str(cfg.demos), "frames": int(frames.batch_size[0]),
-                "epochs": len(history), "final_nll": history[-1]["bc/nll"], "seed": cfg.seed}
+                "epochs": len(history), "final_loss": history[-1]["bc/loss"], "seed": cfg.seed}
         ray.get(trainers["trainer-0"].export_policy.remote(str(export), meta), timeout=cfg.actor_timeout_s)
     finally:
         logger.close()
         trainers.call("shutdown", timeout_s=cfg.actor_timeout_s)
     summary = {"export": str(export), "epochs": len(history), "frames": int(frames.batch_size[0]),
-               "nll_first": history[0]["bc/nll"], "nll_last": history[-1]["bc/nll"],
+               "loss_first": history[0]["bc/loss"], "loss_last": history[-1]["bc/loss"],
                "wall_seconds": time.monotonic() - started}
     Path(cfg.log_dir, "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(f"policy exported to {export} (an RL run starts from it with --init-from {export})")

@@ -46,9 +46,9 @@ class ActorCritic(torch.nn.Module):
         # The DeepSpeed engine calls forward; training evaluates stored actions.
         return self.evaluate(obs, action)
 
-    def training_action(self, env_action: torch.Tensor) -> torch.Tensor:
-        """A demonstration's env action as ``evaluate`` takes it (behaviour cloning); None of the
-        policies that cannot learn from demonstrations implement it."""
+    def imitation_loss(self, obs: TensorDict, env_action: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Behaviour cloning's loss for demonstrated env actions, and its logged terms
+        (``algo.behaviour_cloning``); policies that cannot learn from demonstrations do not implement it."""
         raise NotImplementedError(f"{type(self).__name__} does not learn from demonstrations")
 
     def value(self, obs: TensorDict) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from async_rl.errors import ConfigError
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = "policy.safetensors"
 META = "policy.json"
 FORMAT = "async_rl.policy/1"
@@ -68,8 +69,18 @@ def read_export_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+def resolve_export(path: str) -> Path:
+    """``path`` as given, or, when it is relative and not found there, under the project's root (where
+    the exports that ship with the project live, e.g. ``assets/...`` in a launch config)."""
+    given = Path(path)
+    shipped = PROJECT_ROOT / given
+    return shipped if not given.exists() and not given.is_absolute() and shipped.exists() else given
+
+
 def check_init_from(path: str, policy: str, env: str) -> str:
-    """Driver-side check of an RL run's ``init_from``: an export of the same policy for the same env."""
+    """Driver-side check of an RL run's ``init_from``: an export of the same policy for the same env;
+    returns its absolute path (what the actors load)."""
+    path = str(resolve_export(path))
     meta = read_export_meta(path)
     if meta.get("policy") != policy:
         raise ConfigError(f"init_from {path} holds a '{meta.get('policy')}' policy, this run trains '{policy}'; "

@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from async_rl.algo import categorical_entropy, tanh_gaussian_entropy, tanh_gaussian_log_prob
+from async_rl.algo.behaviour_cloning import behaviour_cloning_loss, gaussian_mean_loss
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
@@ -54,8 +55,6 @@ from async_rl.policies.vla_tiny import tiny_vla_path
 TINY_VLA_SHAPE_KEYS = ("hidden_size", "num_layers", "vision_hidden_size", "patch_size", "vocab_size", "family")
 
 Head = Literal["continuous", "discrete"]
-# Labels of +-1 sit where tanh's log-density is -inf: behaviour cloning aims just inside.
-BC_TANH_LIMIT = 0.97
 
 
 # ---- worker side -----------------------------------------------------------------------------
@@ -247,14 +246,16 @@ class VLAActorCritic(ActorCritic):
         logits, last = self._teacher_forced(obs, action)
         return action_token_log_prob(logits, action, self.vocab_end), categorical_entropy(logits), self._value(last)
 
-    def training_action(self, env_action: torch.Tensor) -> torch.Tensor:
-        """A demonstration's env action as this policy's ``action_key`` holds it (behaviour cloning):
-        normalised with the checkpoint's statistics, then inside tanh's open range (continuous) or
-        binned into action tokens (discrete)."""
+    def imitation_loss(self, obs: TensorDict, env_action: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Behaviour cloning (``algo.behaviour_cloning``): the demonstrated env action normalised with
+        the checkpoint's statistics; the Gaussian head regresses its mean action onto it, the
+        action-token head maximises the likelihood of its bins."""
         normalized = self.normalizer.normalize(self.normalizer.from_env(env_action)).clamp(-1.0, 1.0)
         if self.head == "continuous":
-            return normalized.clamp(-BC_TANH_LIMIT, BC_TANH_LIMIT)
-        return normalized_to_tokens(normalized, self.vocab_end)
+            out = self._run(obs["input_ids"], obs["attention_mask"], self._pixels(obs["pixel_values"]))
+            mu, _ = self._gaussian(out.hidden_states[-1][:, -1])
+            return gaussian_mean_loss(torch.tanh(mu), normalized)
+        return behaviour_cloning_loss(self.evaluate, obs, normalized_to_tokens(normalized, self.vocab_end))
 
     def value(self, obs: TensorDict) -> torch.Tensor:
         out = self._run(obs["input_ids"], obs["attention_mask"], self._pixels(obs["pixel_values"]))
