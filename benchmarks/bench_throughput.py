@@ -91,6 +91,8 @@ def measure_collect_only(config: Path, workers: int, seconds: float, raw_seconds
                "collect_only_raw_env_steps_per_sec": raw,
                "collect_only_over_raw": common.ratio(collected["env_steps_per_sec"], raw),
                "collect_only_rows_per_forward": collected["rows_per_forward"],
+               "collect_only_worker_cpu_ms_per_step": collected["worker_cpu_ms_per_step"],
+               "collect_only_inference_cpu_ms_per_step": collected["inference_cpu_ms_per_step"],
                "collect_only_envs_per_worker": cfg.envs_per_worker}
     return {f"{key}_w{workers}": round(value, 5) if isinstance(value, float) else value for key, value in figures.items()}
 

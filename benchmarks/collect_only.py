@@ -5,6 +5,8 @@ What the collection path alone costs (the trainers' CPU is left out): a local Ra
 ``envs_per_worker`` envs pushing to a ``ReplayBufferActor`` (a bounded FIFO: full, it drops its oldest
 items, so nothing stalls). After ``warmup_s`` the workers' env steps are counted over ``seconds``:
 ``pause`` returns each worker's count at a step boundary, so the window holds whole lock-step rounds.
+Beside the rate, the CPU milliseconds per env step of the workers' and the inference actor's processes
+over the same window (psutil): a figure the other jobs on a shared machine move far less than a rate.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import time
 from typing import Any
 
+import psutil
 import ray
 
 from benchmarks import common
@@ -20,6 +23,11 @@ from benchmarks import common
 def _workers_steps(workers: list[Any], method: str) -> int:
     """Pause (or wait for) every worker; the sum of their env-step counts."""
     return sum(ray.get([getattr(w, method).remote() for w in workers], timeout=120))
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds so far of the processes ``pids``."""
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
 
 def collect_only_steps_per_sec(cfg: Any, task_set: Any, workers: int, seconds: float, warmup_s: float) -> dict[str, float]:
@@ -48,19 +56,25 @@ def collect_only_steps_per_sec(cfg: Any, task_set: Any, workers: int, seconds: f
         actors = [RolloutWorkerActor.options(num_cpus=0).remote(i, peers, runtime.preprocessor_factory, cfg)
                   for i in range(workers)]
         runs = [w.run.remote() for w in actors]
+        worker_pids = ray.get([w.pid.remote() for w in actors], timeout=120)
+        inference_pid = ray.get(inference.pid.remote(), timeout=60)
         time.sleep(warmup_s)
         start = _workers_steps(actors, "pause")
         ray.get(inference.stats.remote(), timeout=60)  # resets its batching counters
+        cpu = _cpu_seconds(worker_pids), _cpu_seconds([inference_pid])
         ray.get([w.resume.remote() for w in actors], timeout=60)
         began = time.perf_counter()
         time.sleep(seconds)
         end = _workers_steps(actors, "pause")
         elapsed = time.perf_counter() - began
+        cpu = _cpu_seconds(worker_pids) - cpu[0], _cpu_seconds([inference_pid]) - cpu[1]
         batching = ray.get(inference.stats.remote(), timeout=60)
         ray.get([w.stop.remote() for w in actors], timeout=60)
         ray.get([w.resume.remote() for w in actors], timeout=60)
         ray.get(runs, timeout=120)
     finally:
         ray.shutdown()
+    steps = max(end - start, 1)
     return {"env_steps_per_sec": (end - start) / elapsed, "rows_per_forward": batching["batch_size"],
-            "forward_ms": batching["forward_ms"]}
+            "forward_ms": batching["forward_ms"], "worker_cpu_ms_per_step": 1000.0 * cpu[0] / steps,
+            "inference_cpu_ms_per_step": 1000.0 * cpu[1] / steps}
