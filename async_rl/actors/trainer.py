@@ -375,9 +375,16 @@ class TrainerActor:
         self.global_step = self.engine.global_steps
         return {**mean_metrics(rows), "lr_policy": self.scheduler.get_last_lr()[0], "global_step": self.global_step}
 
-    def export_policy(self, directory: str, meta: dict[str, Any]) -> str:
-        """Rank 0 writes the trained policy (LoRA merged) where an RL run's ``init_from`` reads it."""
-        return str(export_policy(self.engine.module, Path(directory), meta))
+    def export_policy(self, directory: str, meta: dict[str, Any], probe: TensorDict) -> list[list[float]]:
+        """Rank 0 writes the trained policy (LoRA merged) where an RL run's ``init_from`` reads it;
+        returns its deterministic env actions on ``probe`` observations (what the export must reproduce)."""
+        export_policy(self.engine.module, Path(directory), meta)
+        module = self.engine.module
+        with torch.inference_mode():
+            training = module.training
+            actions = module.eval().act(probe.to(self.device), True)["env_action"].float().cpu().tolist()
+            module.train(training)
+        return actions
 
     # ---- weights ------------------------------------------------------------------------
     def weight_signature(self) -> list[tuple[str, tuple[int, ...], str]]:

@@ -29,6 +29,11 @@ from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.initial_weights import with_initial_weights
 
 
+# The first frames of the demonstrations: the trained policy's deterministic actions on them go in the
+# summary, so that a loaded export can be checked to act as the trained policy did.
+PROBE_FRAMES = 8
+
+
 def check_demos(cfg: Any) -> Any:
     """The demonstrations of ``cfg.demos`` (driver-side, before Ray): a recording for this env that
     holds every camera the policy reads."""
@@ -118,13 +123,15 @@ def run_supervised(cfg: Any, task_set: Any, demos: Any, console: Console) -> dic
         meta = {"policy": cfg.policy, "policy_kwargs": cfg.policy_kwargs, "env": cfg.env, "env_kwargs": cfg.env_kwargs,
                 "made_by": "launch/sft.py", "demos": str(cfg.demos), "frames": int(frames.batch_size[0]),
                 "epochs": len(history), "final_loss": history[-1]["bc/loss"], "seed": cfg.seed}
-        ray.get(trainers["trainer-0"].export_policy.remote(str(export), meta), timeout=cfg.actor_timeout_s)
+        probe = frames["obs"][:PROBE_FRAMES]
+        probe_actions = ray.get(trainers["trainer-0"].export_policy.remote(str(export), meta, probe),
+                                timeout=cfg.actor_timeout_s)
     finally:
         logger.close()
         trainers.call("shutdown", timeout_s=cfg.actor_timeout_s)
     summary = {"export": str(export), "epochs": len(history), "frames": int(frames.batch_size[0]),
                "loss_first": history[0]["bc/loss"], "loss_last": history[-1]["bc/loss"],
-               "wall_seconds": time.monotonic() - started}
+               "wall_seconds": time.monotonic() - started, "probe_env_actions": probe_actions}
     Path(cfg.log_dir, "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(f"policy exported to {export} (an RL run starts from it with --init-from {export})")
     return summary

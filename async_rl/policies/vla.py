@@ -39,7 +39,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from async_rl.algo import categorical_entropy, tanh_gaussian_entropy, tanh_gaussian_log_prob
-from async_rl.algo.behaviour_cloning import behaviour_cloning_loss, gaussian_mean_loss
+from async_rl.algo.behaviour_cloning import behaviour_cloning_loss, gaussian_bc_loss
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
@@ -248,13 +248,15 @@ class VLAActorCritic(ActorCritic):
 
     def imitation_loss(self, obs: TensorDict, env_action: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """Behaviour cloning (``algo.behaviour_cloning``): the demonstrated env action normalised with
-        the checkpoint's statistics; the Gaussian head regresses its mean action onto it, the
-        action-token head maximises the likelihood of its bins."""
+        the checkpoint's statistics; the Gaussian head regresses its mean action onto it and fits its
+        spread to the rest, the action-token head maximises the likelihood of its bins."""
         normalized = self.normalizer.normalize(self.normalizer.from_env(env_action)).clamp(-1.0, 1.0)
         if self.head == "continuous":
             out = self._run(obs["input_ids"], obs["attention_mask"], self._pixels(obs["pixel_values"]))
-            mu, _ = self._gaussian(out.hidden_states[-1][:, -1])
-            return gaussian_mean_loss(torch.tanh(mu), normalized)
+            last = out.hidden_states[-1][:, -1]
+            mu, _ = self._gaussian(last)
+            _, log_std = self._gaussian(last.detach())  # the spread's fit leaves the shared layers to the mean
+            return gaussian_bc_loss(mu, log_std, normalized)
         return behaviour_cloning_loss(self.evaluate, obs, normalized_to_tokens(normalized, self.vocab_end))
 
     def value(self, obs: TensorDict) -> torch.Tensor:
