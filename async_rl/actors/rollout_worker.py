@@ -3,6 +3,7 @@
 Loop: preprocess obs -> await the inference actor -> step the env -> hand the step record to the
 advantage estimator's segmenter, which returns replay items to push: GAE pieces with advantages
 and value targets computed here, or fixed-length segments that the trainer corrects (V-trace).
+With GAE the round's K records stay one batch and are cut as columns (actors/columnar_gae.py).
 """
 from __future__ import annotations
 
