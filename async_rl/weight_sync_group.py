@@ -29,16 +29,7 @@ import torch
 import torch.distributed as dist
 
 from async_rl.errors import ActorTimeoutError, ConfigError
-# connect_store, find_free_port and interface_of are not used here: the trainer still imports them from this module.
-from async_rl.rendezvous import (  # noqa: F401
-    POLL_S,
-    connect_store,
-    find_free_port,
-    host_store,
-    interface_of,
-    is_loopback,
-    timedelta_s,
-)
+from async_rl.rendezvous import POLL_S, connect_store, host_store, is_loopback, timedelta_s
 from async_rl.weight_signature import check_signature, normalise_signature, tensor_signature
 from async_rl.weight_transport import ProcessGroupNCCL, choose_transport, device_report, member_device
 

@@ -30,15 +30,9 @@ from async_rl.policies.initial_weights import export_policy
 from async_rl.policies.lora import apply_lora
 from async_rl.policies.reference import ReferencePolicy, frozen_copy
 from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
-from async_rl.weight_sync_group import (
-    WeightSyncGroup,
-    connect_store,
-    find_free_port,
-    host_store,
-    interface_of,
-    is_loopback,
-    tensor_signature,
-)
+from async_rl.rendezvous import connect_store, find_free_port, host_store, interface_of, is_loopback
+from async_rl.weight_signature import tensor_signature
+from async_rl.weight_sync_group import WeightSyncGroup
 
 
 def warmup_cosine(warmup: int, decay_steps: int, min_ratio: float) -> Callable[[int], float]:

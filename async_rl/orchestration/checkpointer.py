@@ -64,6 +64,3 @@ class Checkpointer:
     def latest(self) -> Optional[Path]:
         """The newest complete checkpoint of this run's log dir (this run's or a resumed one's)."""
         return ckpt.latest_checkpoint(self.cfg.log_dir)
-
-    def discard_unfinished(self) -> None:
-        ckpt.discard_staging(self.root)

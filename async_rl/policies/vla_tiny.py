@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from async_rl.errors import ConfigError
+from async_rl.user_cache import user_cache_dir
 from async_rl.policies.vla_heads import NUM_BINS
 from async_rl.policies.vla_loading import NORM_STATS_FILE, OPENVLA_PROMPT
 
@@ -36,7 +36,7 @@ TINY_VLA_FORMAT = 3  # bump when build_tiny_vla changes what it writes (part of 
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "async_rl" / "tiny_vla"
+    return user_cache_dir("tiny_vla")
 
 
 _TINY_CORPUS = [
