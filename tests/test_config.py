@@ -180,7 +180,7 @@ _VLA_KWARGS = {"cameras": ["agentview"], "max_prompt_tokens": 64, "unnorm_key": 
                "trust_remote_code": True, "dtype": "bfloat16", "value_hidden": 1024}
 OLD_LIBERO_GPU = dict(
     env="libero", env_kwargs={"suite": "libero_spatial", "tasks": "all", "image_size": 224, "cameras": ["agentview"]},
-    policy="vla", policy_kwargs={**_VLA_KWARGS, "init_log_std": -1.0}, model_path=None, lora_rank=32, lora_alpha=16,
+    policy="vla", policy_kwargs={**_VLA_KWARGS, "init_log_std": -1.0}, model_path=None, init_from=None, lora_rank=32, lora_alpha=16,
     lora_dropout=0.0, lora_target_modules=r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
     lora_trainable=["action_head", "value_head"], advantage="gae", device="cuda", precision="bf16", num_trainers=4,
     num_inference_actors=1, num_rollout_workers=40, envs_per_worker=1, rollout_local_buf=64, inference_batch=8,

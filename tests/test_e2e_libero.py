@@ -1,6 +1,7 @@
 """Real runs of both LIBERO launches with the tiny VLA: local Ray, one DeepSpeed ZeRO-2 trainer
 with LoRA, one inference actor, a rollout worker on a real LIBERO task (and the discrete
 launch's evaluation worker); a couple of epochs, then versions, weights, experience and logs."""
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import envs
 from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.policies import build_policy
+from async_rl.policies.initial_weights import with_initial_weights
 from conftest import wait_for_replay
 
 pytest.importorskip("libero", reason="LIBERO is not installed (make setup installs it)")
@@ -79,14 +81,16 @@ def test_real_run(tmp_path, launch_config):
     assert list((log_dir / "swanlab").rglob("*")), "SwanLab offline run files"
     assert not ray.is_initialized()
 
-    # The final checkpoint's LoRA adapter loads with plain peft onto a fresh policy; merged, with
-    # the fully trained heads from model.safetensors, it is the trainer's policy.
+    # The final checkpoint's LoRA adapter loads with plain peft onto a fresh policy (started from the
+    # run's init_from export, if any: a checkpoint holds only what trained); merged, with the fully
+    # trained heads from model.safetensors, it is the trainer's policy.
     from peft import PeftModel
     from safetensors.torch import load_file
 
     saved = Path(summary["checkpoint"])
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
-    fresh = build_policy(cfg.policy, task_set.obs_spec, task_set.action_dim, **cfg.policy_kwargs)
+    fresh = with_initial_weights(functools.partial(build_policy, cfg.policy, task_set.obs_spec, task_set.action_dim,
+                                                   **cfg.policy_kwargs), cfg.init_from)()
     fresh_params = dict(fresh.named_parameters())
     heads = {k: v for k, v in load_file(str(saved / "model.safetensors")).items() if k in fresh_params}
     assert any(k.startswith("value_head.") for k in heads), "the heads are trained in full and saved"
