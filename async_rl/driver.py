@@ -52,7 +52,7 @@ def prepare(cfg: RunConfig) -> Any:
     cfg.policy_kwargs = prepare_policy(cfg.policy, obs_spec_of(task_set), task_set.action_dim, cfg.model_path,
                                        cfg.policy_kwargs)
     if cfg.init_from is not None:
-        cfg.init_from = check_init_from(cfg.init_from, cfg.policy, cfg.env)
+        cfg.init_from = check_init_from(cfg.init_from, cfg.policy, cfg.env, cfg.policy_kwargs.get("model_path"))
     if getattr(task_set, "tokenizer_path", False) is None:  # a text env decodes responses with the policy's tokenizer
         task_set.tokenizer_path = cfg.policy_kwargs.get("model_path")
     return task_set

@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
         cfg = load_config(rest, str(config), __doc__)
         task_set = prepare(cfg)
         init_from = own.init_from or cfg.init_from
-        init_from = init_from and check_init_from(init_from, cfg.policy, cfg.env)
+        init_from = init_from and check_init_from(init_from, cfg.policy, cfg.env, cfg.policy_kwargs.get("model_path"))
         policy, preprocess = load_policy(cfg, task_set, init_from, own.checkpoint)
     except (ConfigError, ValueError) as exc:  # ValueError: weights that do not fit the configured policy
         print(f"error: {exc}", file=sys.stderr)

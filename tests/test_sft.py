@@ -106,6 +106,8 @@ def test_init_from_of_another_policy_or_env_is_one_line_before_ray(sft_run, tmp_
         "another policy": [str(launch / "ds_libero_ppo_discrete.py"), "--init-from", summary["export"]],
         "not an export": [str(launch / "ds_libero_ppo.py"), "--init-from", str(tmp_path)],
         "another env": [str(launch / "ds_metaworld_ppo_mlp.py"), "--init-from", summary["export"]],
+        "another base model": [str(launch / "ds_libero_ppo.py"), "--init-from", summary["export"], "--policy-kwargs",
+                               "{cameras: [agentview], max_prompt_tokens: 96, tiny_vla: {patch_size: 8}}"],
     }
     for what, argv in bad.items():
         proc = subprocess.run([sys.executable, *argv, "--log-dir", str(tmp_path / "x")], capture_output=True, text=True,

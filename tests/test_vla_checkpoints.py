@@ -151,7 +151,7 @@ def test_native_checkpoint_trains_through_model_path(tmp_path, family, policy):
     from test_e2e_libero import _inspect  # noqa: PLC0415
 
     path = build_tiny_vla(tmp_path / family, family=family)
-    cfg = load_config(["--model-path", str(path), "--lora-target-modules", LM_LORA, "--log-dir", str(tmp_path / "run"),
+    cfg = load_config(["--model-path", str(path), "--init-from", "null", "--lora-target-modules", LM_LORA, "--log-dir", str(tmp_path / "run"),
                        "--max-epochs", "2", "--max-minutes", "null", "--swanlab-mode", "disabled",
                        "--num-rollout-workers", "1", "--num-eval-workers", "0",
                        "--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], "

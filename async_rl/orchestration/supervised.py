@@ -26,7 +26,7 @@ from async_rl.orchestration.actor_group import ActorGroup, get_named
 from async_rl.orchestration.placement import rendezvous
 from async_rl.orchestration.runtime import obs_spec_of
 from async_rl.policies import build_policy, build_preprocessor
-from async_rl.policies.initial_weights import with_initial_weights
+from async_rl.policies.initial_weights import model_identity, with_initial_weights
 
 
 # The first frames of the demonstrations: the trained policy's deterministic actions on them go in the
@@ -121,6 +121,7 @@ def run_supervised(cfg: Any, task_set: Any, demos: Any, console: Console) -> dic
                 break
         export = Path(cfg.sft_export or Path(cfg.log_dir) / "policy")
         meta = {"policy": cfg.policy, "policy_kwargs": cfg.policy_kwargs, "env": cfg.env, "env_kwargs": cfg.env_kwargs,
+                "model": model_identity(cfg.policy_kwargs.get("model_path")),
                 "made_by": "launch/sft.py", "demos": str(cfg.demos), "frames": int(frames.batch_size[0]),
                 "epochs": len(history), "final_loss": history[-1]["bc/loss"], "seed": cfg.seed}
         probe = frames["obs"][:PROBE_FRAMES]

@@ -77,11 +77,23 @@ def resolve_export(path: str) -> Path:
     return shipped if not given.exists() and not given.is_absolute() and shipped.exists() else given
 
 
-def check_init_from(path: str, policy: str, env: str) -> str:
-    """Driver-side check of an RL run's ``init_from``: an export of the same policy for the same env;
-    returns its absolute path (what the actors load)."""
+def model_identity(model_path: str | None) -> Any:
+    """What names a policy's base model across machines: a tiny VLA's spec (its cache folder is
+    machine-local), else the model folder's name; None for a policy that loads no model."""
+    if not model_path:
+        return None
+    spec = Path(model_path) / "tiny_vla_spec.json"
+    return json.loads(spec.read_text()) if spec.is_file() else Path(model_path).name
+
+
+def check_init_from(path: str, policy: str, env: str, model_path: str | None = None) -> str:
+    """Driver-side check of an RL run's ``init_from``: an export of the same policy for the same env,
+    trained from the same base model; returns its absolute path (what the actors load)."""
     path = str(resolve_export(path))
     meta = read_export_meta(path)
+    if "model" in meta and meta["model"] != model_identity(model_path):
+        raise ConfigError(f"init_from {path} was trained from another base model than this run's {model_path}; pass "
+                          f"--init-from null (or an export made from that model)")
     if meta.get("policy") != policy:
         raise ConfigError(f"init_from {path} holds a '{meta.get('policy')}' policy, this run trains '{policy}'; "
                           f"pass --policy {meta.get('policy')} or another export")
