@@ -3,7 +3,7 @@
     python benchmarks/bench_learning.py [--quick] [--tasks reach-v3] [--methods clip,soft_clip,sapo,vtrace,sb3]
         [--budget-minutes 9.5 | --minutes-per-run M] [--seed 0 | --seeds 0,1,2] [--out learning.json] [--plot learning.png]
 
-Issue 15's comparison (time to 0.9 success on reach-v3, 3 seeds each, on an idle machine; about an hour):
+The learning-speed comparison (time to 0.9 success on reach-v3, 3 seeds each, on an idle machine; about an hour):
 ``--methods clip,sb3 --seeds 0,1,2 --minutes-per-run 10`` (``speedup_vs_sb3`` is then SB3's mean seconds to
 0.9 over the seeds / ours; the goal is >= 2).
 
@@ -92,7 +92,7 @@ from benchmarks import common  # noqa: E402
 
 TASKS = ("reach-v3", "push-v3")
 OVERHEAD_S = {"system": 25.0, "sb3": 10.0}  # per run, beyond its --max-minutes (see the module docstring)
-GROUP_SIZE = 8  # members per group for the critic-free estimators (issue 16)
+GROUP_SIZE = 8  # members per group for the critic-free estimators
 SYSTEM_METHODS = {  # method -> (launch config, clip mode, extra flags)
     "clip": ("metaworld_mt1_ppo.yaml", "clip", []),
     "soft_clip": ("metaworld_mt1_ppo.yaml", "soft_clip", []),
@@ -188,7 +188,7 @@ def run_system(task: str, method: str, minutes: float, seed: int, log_root: Path
                              "total_steps": totals[-1].value if totals else 0}
     if "sync/policy_version" in tags:  # logged right after the first epoch's weight broadcast
         curve["first_update_seconds"] = events.Scalars("sync/policy_version")[0].wall_time - t0
-    # Group runs (issue 16): how many groups reached the trainers, how many were given up.
+    # Group runs: how many groups reached the trainers, how many were given up.
     curve["groups"] = {name: events.Scalars(f"replay/{name}")[-1].value for name in GROUP_COUNTERS
                        if f"replay/{name}" in tags}
     for e in success:

@@ -16,21 +16,17 @@ from async_rl.driver import prepare
 from async_rl.errors import ConfigError
 from async_rl.policies.initial_weights import check_init_from
 from async_rl.orchestration.policy_evaluation import load_policy, success_rates
+from envs.libero import parse_init_states
 
 
-def parse_init_states(text: str) -> list[int]:
-    """"40-49" or "0,3,7" -> indices."""
-    try:
-        if "-" in text:
-            first, last = (int(x) for x in text.split("-", 1))
-            states = list(range(first, last + 1))
-        else:
-            states = [int(x) for x in text.split(",")]
-    except ValueError:
-        states = []
-    if not states or min(states) < 0:
-        raise ConfigError(f"--init-states {text!r}: give a range like 40-49 or a list like 0,3,7 of indices >= 0")
-    return states
+def parse_init_states_flag(text: str) -> list[int]:
+    """--init-states "40-49" or "0,3,7": the env's own ``init_states`` parser (one-line ConfigErrors)."""
+    if "," in text:
+        try:
+            return parse_init_states([int(x) for x in text.split(",")])
+        except ValueError:
+            raise ConfigError(f"--init-states {text!r}: give a range like 40-49 or a list like 0,3,7") from None
+    return parse_init_states(text) or list(range(50))  # "all": LIBERO's 50 fixed initial states per task
 
 
 def main(argv=None) -> dict:
@@ -45,7 +41,7 @@ def main(argv=None) -> dict:
     try:
         if own.init_from and own.checkpoint:
             raise ConfigError("pass --init-from or --checkpoint, not both")
-        states = parse_init_states(own.init_states)
+        states = parse_init_states_flag(own.init_states)
         cfg = load_config(rest, str(config), __doc__)
         task_set = prepare(cfg)
         init_from = own.init_from or cfg.init_from

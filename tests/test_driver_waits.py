@@ -47,7 +47,7 @@ def test_a_dead_peer_is_named_rather_than_the_rank_that_reported_it(peers):
 
 
 def test_a_peer_that_raised_its_own_error_is_named_rather_than_the_rank_it_cut_off(peers):
-    """Issue 27 item 11: trainer-1 reported "Connection closed by peer" while trainer-0, alive, had
+    """trainer-1 reported "Connection closed by peer" while trainer-0, alive, had
     closed the connection because its own collective failed a moment later in the report."""
     cut_off, origin = peers
     refs = {"trainer-0": origin.fail_with.remote(1.0, "gloo enforce failed: op.preamble.length <= op.nbytes"),

@@ -1,4 +1,4 @@
-"""``precision: fp16`` (issue 13 item 4): DeepSpeed's fp16 with dynamic loss scaling on CUDA.
+"""``precision: fp16`` DeepSpeed's fp16 with dynamic loss scaling on CUDA.
 
 DeepSpeed's CPU accelerator has no fp16 here, so on CPU the config refuses it in one line;
 the training run is in tests/gpu/test_gpu_fp16.py, every policy's fp16 forward/backward in

@@ -136,7 +136,7 @@ def test_a_libero_vla_run_resumes_from_its_own_checkpoint(tmp_path):
     first = run(cfg("a", "--max-epochs", "1"))
     saved = Path(first["checkpoint"])
     meta = ckpt.read_meta(saved)
-    assert meta["config"]["policy_kwargs"]["model_path"]  # resolved by the VLA's prepare hook: the cause of issue 14.2
+    assert meta["config"]["policy_kwargs"]["model_path"]  # resolved by the VLA's prepare hook (a resume must not rebuild it)
     saved_replay = ckpt.load_tensordict(saved / "replay.safetensors")
     n = saved_replay.batch_size[0]
 

@@ -72,11 +72,10 @@ def test_sft_loss_falls_and_logs_to_tensorboard(sft_run):
 def test_the_export_loads_through_the_rl_launch_and_acts_as_trained(sft_run):
     from async_rl.config import load_config
     from async_rl.driver import prepare
-    from async_rl.orchestration.runtime import Runtime
-    from async_rl.orchestration.supervised import PROBE_FRAMES, demonstration_frames
     from async_rl.demos import load_demos
+    from async_rl.orchestration.runtime import Runtime, obs_spec_of
+    from async_rl.orchestration.supervised import PROBE_FRAMES, demonstration_frames
     from async_rl.policies import build_preprocessor
-    from async_rl.orchestration.runtime import obs_spec_of
 
     root, summary = sft_run
     export = summary["export"]

@@ -1,5 +1,5 @@
 """A skipped minibatch never reaches the optimiser, and one rank's bad minibatch skips only itself
-(issue 14 item 6): two real trainer ranks (DeepSpeed ZeRO-2 over gloo, AdamW with weight decay),
+two real trainer ranks (DeepSpeed ZeRO-2 over gloo, AdamW with weight decay),
 driven with hand-made super-batches."""
 import functools
 

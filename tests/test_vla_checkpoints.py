@@ -1,4 +1,4 @@
-"""Real VLA checkpoint families through ``--model-path`` (issue 13 item 6).
+"""Real VLA checkpoint families through ``--model-path``.
 
 Tiny randomly initialised checkpoints written with ``save_pretrained`` (``vla_tiny``): Llava,
 Idefics3 (SmolVLM's class, transformers-native) and OpenVLA's Prismatic layout (remote code).
