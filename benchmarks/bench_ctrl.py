@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ctrl.py --quick --out runs/bench/ctrl.json                      # 3 seeds x 30 min
     python benchmarks/bench_ctrl.py --quick --seeds 0 --train-minutes 15 --out runs/bench/ctrl_s0.json
+    python benchmarks/bench_ctrl.py --quick --sft-epochs 2 --out runs/bench/ctrl_sft.json  # SFT stage, then GRPO
 
 On the balanced held-out set of configs/ctrl_humaneval.yaml (``heldout_cases`` correct and incorrect initial
 solutions of held-out problems, the same set for every measure):
@@ -13,6 +14,11 @@ solutions of held-out problems, the same set for every measure):
    critiques the same cases with the trained weights: ``trained_critic_pass``, ``judgment_accuracy`` (its
    judgment line against the label; a missing line counts as wrong) and ``regression_rate`` (correct initial
    solutions whose revision fails);
+With ``--sft-epochs N`` each seed first trains the critic on reference critiques of the training cases
+(``async_rl.ctrl.critique_sft``, ``configs/ctrl_sft.yaml``, N passes), measures that supervised critic alone
+(``sft_critic_pass``, ``sft_judgment_accuracy``, ``sft_format_rate``, ``sft_regression_rate``) and trains GRPO
+from its export with the format rule on (``configs/ctrl_from_sft.yaml``), as the CTRL paper does.
+
 3. the overlap of the asynchronous loop, from the ReviserActor's record of each run: seconds it revised the
    workers' batches (``revising_s``, ``revise_calls``, ``revision_batch_mean``) and the share of that time in
    which another worker's critiques were being generated (``generating_while_revising_share``).
@@ -33,21 +39,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import ROOT, machine, parser, report  # noqa: E402
 
 CONFIG = ROOT / "configs" / "ctrl_humaneval.yaml"
+SFT_CONFIG, FROM_SFT_CONFIG = ROOT / "configs" / "ctrl_sft.yaml", ROOT / "configs" / "ctrl_from_sft.yaml"
 KEYS = ("initial_pass", "revise_alone_pass", "untrained_critic_pass", "trained_critic_pass", "judgment_accuracy",
         "regression_rate")
+SFT_KEYS = ("sft_critic_pass", "sft_judgment_accuracy", "sft_format_rate")
 
 
-def config(argv: list[str]) -> Any:
+def config(argv: list[str], path: Path = CONFIG) -> Any:
     from async_rl.config import load_config  # noqa: PLC0415
 
-    return load_config(["--swanlab-mode", "disabled", *argv], str(CONFIG))
+    return load_config(["--swanlab-mode", "disabled", *argv], str(path))
 
 
-def load(argv: list[str]) -> tuple[Any, Any]:
+def load(argv: list[str], path: Path = CONFIG) -> tuple[Any, Any]:
     """The config and its task set (the cases built or read from the disk cache)."""
     from async_rl.driver import prepare  # noqa: PLC0415
 
-    cfg = config(argv)
+    cfg = config(argv, path)
     return cfg, prepare(cfg)
 
 
@@ -103,8 +111,40 @@ def overlap(stats: dict[str, Any]) -> dict[str, float]:
             "generating_while_revising_share": covered / total if total else float("nan")}
 
 
-def trained_run(seed: int, minutes: float, argv: list[str], log_dir: Path) -> dict[str, Any]:
-    """Stage 2 and 3 for one seed: a run of ``minutes``, its final evaluation and its timeline overlap."""
+def supervised_stage(seed: int, epochs: int, argv: list[str], log_dir: Path) -> tuple[str, dict[str, float]]:
+    """The critic's supervised stage for one seed: reference critiques of the training cases, ``launch/sft.py``
+    for ``epochs`` passes, and the exported critic's own figures on the held-out set (no RL yet)."""
+    import json as json_  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from async_rl.ctrl.critique_sft import critique_demonstrations  # noqa: PLC0415
+    from async_rl.ctrl.evaluate import evaluate  # noqa: PLC0415
+    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
+    from envs.ctrl_humaneval import heldout_set  # noqa: PLC0415
+    from launch.sft import main as sft_main  # noqa: PLC0415
+
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir(parents=True)
+    cfg, task_set = load(argv, SFT_CONFIG)
+    demos = log_dir / "critiques.jsonl"
+    demos.write_text("".join(json_.dumps(p) + "\n" for p in critique_demonstrations(task_set.train, seed)))
+    export = log_dir / "policy"
+    sft_main(["--config", str(SFT_CONFIG), "--swanlab-mode", "disabled", "--seed", str(seed), "--demos", str(demos),
+              "--sft-epochs", str(epochs), "--log-dir", str(log_dir), "--sft-export", str(export), *argv])
+    torch.set_num_threads(cfg.torch_threads)
+    critic = load_writer(None, None, None, batch_size=task_set.reviser_batch, init_from=str(export))
+    reviser = load_writer(None, task_set.reviser_path(), task_set.reviser_max_new_tokens,
+                          task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
+    figures = evaluate(heldout_set(task_set), critic.write, reviser.write, task_set.timeout_s, alone=False)
+    return str(export), {"sft_critic_pass": figures["critic_pass"], "sft_judgment_accuracy": figures["judgment_accuracy"],
+                         "sft_regression_rate": figures["regression_rate"], "sft_format_rate": figures["critic_format_rate"]}
+
+
+def trained_run(seed: int, minutes: float, argv: list[str], log_dir: Path, init_from: Optional[str] = None) -> dict[str, Any]:
+    """Stage 2 and 3 for one seed: a run of ``minutes`` (from the supervised export ``init_from``, with
+    ``configs/ctrl_from_sft.yaml``), its final evaluation and its timeline overlap."""
     import shutil  # noqa: PLC0415
 
     import ray  # noqa: PLC0415
@@ -112,7 +152,9 @@ def trained_run(seed: int, minutes: float, argv: list[str], log_dir: Path) -> di
     from async_rl.driver import run  # noqa: PLC0415
 
     shutil.rmtree(log_dir, ignore_errors=True)
-    cfg, task_set = load(["--seed", str(seed), "--max-minutes", str(minutes), "--log-dir", str(log_dir), *argv])
+    start = ["--init-from", init_from] if init_from else []
+    cfg, task_set = load(["--seed", str(seed), "--max-minutes", str(minutes), "--log-dir", str(log_dir), *start, *argv],
+                         FROM_SFT_CONFIG if init_from else CONFIG)
 
     def inspect(runtime: Any) -> dict[str, Any]:
         return overlap(ray.get(ray.get_actor(runtime.task_set.reviser_name).stats.remote(), timeout=120))
@@ -142,10 +184,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--train-minutes", type=float, default=30.0, help="training minutes per seed")
     ap.add_argument("--cases", type=int, default=None, help="held-out cases (balanced; default: the config's)")
     ap.add_argument("--log-root", default=str(ROOT / "runs" / "bench" / "ctrl"))
+    ap.add_argument("--sft-epochs", type=int, default=0, help="a supervised stage of this many passes before GRPO (0: none)")
     args = ap.parse_args(argv)
     run_argv = [] if args.cases is None else ["--env-kwargs", json.dumps({**config([]).env_kwargs, "heldout_cases": args.cases})]
+    # The RL stage after SFT keeps its own env options (the format rule on); only the held-out size follows --cases.
+    rl_argv = run_argv if not args.sft_epochs or args.cases is None else \
+        ["--env-kwargs", json.dumps({**config([], FROM_SFT_CONFIG).env_kwargs, "heldout_cases": args.cases})]
     started = time.monotonic()
-    figures: dict[str, Any] = {"train_minutes": args.train_minutes, "load_avg_1min_start": machine()["load_avg_1min"]}
+    figures: dict[str, Any] = {"train_minutes": args.train_minutes, "sft_epochs": args.sft_epochs,
+                               "load_avg_1min_start": machine()["load_avg_1min"]}
     base = untrained_figures(run_argv)
     figures.update(base)
     figures["untrained_seconds"] = time.monotonic() - started
@@ -153,8 +200,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     partial(figures, args.out)
     per_seed: dict[str, list[float]] = {}
     for seed in args.seeds:
-        seed_figures = {**{k: base[k] for k in KEYS if k in base},
-                        **trained_run(seed, args.train_minutes, run_argv, Path(args.log_root) / f"seed-{seed}")}
+        export, seed_figures = None, {k: base[k] for k in KEYS if k in base}
+        if args.sft_epochs:
+            export, sft = supervised_stage(seed, args.sft_epochs, run_argv, Path(args.log_root) / f"sft-seed-{seed}")
+            seed_figures.update(sft)
+            print(f"seed {seed} after SFT: " + ", ".join(f"{k} {v:.3f}" for k, v in sft.items()), flush=True)
+        seed_figures.update(trained_run(seed, args.train_minutes, rl_argv, Path(args.log_root) / f"seed-{seed}", export))
         for key, value in seed_figures.items():
             figures[f"{key}_seed{seed}"] = value
             if isinstance(value, (int, float)) and value is not None:
@@ -166,7 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     figures.update({k: v for k, v in machine().items() if k != "load_avg_1min"})
     figures["load_avg_1min_end"] = machine()["load_avg_1min"]
     figures["seconds"] = time.monotonic() - started
-    report(figures, args, headline=[*KEYS, "untrained_judgment_accuracy", "generating_while_revising_share",
+    report(figures, args, headline=[*KEYS, "untrained_judgment_accuracy", *(SFT_KEYS if args.sft_epochs else ()), "generating_while_revising_share",
                                     "cache_hit_rate", "epochs"])
     return 0
 

@@ -2,15 +2,16 @@
 
     python launch/eval_ctrl.py --checkpoint runs/ctrl_humaneval --problems cases.jsonl --out eval.json
     python launch/eval_ctrl.py --model-path /models/critic --problems cases.jsonl --out eval.json
+    python launch/eval_ctrl.py --init-from runs/ctrl_sft/policy --problems cases.jsonl --out eval.json
 
 Each line of --problems is ``{"prompt": problem, "solution": initial code, "tests": [...], "correct": bool}``
 (optionally ``"prefix"``: code run before the solution). ``--write-heldout FILE`` writes the held-out cases of
 configs/ctrl_humaneval.yaml in that format (balanced, as the training run's final evaluation uses them).
-The critic is the checkpoint's trained weights, or the model at --model-path (neither: the default model,
+The critic is the checkpoint's trained weights, a supervised export (--init-from), or the model at --model-path (neither: the default model,
 SmolLM2-135M-Instruct); it critiques greedily. The reviser is the critic's base model (--reviser-model-path
 for another), greedy. --out gets ``initial_pass``, ``revise_alone_pass``, ``critic_pass`` (revisions with
 the critic's critique passing all tests), ``judgment_accuracy``, ``regression_rate``, ``critic_format_rate``
-and, for a checkpoint, ``untrained_critic_pass`` (its base model as the critic), with per-case rows. Runs in
+and, for a checkpoint or export, ``untrained_critic_pass`` (its base model as the critic), with per-case rows. Runs in
 this process, no Ray. Bad input is one line on stderr and exit code 2, before a model loads.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", help="a run directory or one checkpoint of a CTRL run (the trained critic)")
     source.add_argument("--model-path", help="a Hugging Face folder or .gguf file as the critic")
+    source.add_argument("--init-from", help="a supervised export of the critic (launch/sft.py's, LoRA merged)")
     ap.add_argument("--problems", help="JSONL file of cases")
     ap.add_argument("--out", help="write the figures here (JSON)")
     ap.add_argument("--write-heldout", metavar="FILE", help="write configs/ctrl_humaneval.yaml's held-out cases and exit")
@@ -68,18 +70,19 @@ def evaluate_critic(args: argparse.Namespace, cases: list[dict[str, Any]]) -> di
     from async_rl.ctrl.reward import ResultCache  # noqa: PLC0415
     from async_rl.sandbox import SandboxPool  # noqa: PLC0415
 
-    tokens = args.critique_tokens if args.critique_tokens or args.checkpoint else 96
-    critic = load_writer(args.checkpoint, args.model_path, tokens, batch_size=args.batch)
+    trained = args.checkpoint or args.init_from
+    tokens = args.critique_tokens if args.critique_tokens or trained else 96
+    critic = load_writer(args.checkpoint, args.model_path, tokens, batch_size=args.batch, init_from=args.init_from)
     base = critic.preprocess.model_path  # the critic's base model (a checkpoint's adapters are not part of it)
     reviser = load_writer(None, args.reviser_model_path or base, args.revision_tokens, batch_size=args.batch)
     started = time.monotonic()
     figures = evaluate(cases, critic.write, reviser.write, args.timeout_s)
-    if args.checkpoint:
+    if trained:
         untrained = load_writer(None, base, critic.policy.max_new_tokens, batch_size=args.batch)
         with SandboxPool() as pool:
             figures["untrained_critic_pass"] = with_critic(cases, untrained.write, reviser.write, pool, ResultCache(),
                                                            args.timeout_s)["critic_pass"]
-    figures.update({"critic": args.checkpoint or args.model_path or "default model", "reviser": args.reviser_model_path
+    figures.update({"critic": trained or args.model_path or "default model", "reviser": args.reviser_model_path
                     or base, "seconds": time.monotonic() - started, "prompts_too_long": critic.too_long + reviser.too_long})
     return figures
 
@@ -102,6 +105,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             from async_rl.policies.lm_checkpoint import run_config  # noqa: PLC0415
 
             run_config(ckpt.resolve_checkpoint(args.checkpoint))  # a bad checkpoint is one line, before any model loads
+        if args.init_from:
+            from async_rl.policies.initial_weights import read_export_meta, resolve_export  # noqa: PLC0415
+
+            read_export_meta(resolve_export(args.init_from))
         for path in (args.model_path, args.reviser_model_path):
             if path is not None:
                 from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415

@@ -6,6 +6,13 @@ trainer ranks (DeepSpeed ZeRO-2, LoRA, bf16 as configured); it exports the polic
     python launch/sft.py --demos demos/libero_spatial_t01 --sft-export runs/libero_sft/policy
     python launch/ds_libero_ppo.py --init-from runs/libero_sft/policy
 
+A language-model policy learns from text demonstrations (a JSONL file of {"prompt", "response"}), e.g.
+the CTRL critic's format stage:
+
+    python -m async_rl.ctrl.critique_sft --out demos/ctrl_critiques.jsonl
+    python launch/sft.py --config configs/ctrl_sft.yaml
+    python launch/ds_ctrl_grpo.py --init-from runs/ctrl_sft/policy --env-kwargs '{..., format_check: true}'
+
 The config is an RL config (env, policy, LoRA, precision, train_batch_size, lr_policy) plus the
 supervised keys (--demos, --sft-epochs, --sft-export); the default is configs/libero_sft.yaml.
 """
@@ -17,7 +24,7 @@ import ray
 from async_rl.config import load_config
 from async_rl.driver import console, init_ray, prepare
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
-from async_rl.orchestration.supervised import check_demos, run_supervised
+from async_rl.orchestration.supervised import check_demos, run_supervised, supervised_frames
 
 
 def main(argv=None) -> dict:
@@ -25,13 +32,13 @@ def main(argv=None) -> dict:
     try:
         cfg = load_config(argv, str(config), __doc__)
         task_set = prepare(cfg)
-        demos = check_demos(cfg)
+        frames = supervised_frames(cfg, task_set, check_demos(cfg))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     init_ray(cfg)
     try:
-        return run_supervised(cfg, task_set, demos, console)
+        return run_supervised(cfg, task_set, frames, console)
     except (ActorFailedError, ActorTimeoutError) as exc:
         console.print(f"supervised fine-tuning stopped: {exc}", style="red", markup=False, soft_wrap=True)
         raise SystemExit(1) from None

@@ -28,6 +28,19 @@ def behaviour_cloning_loss(evaluate: Callable[[TensorDict, Tensor], tuple[Tensor
     return nll, {"bc/loss": float(nll.detach()), "bc/entropy": float(entropy.detach().float().mean())}
 
 
+def token_cloning_loss(evaluate: Callable[[TensorDict, Tensor], tuple[Tensor, Tensor, Any]], obs: TensorDict,
+                       action: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """Supervised fine-tuning of a language model: the mean negative log-likelihood of the demonstrated
+    response tokens (``mask`` marks them), every token of the minibatch weighted alike, as usual for SFT
+    (a per-sample sum would weight long responses more)."""
+    logp, entropy, _ = evaluate(obs, action)
+    mask = mask.to(logp.dtype)
+    tokens = mask.sum().clamp_min(1.0)
+    nll = -(logp * mask).sum() / tokens
+    return nll, {"bc/loss": float(nll.detach()), "bc/entropy": float((entropy.detach() * mask).sum() / tokens),
+                 "bc/tokens": float(tokens)}
+
+
 def gaussian_bc_loss(mu: Tensor, log_std: Tensor, action: Tensor, tanh_limit: float = 0.97) -> tuple[Tensor, dict[str, float]]:
     """Behaviour cloning of a tanh-Gaussian head: the squared error of its mean action ``tanh(mu)``
     against the demonstrated ``action`` (in [-1, 1]), plus the likelihood of the action under the

@@ -60,15 +60,16 @@ class GreedyWriter:
 
 
 def load_writer(checkpoint: Optional[str] = None, model_path: Optional[str] = None, max_new_tokens: Optional[int] = None,
-                max_prompt_tokens: int = 1536, batch_size: int = 8) -> GreedyWriter:
-    """A GreedyWriter over a run's checkpoint or a model (None: the default model); ``max_new_tokens`` None
-    keeps the checkpoint's own."""
+                max_prompt_tokens: int = 1536, batch_size: int = 8, init_from: Optional[str] = None) -> GreedyWriter:
+    """A GreedyWriter over a run's checkpoint, a supervised export (``init_from``) or a model (None: the
+    default model); ``max_new_tokens`` None keeps the checkpoint's or export's own."""
     from async_rl.policies.lm_checkpoint import load_lm_policy  # noqa: PLC0415
 
     overrides: dict[str, Any] = {"max_prompt_tokens": max_prompt_tokens}
     if max_new_tokens is not None:
         overrides["max_new_tokens"] = max_new_tokens
-    policy, preprocess, _ = load_lm_policy(checkpoint=checkpoint, model_path=model_path, overrides=overrides)
+    policy, preprocess, _ = load_lm_policy(checkpoint=checkpoint, model_path=model_path, overrides=overrides,
+                                           init_from=init_from)
     return GreedyWriter(policy, preprocess, batch_size)
 
 

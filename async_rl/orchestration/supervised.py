@@ -20,7 +20,7 @@ from rich.console import Console
 from tensordict import TensorDict
 
 from async_rl.actors.trainer import TrainerActor
-from async_rl.errors import ConfigError
+from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.logger import MetricsLogger, mean_metrics
 from async_rl.orchestration.actor_group import ActorGroup, get_named
 from async_rl.orchestration.placement import rendezvous
@@ -32,14 +32,20 @@ from async_rl.policies.initial_weights import model_identity, with_initial_weigh
 # The first frames of the demonstrations: the trained policy's deterministic actions on them go in the
 # summary, so that a loaded export can be checked to act as the trained policy did.
 PROBE_FRAMES = 8
+CALL_MINIBATCHES = 8  # minibatches per train_supervised call
 
 
 def check_demos(cfg: Any) -> Any:
     """The demonstrations of ``cfg.demos`` (driver-side, before Ray): a recording for this env that
-    holds every camera the policy reads."""
+    holds every camera the policy reads, or a JSONL file of text demonstrations (``demos.text``)."""
     if not cfg.demos:
-        raise ConfigError("no demonstrations: pass --demos DIR (recorded with python -m async_rl.demos record)")
+        raise ConfigError("no demonstrations: pass --demos DIR (recorded with python -m async_rl.demos record) "
+                          "or --demos FILE.jsonl (text)")
     from async_rl.demos import load_demos  # noqa: PLC0415
+    from async_rl.demos.text import is_text_demos, load_text_demos  # noqa: PLC0415
+
+    if is_text_demos(cfg.demos):
+        return load_text_demos(cfg.demos)
 
     try:
         demos = load_demos(cfg.demos)
@@ -56,6 +62,32 @@ def check_demos(cfg: Any) -> Any:
         raise ConfigError(f"the policy reads camera(s) {wanted}, the demonstrations hold {sorted(recorded)}; record them "
                           f"with --cameras {' '.join(cfg.policy_kwargs.get('cameras', []))}")
     return demos
+
+
+def supervised_frames(cfg: Any, task_set: Any, demos: Any) -> TensorDict:
+    """The demonstrations as the trainers learn from them (driver-side, before Ray: a demonstration the
+    policy cannot take is one ConfigError)."""
+    from async_rl.demos.text import TextDemos  # noqa: PLC0415
+
+    preprocess = build_preprocessor(cfg.policy, obs_spec_of(task_set), **cfg.policy_kwargs)
+    if isinstance(demos, TextDemos):
+        if not hasattr(preprocess, "encode_response"):
+            raise ConfigError(f"--demos {demos.path} holds text; policy '{cfg.policy}' does not answer in text "
+                              f"(pass --policy causal_lm, or recorded env demonstrations)")
+        return text_frames(demos, preprocess)
+    return demonstration_frames(demos, preprocess)
+
+
+def text_frames(demos: Any, preprocess: Any) -> TensorDict:
+    """Every pair as ``{"obs": <the prompt as a worker sends it>, "env_action": <the response's ids>}``."""
+    obs, labels = [], []
+    for number, pair in enumerate(demos.pairs, 1):
+        try:
+            obs.append(preprocess({"prompt": pair["prompt"]}))
+            labels.append(preprocess.encode_response(pair["response"]))
+        except ValueError as exc:  # a prompt or response longer than the policy's limits
+            raise ConfigError(f"--demos {demos.path} line {number}: {exc}; raise it with --policy-kwargs or drop the line") from None
+    return TensorDict({"obs": torch.stack(obs), "env_action": torch.stack(labels)}, batch_size=[len(obs)])
 
 
 def demonstration_frames(demos: Any, preprocess: Any) -> TensorDict:
@@ -83,14 +115,13 @@ def _shards(frames: TensorDict, ranks: int, minibatch: int, generator: torch.Gen
     return [frames[order[r * per_rank:(r + 1) * per_rank]] for r in range(ranks)]
 
 
-def run_supervised(cfg: Any, task_set: Any, demos: Any, console: Console) -> dict[str, Any]:
-    """Behaviour cloning for ``cfg.sft_epochs`` passes (or ``max_minutes``); exports the policy and
-    returns a summary (also written to <log_dir>/sft_summary.json). Ray must be initialised."""
+def run_supervised(cfg: Any, task_set: Any, frames: TensorDict, console: Console) -> dict[str, Any]:
+    """Behaviour cloning on ``frames`` (``supervised_frames``) for ``cfg.sft_epochs`` passes (or
+    ``max_minutes``); exports the policy and returns a summary (also written to
+    <log_dir>/sft_summary.json). Ray must be initialised."""
     started = time.monotonic()
     obs_spec = obs_spec_of(task_set)
-    preprocess = build_preprocessor(cfg.policy, obs_spec, **cfg.policy_kwargs)
-    frames = demonstration_frames(demos, preprocess)
-    console.print(f"demonstrations: {len(demos.episodes)} episodes, {frames.batch_size[0]} frames from {cfg.demos}")
+    console.print(f"demonstrations: {frames.batch_size[0]} frames from {cfg.demos}")
     factory = with_initial_weights(
         functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs), cfg.init_from)
     trainers = ActorGroup("trainer", {
@@ -106,12 +137,20 @@ def run_supervised(cfg: Any, task_set: Any, demos: Any, console: Console) -> dic
     deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
     epochs = min(cfg.sft_epochs, cfg.max_epochs or cfg.sft_epochs)
     history: list[dict[str, float]] = []
+    failed = True
     try:
         for epoch in range(1, epochs + 1):
             shards = _shards(frames, cfg.num_trainers, cfg.train_batch_size, generator)
-            refs = {name: actor.train_supervised.remote(shard) for (name, actor), shard in zip(trainers.items(), shards)}
-            metrics = mean_metrics(list(get_named(refs, cfg.actor_timeout_s, f"supervised epoch {epoch}").values()))
-            metrics["epoch_seconds"] = time.monotonic() - started
+            rows = []
+            # A few minibatches per call, not the whole shard: each call answers within actor_timeout_s
+            # however large the epoch (an epoch of a language model's demonstrations takes many minutes).
+            step = CALL_MINIBATCHES * cfg.train_batch_size
+            for first in range(0, shards[0].batch_size[0], step):
+                refs = {name: actor.train_supervised.remote(shard[first:first + step])
+                        for (name, actor), shard in zip(trainers.items(), shards)}
+                rows += list(get_named(refs, cfg.actor_timeout_s, f"supervised epoch {epoch}").values())
+            metrics = {**mean_metrics(rows), "global_step": rows[-1]["global_step"], "lr_policy": rows[-1]["lr_policy"],
+                       "epoch_seconds": time.monotonic() - started}
             logger.log(metrics, epoch)
             history.append(metrics)
             console.print(f"sft epoch {epoch}/{epochs}: loss {metrics['bc/loss']:.4f}, step {int(metrics['global_step'])}, "
@@ -127,9 +166,14 @@ def run_supervised(cfg: Any, task_set: Any, demos: Any, console: Console) -> dic
         probe = frames["obs"][:PROBE_FRAMES]
         probe_actions = ray.get(trainers["trainer-0"].export_policy.remote(str(export), meta, probe),
                                 timeout=cfg.actor_timeout_s)
+        failed = False
     finally:
         logger.close()
-        trainers.call("shutdown", timeout_s=cfg.actor_timeout_s)
+        try:
+            trainers.call("shutdown", timeout_s=cfg.actor_timeout_s)
+        except (ActorFailedError, ActorTimeoutError):
+            if not failed:  # after a failure, that first error is the one to report (a busy rank cannot shut down)
+                raise
     summary = {"export": str(export), "epochs": len(history), "frames": int(frames.batch_size[0]),
                "loss_first": history[0]["bc/loss"], "loss_last": history[-1]["bc/loss"],
                "wall_seconds": time.monotonic() - started, "probe_env_actions": probe_actions}

@@ -25,6 +25,7 @@ from tensordict import TensorDict
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from async_rl.algo.behaviour_cloning import token_cloning_loss
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
@@ -58,8 +59,9 @@ class ChatPreprocessor:
     the chat template applied, left-padded."""
 
     def __init__(self, obs_spec: ObsSpec, model_path: str, max_prompt_tokens: int = 256,
-                 system_prompt: Optional[str] = None, **_: Any) -> None:
+                 system_prompt: Optional[str] = None, max_new_tokens: int = 64, **_: Any) -> None:
         self.model_path, self.max_prompt_tokens, self.system_prompt = model_path, max_prompt_tokens, system_prompt
+        self.max_new_tokens = max_new_tokens
 
     def prompt_ids(self, prompt: str) -> list[int]:
         tokenizer = load_tokenizer(self.model_path)
@@ -79,6 +81,15 @@ class ChatPreprocessor:
         input_ids = torch.tensor([pad_id] * pad + ids, dtype=torch.int64)
         mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.int64)
         return TensorDict({"input_ids": input_ids, "attention_mask": mask}, batch_size=[])
+
+    def encode_response(self, text: str) -> torch.Tensor:
+        """A demonstrated response as the policy's action: its ids and the end-of-text token,
+        ``PAD_ACTION`` after them, ``[max_new_tokens]`` (supervised fine-tuning's label)."""
+        tokenizer = load_tokenizer(self.model_path)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [int(tokenizer.eos_token_id)]
+        if len(ids) > self.max_new_tokens:
+            raise ValueError(f"a response of {len(ids)} tokens does not fit max_new_tokens {self.max_new_tokens}")
+        return torch.tensor(ids + [PAD_ACTION] * (self.max_new_tokens - len(ids)), dtype=torch.int64)
 
 
 class _SampledLogProbs:
@@ -217,6 +228,12 @@ class CausalLMActorCritic(ActorCritic):
                   if grad else chunk_stats(hidden[:, i:i + TOKEN_CHUNK], targets[:, i:i + TOKEN_CHUNK])
                   for i in range(0, hidden.shape[1], TOKEN_CHUNK)]
         return torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
+
+    def imitation_loss(self, obs: TensorDict, env_action: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Supervised fine-tuning on demonstrated responses (``ChatPreprocessor.encode_response``):
+        their tokens' mean negative log-likelihood (``algo.behaviour_cloning``)."""
+        response = env_action.long()
+        return token_cloning_loss(self.evaluate, obs, response, self.action_mask(response))
 
     def value(self, obs: TensorDict) -> torch.Tensor:
         hidden = self._hidden(obs["input_ids"], obs["attention_mask"])

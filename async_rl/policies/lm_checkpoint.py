@@ -12,6 +12,7 @@ from async_rl import checkpoint as ckpt
 from async_rl.algo import advantage_estimator
 from async_rl.errors import ConfigError
 from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
+from async_rl.policies.initial_weights import load_initial_weights, read_export_meta, resolve_export
 from async_rl.policies.lora import apply_lora
 
 TEXT_SPEC = {"text": True}
@@ -23,12 +24,16 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
 
 
 def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] = None,
-                   overrides: Optional[dict[str, Any]] = None) -> tuple[CausalLMActorCritic, ChatPreprocessor, str]:
+                   overrides: Optional[dict[str, Any]] = None,
+                   init_from: Optional[str] = None) -> tuple[CausalLMActorCritic, ChatPreprocessor, str]:
     """(policy in eval mode, its preprocessor, a description): a run's newest weights with ``checkpoint``,
-    else the model at ``model_path`` (None: the default model). ``overrides`` replace policy kwargs
-    (e.g. ``max_new_tokens``). Bad paths are ConfigErrors, raised before any weights load."""
-    if checkpoint is not None and model_path is not None:
-        raise ConfigError("pass --checkpoint or --model-path, not both (a checkpoint names its own base model)")
+    a supervised export's with ``init_from`` (``launch/sft.py``), else the model at ``model_path`` (None:
+    the default model). ``overrides`` replace policy kwargs (e.g. ``max_new_tokens``). Bad paths are
+    ConfigErrors, raised before any weights load."""
+    if sum(x is not None for x in (checkpoint, model_path, init_from)) > 1:
+        raise ConfigError("pass one of --checkpoint, --init-from or --model-path (the first two name their own base model)")
+    if init_from is not None:
+        return _export_policy(init_from, overrides)
     config: dict[str, Any] = {}
     kwargs: dict[str, Any] = {}
     directory = None
@@ -59,6 +64,19 @@ def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] =
             raise ConfigError(f"--checkpoint {directory}: {exc}") from None
         description = f"checkpoint {directory} (base {kwargs['model_path']})"
     return policy.eval().requires_grad_(False), ChatPreprocessor(TEXT_SPEC, **kwargs), description
+
+
+def _export_policy(path: str, overrides: Optional[dict[str, Any]]) -> tuple[CausalLMActorCritic, ChatPreprocessor, str]:
+    """The causal-LM policy of a supervised export (LoRA already merged into its weights)."""
+    meta = read_export_meta(resolve_export(path))
+    if meta.get("policy") != "causal_lm":
+        raise ConfigError(f"--init-from {path} holds a '{meta.get('policy')}' policy, not a causal_lm one")
+    kwargs = dict(meta.get("policy_kwargs") or {})
+    saved = kwargs.pop("model_path", None)  # the exporting machine's converted folder; else the default model
+    kwargs.update(overrides or {})
+    kwargs = prepare_causal_lm(TEXT_SPEC, 1, saved if saved and Path(saved).is_dir() else None, kwargs)
+    policy = load_initial_weights(CausalLMActorCritic(TEXT_SPEC, 1, **kwargs), resolve_export(path))
+    return policy.eval().requires_grad_(False), ChatPreprocessor(TEXT_SPEC, **kwargs), f"export {path}"
 
 
 @torch.inference_mode()

