@@ -168,6 +168,15 @@ class ScaleSection(_Section):
     inference_forward_thread: Optional[bool] = None
     """forward in a thread (true) or on the actor's event loop (false); null = a thread for GPU models
     and CPU models over 20 M parameters"""
+    shared_memory: Literal["auto", "off"] = "auto"
+    """rollout workers on their inference actor's node send observations and get answers through shared
+    memory instead of a Ray call per step (auto); off = every request over Ray"""
+
+    @pydantic.field_validator("shared_memory", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
+
     replay_capacity: Positive = 4096
     train_batch_size: Positive = 256
     accumulation_steps: Positive = 2

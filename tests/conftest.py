@@ -67,11 +67,13 @@ def assert_broadcast_delivered(members, seed: int, timeout_s: float) -> None:
         assert s.dtype == r.dtype and torch.equal(s, r)
 
 
-def lone_rollout_worker(tag: str, task_set, spec: dict, batch: int, cfg):
-    """A real rollout worker on ``task_set`` with an MLP inference actor (``batch`` rows, its built
-    weights served), a replay buffer and a stats actor of its own, found by names under ``tag``.
-    Returns a namespace of the actors, the policy ``factory`` and the worker's ``run`` ref;
-    ``actors`` lists them for ``ray.kill``."""
+def lone_rollout_worker(tag: str, task_set, spec: dict, batch: int, cfg, workers: int = 1, inference_restarts: int = 0,
+                        action_dim: int = 1):
+    """Real rollout workers (``workers`` of them, indices 0..) on ``task_set`` with an MLP inference actor
+    (``action_dim`` actions, ``batch`` rows, its built weights served; Ray restarts it up to
+    ``inference_restarts`` times), a replay buffer and a stats actor of their own, found by names under ``tag``.
+    Returns a namespace of the actors, the policy ``factory`` and the first worker's ``run`` ref
+    (``worker``, ``run``; all of them in ``workers``, ``runs``); ``actors`` lists them for ``ray.kill``."""
     import functools
     from types import SimpleNamespace
 
@@ -83,15 +85,16 @@ def lone_rollout_worker(tag: str, task_set, spec: dict, batch: int, cfg):
     from async_rl.policies import build_policy, build_preprocessor
 
     holder = SharedValue.options(name=f"{tag}:task_set").remote(task_set)
-    factory = functools.partial(build_policy, "mlp", spec, 1, hidden_sizes=[8])
-    inference = InferenceActor.options(name=f"{tag}:inference", num_cpus=0).remote(0, factory, batch, 1.0,
-                                                                                   forward_in_thread=False)
+    factory = functools.partial(build_policy, "mlp", spec, action_dim, hidden_sizes=[8])
+    inference = InferenceActor.options(name=f"{tag}:inference", num_cpus=0, max_restarts=inference_restarts,
+                                       max_task_retries=0).remote(0, factory, batch, 1.0, forward_in_thread=False)
     ray.get(inference.serve_built_weights.remote(), timeout=60)
     replay = ReplayBufferActor.options(name=f"{tag}:replay", num_cpus=0).remote(4096, 0)
     stats = StatsActor.options(name=f"{tag}:stats", num_cpus=0).remote()
     peers = WorkerPeers(task_set=f"{tag}:task_set", inference=f"{tag}:inference", replay=f"{tag}:replay",
                         stats=f"{tag}:stats")
-    worker = RolloutWorkerActor.options(num_cpus=0).remote(0, peers, functools.partial(build_preprocessor, "mlp", spec),
-                                                           cfg)
-    return SimpleNamespace(worker=worker, inference=inference, replay=replay, stats=stats, factory=factory,
-                           run=worker.run.remote(), actors=(worker, inference, replay, stats, holder))
+    members = [RolloutWorkerActor.options(num_cpus=0).remote(i, peers, functools.partial(build_preprocessor, "mlp", spec),
+                                                             cfg) for i in range(workers)]
+    runs = [w.run.remote() for w in members]
+    return SimpleNamespace(worker=members[0], workers=members, inference=inference, replay=replay, stats=stats,
+                           factory=factory, run=runs[0], runs=runs, actors=(*members, inference, replay, stats, holder))

@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.errors import ActorTimeoutError
+from async_rl.actors.shared_slab import SlabOffer, SlabServer, SlabSpec
 from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
 from async_rl.policies.nets import cast_parameters
 from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
@@ -227,6 +228,7 @@ class InferenceActor:
         self._sync: Optional[WeightSyncGroup] = None
         self._has_weights: Optional[asyncio.Event] = None  # set once the trainers' weights are staged
         self._weights_timeout_s = weights_timeout_s
+        self._slabs: Optional[SlabServer] = None  # co-located workers' shared-memory slabs (actors/shared_slab.py)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -258,7 +260,11 @@ class InferenceActor:
         return self._has_weights
 
     async def request(self, obs: Wire, deterministic: bool = False) -> Wire:
-        """A batch ``[k]`` of observations in, their actions/log-probs/values/version out (wire dicts).
+        """A batch ``[k]`` of observations in, their actions/log-probs/values/version out (wire dicts)."""
+        return await self._answer(from_wire(obs), deterministic)
+
+    async def _answer(self, obs: TensorDict, deterministic: bool) -> Wire:
+        """Ray requests and shared-memory slots alike: one batching queue.
 
         Nothing is served before the first weights arrived (a restarted actor holds random ones);
         a request that waited ``weights_timeout_s`` for them fails instead of lingering."""
@@ -270,7 +276,20 @@ class InferenceActor:
             raise ActorTimeoutError(
                 f"{self.name}: no weights from trainer-0 within {self._weights_timeout_s:g} s (no broadcast reached "
                 "this inference actor; check the trainers' log for the weight-sync error)") from None
-        return await self._server_ready().submit(from_wire(obs), deterministic)
+        return await self._server_ready().submit(obs, deterministic)
+
+    async def open_slab(self, worker: str, node_id: str, spec: SlabSpec) -> Optional[SlabOffer]:
+        """A shared-memory slab for ``worker`` if it runs on this actor's node (Ray's node ids), else
+        None: the worker keeps the Ray path. A worker asking again replaces its old slab."""
+        if node_id != ray.get_runtime_context().get_node_id():
+            return None
+        if self._slabs is None:
+            self._slabs = SlabServer(self._answer, self.name, self._weights_timeout_s)
+        return await self._slabs.offer(worker, spec)
+
+    async def shared_memory_peers(self) -> list[str]:
+        """The workers whose slab is connected (for tests and logs)."""
+        return sorted(self._slabs.peers) if self._slabs is not None else []
 
     async def ping(self) -> str:
         return self.name
@@ -324,6 +343,8 @@ class InferenceActor:
         self._server_ready().apply_staged()
         return {k: v.detach().cpu().clone() for k, v in self.model.inference_tensors()}
 
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
+        if self._slabs is not None:  # on the event loop: the slabs' sockets belong to it
+            self._slabs.close()
         if self._sync is not None:
             self._sync.close()

@@ -26,7 +26,8 @@ from tensordict import TensorDict
 from async_rl.algo import advantage_estimator
 from async_rl.actors.columnar_gae import ColumnarGae
 from async_rl.actors.groups import Ticket, stamp_episode
-from async_rl.experience import env_steps, from_wire, step_batch, to_wire
+from async_rl.actors.policy_client import PolicyClient
+from async_rl.experience import env_steps, step_batch
 from async_rl.actors.peers import peer
 from async_rl.process_setup import configure_torch, wait_for
 from envs.base import StartUnavailable, episode_success, success_rule
@@ -112,30 +113,6 @@ class EnvThread:
             self._pool = None
 
 
-class PolicyClient:
-    """A worker's view of its inference actor: one awaited request with a timeout."""
-
-    def __init__(self, inference: Any, name: str, timeout_s: float) -> None:
-        self.inference, self.name, self.timeout_s = inference, name, timeout_s
-
-    async def act(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Actions, log-probs, values and policy version for a batch ``[k]`` of observations.
-
-        While the inference actor is dead or restarting the request is retried (the restarted
-        actor answers once it has the current weights) until ``timeout_s`` has passed."""
-        deadline = time.monotonic() + self.timeout_s
-        wire = to_wire(obs)
-        while True:
-            try:
-                out = await wait_for(self.inference.request.remote(wire, deterministic),
-                                     max(deadline - time.monotonic(), 0.001), self.name, "an inference request")
-                return from_wire(out)
-            except ray.exceptions.RayActorError:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.2)
-
-
 @dataclass
 class _EnvSlot:
     """One of a worker's environments and the episode it is in."""
@@ -180,7 +157,9 @@ class RolloutWorkerActor:
         self.slots: list[_EnvSlot] = []  # made by run(), once the task set has arrived
         self.columns: Optional[ColumnarGae] = None  # GAE's step store, made with the slots
         self._curriculum: Optional[dict[str, Any]] = None  # a checkpoint's task-sampler state, applied by run()
-        self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s)
+        # Shared memory with the inference actor when on its node (actors/shared_slab.py), else Ray
+        self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s, cfg.shared_memory,
+                                   f"worker-{index}", cfg.envs_per_worker)
         self.replay, self.stats = replay, stats
         self._stopped = False
         self._push_ref: Optional[ray.ObjectRef] = None
@@ -482,4 +461,5 @@ class RolloutWorkerActor:
         for slot in self.slots:
             await self._env_thread.call(slot.envs.close)
         self._env_thread.close()
+        self.policy.close()
         return self.env_steps
