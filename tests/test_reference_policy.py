@@ -1,12 +1,17 @@
 """The reference policy: a frozen copy of the initial weights, or the LoRA model with its adapters off."""
 import copy
 
+import numpy as np
+
 import torch
 from tensordict import TensorDict
 
-from async_rl.policies import build_policy
+from async_rl.algo import LossInputs, Objective
+from async_rl.experience import from_wire, to_wire
+from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.lora import adapters_disabled, apply_lora
 from async_rl.policies.reference import ReferencePolicy, frozen_copy
+from async_rl.policies.vla_tiny import tiny_vla_path
 
 SPEC = {"state_dim": 6}
 
@@ -83,3 +88,37 @@ def test_lora_reference_keeps_the_start_values_of_parameters_trained_whole():
     torch.testing.assert_close(model.log_std.detach(), trained_log_std, rtol=0, atol=0)  # the trained value is back
     (logp - got).sum().backward()  # the reference left the graph intact (no in-place write on log_std)
     assert model.log_std.grad is not None and model.log_std.requires_grad
+
+
+def test_vla_reference_is_the_policy_lora_went_on_and_its_kl_trains_the_adapters_and_head():
+    # LIBERO's PPO: LoRA on the language model, the heads trained whole, init_from the SFT export: the
+    # reference (adapters off, heads at their start values) is the fine-tuned policy RL started from.
+    spec, kwargs = {"image_size": 64, "cameras": ["agentview"], "proprio_dim": 8}, {"cameras": ["agentview"], "max_log_std": -2.3}
+    path = str(tiny_vla_path())
+    torch.manual_seed(0)
+    plain = build_policy("vla", spec, 7, model_path=path, **kwargs).eval()
+    model = apply_lora(copy.deepcopy(plain), rank=4, alpha=8.0, trainable=["action_head", "value_head"],
+                       target_modules=r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
+    reference = ReferencePolicy(model, frozen_copy(model))
+    with torch.no_grad():  # RL moved the adapters and the action head
+        for name, p in model.named_parameters():
+            if "lora_B" in name or name.startswith("action_head"):
+                p.add_(torch.randn_like(p) * 0.05)
+    pre = build_preprocessor("vla", spec, model_path=path, **kwargs)
+    rng = np.random.default_rng(0)
+    rows = [pre({"agentview": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), "proprio": rng.standard_normal(8).astype(np.float32),
+                 "instruction": "put the black bowl on the plate"}, "task") for _ in range(3)]
+    obs = from_wire(to_wire(torch.stack(rows)))
+    with torch.no_grad():
+        action = plain.act(obs)["action"]
+    model.train()
+    logp, entropy, value = model.evaluate(obs, action)
+    logp_ref = reference(obs, action)
+    torch.testing.assert_close(logp_ref, plain.evaluate(obs, action)[0], rtol=1e-5, atol=1e-4)
+    zeros = torch.zeros(3)
+    out = Objective("clip", kl_ref_coef=0.1)(LossInputs(logp, logp.detach(), entropy, value, zeros, zeros, zeros,
+                                                        logp_ref=logp_ref))
+    assert out.terms["kl_ref"] > 0 and out.terms["policy_loss"] == 0  # no advantage: the KL alone pulls
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_B" in n or n.startswith("action_head"))

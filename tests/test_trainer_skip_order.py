@@ -15,14 +15,13 @@ import functools
 import pytest
 import ray
 import torch
-from tensordict import TensorDict
 
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config import RunConfig
 from async_rl.policies import build_policy
 from async_rl.rendezvous import find_free_port
+from trainer_batches import ACTIONS, N, SPEC, mlp_step_records
 
-SPEC, ACTIONS, N = {"state_dim": 39}, 4, 8
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=2, train_batch_size=4, accumulation_steps=2,
                 super_batch_size=8, replay_capacity=8, updates_per_epoch=1, lr_policy=1e-2, lr_value=1e-2,
                 trainer_num_cpus=0.5, collective_timeout_s=60.0)
@@ -35,22 +34,6 @@ def _pair(factory):
             for r in range(2)]
 
 
-def _batch(weights, bad: bool) -> TensorDict:
-    """N step records near the current policy; ``bad``: every advantage non-finite (all skipped)."""
-    g = torch.Generator().manual_seed(11)
-    policy = build_policy("mlp", SPEC, ACTIONS)
-    policy.load_state_dict(weights)
-    obs = TensorDict({"state": torch.randn(N, 39, generator=g)}, [N])
-    action = torch.tanh(torch.randn(N, ACTIONS, generator=g))
-    with torch.no_grad():
-        logp = policy.evaluate(obs, action)[0]
-    advantage = torch.full((N,), float("nan")) if bad else torch.randn(N, generator=g)
-    return TensorDict({"obs": obs, "action": action, "logp": logp - 0.05, "value": torch.zeros(N),
-                       "value_target": torch.randn(N, generator=g), "advantage": advantage,
-                       "reward": torch.zeros(N), "done": torch.zeros(N, dtype=torch.bool),
-                       "policy_version": torch.zeros(N, dtype=torch.int64)}, [N])
-
-
 def test_a_skip_on_one_rank_reduces_the_same_gradients_as_on_the_other(ray_local):
     factory = functools.partial(build_policy, "mlp", SPEC, ACTIONS)
     pairs = [_pair(factory), _pair(factory)]
@@ -59,7 +42,7 @@ def test_a_skip_on_one_rank_reduces_the_same_gradients_as_on_the_other(ray_local
         start = [ray.get(pair[0].weights.remote(), timeout=60) for pair in pairs]
         for name in start[0]:  # same seed, same rank 0: the same initial weights
             assert torch.equal(start[0][name], start[1][name]), name
-        good, bad = _batch(start[0], bad=False), _batch(start[0], bad=True)
+        good, bad = mlp_step_records(start[0], 11), mlp_step_records(start[0], 11, nan_rows=range(N))  # bad: all skipped
         runs = [(pairs[0], [bad, good]), (pairs[1], [good, bad])]
         metrics = ray.get([a._train_on.remote(b, 0) for pair, batches in runs for a, b in zip(pair, batches)],
                           timeout=TIMEOUT)

@@ -6,14 +6,13 @@ import functools
 import pytest
 import ray
 import torch
-from tensordict import TensorDict
 
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config import RunConfig
 from async_rl.policies import build_policy
 from async_rl.rendezvous import find_free_port
+from trainer_batches import ACTIONS, SPEC, mlp_step_records
 
-SPEC, ACTIONS, N = {"state_dim": 39}, 4, 8
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=2, train_batch_size=4, accumulation_steps=2,
                 super_batch_size=8, replay_capacity=8, updates_per_epoch=1, weight_decay=0.1, lr_policy=1e-2,
                 lr_value=1e-2, ratio_threshold=1.5, trainer_num_cpus=0.5, collective_timeout_s=60.0)
@@ -37,24 +36,6 @@ def _weights(actors):
     return [ray.get(a.weights.remote(), timeout=60) for a in actors]
 
 
-def _batch(weights, seed, logp_shift=0.0, nan_row=None):
-    """N step records whose behaviour log-probs are the current policy's minus ``logp_shift``."""
-    g = torch.Generator().manual_seed(seed)
-    policy = build_policy("mlp", SPEC, ACTIONS)
-    policy.load_state_dict(weights)
-    obs = TensorDict({"state": torch.randn(N, 39, generator=g)}, [N])
-    action = torch.tanh(torch.randn(N, ACTIONS, generator=g))
-    with torch.no_grad():
-        logp = policy.evaluate(obs, action)[0]
-    advantage = torch.randn(N, generator=g)
-    if nan_row is not None:
-        advantage[nan_row] = float("nan")
-    return TensorDict({"obs": obs, "action": action, "logp": logp - logp_shift, "value": torch.zeros(N),
-                       "value_target": torch.randn(N, generator=g), "advantage": advantage,
-                       "reward": torch.zeros(N), "done": torch.zeros(N, dtype=torch.bool),
-                       "policy_version": torch.zeros(N, dtype=torch.int64)}, [N])
-
-
 def _train(actors, batches):
     metrics = ray.get([a._train_on.remote(b, 0) for a, b in zip(actors, batches)], timeout=TIMEOUT)
     return metrics, [ray.get(a.status.remote(), timeout=60) for a in actors]
@@ -64,7 +45,7 @@ def test_guard_skip_leaves_weights_and_optimizer_untouched_then_one_bad_minibatc
     before = _weights(trainers)
     # 1. Every minibatch on both ranks trips the ratio guard (ratio e^3 > 1.5): no optimiser step at
     #    all, so AdamW's weight decay must not move a single weight.
-    metrics, status = _train(trainers, [_batch(before[0], seed=r, logp_shift=3.0) for r in range(2)])
+    metrics, status = _train(trainers, [mlp_step_records(before[0], r, logp_shift=3.0) for r in range(2)])
     after = _weights(trainers)
     for rank in range(2):
         for name, value in before[rank].items():
@@ -74,7 +55,7 @@ def test_guard_skip_leaves_weights_and_optimizer_untouched_then_one_bad_minibatc
 
     # 2. Rank 0 holds one non-finite advantage: only its minibatch is left out; the other three train,
     #    both ranks step together and stay identical.
-    metrics, status = _train(trainers, [_batch(after[0], seed=10, nan_row=0), _batch(after[0], seed=11)])
+    metrics, status = _train(trainers, [mlp_step_records(after[0], 10, 0.0, nan_rows=[0]), mlp_step_records(after[0], 11, 0.0)])
     final = _weights(trainers)
     assert [m["nonfinite_loss_skipped"] for m in metrics] == [0.5, 0.0]
     assert [(s["skipped_minibatches"], s["skipped_updates"]) for s in status] == [(3, 1), (2, 1)]

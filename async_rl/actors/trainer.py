@@ -71,6 +71,28 @@ def deepspeed_config(cfg: Any, dtype: torch.dtype = torch.float32) -> dict:
     }
 
 
+class HoldingAdamW(torch.optim.AdamW):
+    """AdamW that leaves the parameter groups named in ``held`` alone: no update, no weight decay, no state
+    (ZeRO-2 steps its groups one at a time, each through this ``step``). A critic warm-up holds ``policy``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held: frozenset[str] = frozenset()
+
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        groups = self.param_groups
+        self.param_groups = [g for g in groups if g.get("name") not in self.held]
+        try:
+            return super().step(closure)
+        finally:
+            self.param_groups = groups
+
+
+def delayed(schedule: Callable[[int], float], steps: int) -> Callable[[int], float]:
+    """``schedule`` starting ``steps`` optimiser steps late (the policy's, after a critic warm-up)."""
+    return lambda step: schedule(max(step - steps, 0))
+
+
 # An epoch "waited for data" when its super-batch was not ready: a prefetched one is handed over in
 # microseconds, one fetched at the epoch's start (sync mode) in a few milliseconds.
 DATA_WAIT_S = 0.01
@@ -176,9 +198,12 @@ class TrainerActor:
         frozen = frozen_copy(model) if self.objective.needs_reference else None
         groups = optimizer_groups(self.cfg, model)
         trainable = [p for g in groups for p in g["params"]]
-        optimizer = torch.optim.AdamW(groups, weight_decay=self.cfg.weight_decay)
+        self.optimizer = optimizer = HoldingAdamW(groups, weight_decay=self.cfg.weight_decay)
         schedule = warmup_cosine(self.cfg.warmup_steps, self.cfg.lr_decay_steps, self.cfg.min_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [schedule] * len(groups))
+        # One optimiser step per update (super_batch_size = train_batch_size x accumulation_steps).
+        policy_schedule = delayed(schedule, self.cfg.critic_warmup_epochs * self.cfg.updates_per_epoch)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, [policy_schedule if g["name"] == "policy" else schedule for g in groups])
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(self.cfg, dtype)
         )
@@ -280,10 +305,14 @@ class TrainerActor:
         mb = self.cfg.train_batch_size
         rows = []
         self._window_useful = 0
+        # Critic warm-up: the value loss alone, and the policy's weights and optimiser state left as they are.
+        critic_only = policy_version < self.cfg.critic_warmup_epochs
+        self.optimizer.held = frozenset({"policy"} if critic_only else ())
         for _ in range(self.cfg.updates_per_epoch):
             order = self._minibatch_order(batch)
             for i in range(0, len(order), mb):
-                rows.append(self._loss_and_step(self.estimator.loss_inputs(batch[order[i : i + mb]], model, self.cfg)))
+                inputs = self.estimator.loss_inputs(batch[order[i : i + mb]], model, self.cfg)
+                rows.append(self._loss_and_step(inputs, critic_only))
         self._publish(policy_version + 1)  # the weights are now this version, whole
         metrics = mean_metrics(rows)
         self.skipped_updates = self.engine.skipped_steps
@@ -297,6 +326,7 @@ class TrainerActor:
             "skipped_updates": self.skipped_updates,
             "skipped_minibatches": self.skipped_minibatches,
             "epoch_seconds": time.perf_counter() - start,
+            "critic_warmup": float(critic_only),
         })
         return metrics
 
@@ -307,7 +337,7 @@ class TrainerActor:
             return group_minibatch_order(batch["group_id"], batch["group_member"]).to(self.device)
         return torch.randperm(batch.batch_size[0], device=self.device)
 
-    def _loss_and_step(self, inputs: LossInputs) -> dict[str, float]:
+    def _loss_and_step(self, inputs: LossInputs, critic_only: bool = False) -> dict[str, float]:
         """Backward and step one minibatch. ZeRO-2's backward and step hold collectives, so every rank
         makes the same calls: a skipped minibatch backs its own loss with every parameter's gradient
         replaced by 0 (this rank adds nothing to the update), and at the end of an accumulation window
@@ -317,7 +347,7 @@ class TrainerActor:
         buckets in the order backward makes them ready and all-reduces them element by element, so
         a skipping rank must make them ready in the same order as a training rank (another graph put
         one parameter's gradient on another's, or gave the ranks collectives of different sizes)."""
-        out = self.objective(inputs)
+        out = self.objective(inputs, critic_only)
         self._window_useful += out.skip is None
         step_wanted = True
         if self.engine.is_gradient_accumulation_boundary():

@@ -87,7 +87,11 @@ class Objective:
     def _per_element(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
         return x.mean() if mask is None else aggregate(x, mask, self.loss_agg)
 
-    def __call__(self, x: LossInputs) -> ObjectiveOut:
+    def __call__(self, x: LossInputs, critic_only: bool = False) -> ObjectiveOut:
+        """``critic_only`` (a critic warm-up): the loss is the value term alone; the other terms are still
+        reported (and the guards still apply)."""
+        if critic_only and x.value_target is None:
+            raise ValueError("critic_only: the minibatch has no value targets (the estimator trains no critic)")
         if self.needs_reference and x.logp_ref is None:
             raise ValueError("the objective reads the reference policy (kl_ref_coef > 0 or clip mode pacs) but the "
                              "minibatch has no logp_ref")
@@ -107,6 +111,8 @@ class Objective:
                                                x.mask)
             if self.kl_ref_as == "loss":
                 loss = loss + self.kl_ref_coef * parts["kl_ref"]
+        if critic_only:
+            loss = self.value_coef * parts["value_loss"]
         parts["loss"] = loss
         values = torch.stack([v.detach().to(torch.float64).reshape(()) for v in parts.values()]).tolist()
         terms.update(zip(parts, values))
