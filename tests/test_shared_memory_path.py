@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from async_rl.actors.inference import InferenceActor
 from async_rl.actors.policy_client import PolicyClient
-from async_rl.actors.shared_slab import PeerGone, SlabClient, SlabServer, SlabSpec, wire_layout
+from async_rl.actors.shared_slab import AnswerMisfit, PeerGone, SlabClient, SlabServer, SlabSpec, wire_layout
 from async_rl.config import load_config
 from async_rl.experience import from_wire, to_wire
 from async_rl.orchestration.runtime import obs_spec_of
@@ -70,14 +70,16 @@ def stop(setup, timeout_s: float = 60.0) -> None:
 
 
 def test_slab_round_trip_misfit_errors_and_either_side_closing():
-    """In one process: answers arrive in place, a batch the slab cannot hold is refused (None), an error
-    reaches the caller, and either side's closing reaches the other; nothing stays in /dev/shm."""
+    """In one process: answers arrive in place, a batch the slab cannot hold is refused (None), so is an
+    answer of another shape (AnswerMisfit), an error reaches the caller, and either side's closing reaches the other; nothing stays in /dev/shm."""
     before = segments()
 
     async def serve(obs, deterministic):
         if obs["state"][0, 0] < -100:
             raise ValueError("bad row")
         n = obs.batch_size[0]
+        if obs["state"][0, 0] > 100:  # an answer of another shape than the slab's
+            return to_wire(TensorDict({"value": obs["state"].sum(-1)}, [n]))
         return to_wire(TensorDict({"action": obs["state"][:, :2] * 2, "value": obs["state"].sum(-1),
                                    "policy_version": torch.full((n,), 7 + deterministic)}, [n]))
 
@@ -92,6 +94,8 @@ def test_slab_round_trip_misfit_errors_and_either_side_closing():
         assert segments() == before  # unlinked once both sides mapped it
         assert await client.act(TensorDict({"state": torch.zeros(K + 1, 5)}, [K + 1]), False, 10.0) is None
         assert await client.act(TensorDict({"state": torch.zeros(1, 6)}, [1]), False, 10.0) is None
+        with pytest.raises(AnswerMisfit):
+            await client.act(TensorDict({"state": torch.full((1, 5), 1000.0)}, [1]), False, 10.0)
         with pytest.raises(RuntimeError, match="bad row"):
             await client.act(TensorDict({"state": torch.full((1, 5), -1000.0)}, [1]), False, 10.0)
         client.close()

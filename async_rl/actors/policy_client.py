@@ -4,8 +4,8 @@ Every request can go over Ray (``InferenceActor.request``). With ``shared_memory
 the inference actor's node (Ray's node ids) asks for a slab after its first answer (whose layout,
 with its observations', sizes the slab: actors/shared_slab.py) and sends later requests through it.
 Whatever goes wrong on the slab falls back to Ray for that request: the inference actor's death (its
-socket closes at once), a batch the slab cannot hold. After a fallback the next Ray answer, from the
-restarted actor once it has weights, negotiates a new slab.
+socket closes at once; the next Ray answer, from the restarted actor once it has weights, negotiates
+a new slab), a batch the slab cannot hold, an answer of another shape (then Ray for good).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Optional
 import ray
 from tensordict import TensorDict
 
-from async_rl.actors.shared_slab import PeerGone, SlabClient, SlabSpec, wire_layout
+from async_rl.actors.shared_slab import AnswerMisfit, PeerGone, SlabClient, SlabSpec, wire_layout
 from async_rl.experience import from_wire, to_wire
 from async_rl.process_setup import wait_for
 
@@ -59,6 +59,10 @@ class PolicyClient:
                 self._log(f"shared-memory slab lost ({exc}); requests go over Ray until {self.name} answers again")
                 self.close()
                 self._next_slab = 0.0
+            except AnswerMisfit:  # answers vary in shape (served twice this once): Ray from now on
+                self._log(f"{self.name}'s answers vary in shape: requests go over Ray")
+                self.close()
+                self._next_slab = None
         wire = to_wire(obs)
         out = await self._ray_act(wire, deterministic, deadline)
         if self._slab is None and self._next_slab is not None and time.monotonic() >= self._next_slab:

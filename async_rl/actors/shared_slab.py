@@ -46,6 +46,11 @@ class PeerGone(ConnectionError):
     """The other side of a slab closed its socket (it exited or died)."""
 
 
+class AnswerMisfit(RuntimeError):
+    """The inference actor's answer has other shapes than the slab's layout (e.g. a response of another
+    length); the request was served but not written back, and is to be asked over Ray."""
+
+
 def wire_layout(wire: Wire) -> Layout:
     """The layout of a batched wire dict (the first dimension is the rows)."""
     return tuple((path, tuple(a.shape[1:]), a.dtype.str) for path, a in _leaves(wire))
@@ -307,9 +312,10 @@ class SlabClient:
         return cls(slab, reader, writer)
 
     async def act(self, obs: TensorDictBase, deterministic: bool, timeout_s: float) -> Optional[TensorDict]:
-        """The answer to ``obs`` (wire dtypes, as over Ray), or None if it does not fit the slab (the
-        caller asks over Ray). Raises PeerGone if the inference actor is gone, ActorTimeoutError
-        after ``timeout_s`` (the slab is then given up: a late answer could land in a reused slot)."""
+        """The answer to ``obs`` (wire dtypes, as over Ray), or None if ``obs`` does not fit the slab (the
+        caller asks over Ray). Raises PeerGone if the inference actor is gone, AnswerMisfit if its
+        answer did not fit, ActorTimeoutError after ``timeout_s`` (the slab is then given up: a late
+        answer could land in a reused slot)."""
         if not self.slab.fits(obs):
             return None
         # A free slot (else wait: others are in flight); the wait may see the socket close
@@ -330,7 +336,7 @@ class SlabClient:
             if status == OK:
                 return self.slab.read_answer(slot, rows)
             if status == MISFIT:
-                return None
+                raise AnswerMisfit("the inference actor's answer does not fit the shared-memory slab")
             raise RuntimeError(f"the inference actor failed a shared-memory request: {message}")
         finally:
             self._waiting.pop(slot, None)
