@@ -84,6 +84,7 @@ class PolicyClient:
         another node keeps the Ray path for good (said once)."""
         spec = SlabSpec(wire_layout(obs), wire_layout(answer), self.rows, SLAB_DEPTH)
         timeout = max(deadline - time.monotonic(), 0.001)
+        step = "open_slab"  # which step failed, in the log line: a platform may refuse one of them
         try:
             offer = await wait_for(self.inference.open_slab.remote(self.worker, ray.get_runtime_context().get_node_id(),
                                                                    spec), timeout, self.name, "open_slab")
@@ -91,10 +92,11 @@ class PolicyClient:
                 self._log(f"{self.name} runs on another node: requests go over Ray")
                 self._next_slab = None
                 return
+            step = f"mapping segment {offer.segment} and connecting to its socket"
             self._slab = await SlabClient.connect(offer, timeout)
             self._log(f"requests to {self.name} go through shared memory ({spec.rows} rows x {spec.depth} slots)")
         except Exception as exc:  # noqa: BLE001 (Ray keeps serving; try again later)
-            self._log(f"no shared-memory slab from {self.name} ({exc!r}); requests go over Ray, "
+            self._log(f"no shared-memory slab from {self.name} ({step}: {exc!r}); requests go over Ray, "
                       f"asking again in {RETRY_SLAB_S:g} s")
             self._next_slab = time.monotonic() + RETRY_SLAB_S
 
