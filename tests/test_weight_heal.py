@@ -35,8 +35,8 @@ class GatedTrainer(TrainerActor.__ray_actor_class__):
         super().__init__(*args, **kwargs)
         self._held, self._gate, self._steps = threading.Event(), threading.Event(), 0
 
-    def _loss_and_step(self, inputs):  # runs in the epoch's thread: the event loop keeps answering
-        out = super()._loss_and_step(inputs)
+    def _loss_and_step(self, *args, **kwargs):  # runs in the epoch's thread: the event loop keeps answering
+        out = super()._loss_and_step(*args, **kwargs)
         self._steps += 1
         if self._steps == 1:
             self._held.set()
