@@ -133,7 +133,8 @@ class ObjectiveSection(_Section):
     value_clip_eps: Optional[pydantic.PositiveFloat] = None
     critic_warmup_epochs: pydantic.NonNegativeInt = 0
     """the first N epochs train the critic alone (value loss only; the policy's weights and optimiser state stay
-    as they are, its learning-rate schedule starts after them): a fresh critic's advantages are noise"""
+    as they are, its learning-rate schedule starts after them): a fresh critic's advantages are noise. A
+    critic-free estimator (grpo, rloo, ...) has nothing to warm up and ignores it"""
     entropy_coef: pydantic.NonNegativeFloat = 0.0
     kl_coef: pydantic.NonNegativeFloat = 0.0
     """k3 KL penalty to the behaviour policy (the one that collected the batch), not to a reference"""
@@ -258,8 +259,7 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
             )
         resolve_policy_loss_params(self.clip_mode, self.clip_params)
         check_group_size(self.advantage, self.group_size)
-        check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as,
-                        self.critic_warmup_epochs)
+        check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)
         check_group_minibatch(self.clip_mode, self.clip_params, self.group_size, self.train_batch_size)
         return self
 

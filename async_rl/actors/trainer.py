@@ -141,6 +141,8 @@ class TrainerActor:
         self.policy_factory, self.replay = policy_factory, replay
         self.objective = Objective.from_config(cfg)  # clip params resolved here, once
         self.estimator = advantage_estimator(cfg.advantage)
+        # No critic, nothing to warm up: a config with a warm-up for PPO serves a GRPO comparison unchanged.
+        self.critic_warmup_epochs = cfg.critic_warmup_epochs if self.estimator.needs_critic else 0
         self.skipped_minibatches = 0  # this rank's minibatches left out (ratio guard, non-finite loss)
         self._window_useful = 0  # minibatches of the current accumulation window that this rank used
         self.engine = None
@@ -201,7 +203,7 @@ class TrainerActor:
         self.optimizer = optimizer = HoldingAdamW(groups, weight_decay=self.cfg.weight_decay)
         schedule = warmup_cosine(self.cfg.warmup_steps, self.cfg.lr_decay_steps, self.cfg.min_lr_ratio)
         # One optimiser step per update (super_batch_size = train_batch_size x accumulation_steps).
-        policy_schedule = delayed(schedule, self.cfg.critic_warmup_epochs * self.cfg.updates_per_epoch)
+        policy_schedule = delayed(schedule, self.critic_warmup_epochs * self.cfg.updates_per_epoch)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, [policy_schedule if g["name"] == "policy" else schedule for g in groups])
         self.engine, _, _, self.scheduler = deepspeed.initialize(
@@ -306,7 +308,7 @@ class TrainerActor:
         rows = []
         self._window_useful = 0
         # Critic warm-up: the value loss alone, and the policy's weights and optimiser state left as they are.
-        critic_only = policy_version < self.cfg.critic_warmup_epochs
+        critic_only = policy_version < self.critic_warmup_epochs
         self.optimizer.held = frozenset({"policy"} if critic_only else ())
         for _ in range(self.cfg.updates_per_epoch):
             order = self._minibatch_order(batch)

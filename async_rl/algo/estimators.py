@@ -140,16 +140,10 @@ def check_group_capacity(group_size: int, replay_capacity: int, max_episode_step
                           f"--group-size")
 
 
-def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: float, kl_ref_as: str,
-                    critic_warmup_epochs: int = 0) -> None:
+def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: float, kl_ref_as: str) -> None:
     """The estimator ``name`` gives what the objective reads (the clip mode's batch fields; a
-    KL-to-reference reward penalty needs rewards on the trainer; a critic warm-up, a critic); else a
-    one-line ConfigError."""
+    KL-to-reference reward penalty needs rewards on the trainer); else a one-line ConfigError."""
     estimator = advantage_estimator(name)
-    if critic_warmup_epochs > 0 and not estimator.needs_critic:
-        kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_critic)
-        raise ConfigError(f"critic_warmup_epochs {critic_warmup_epochs} trains the critic alone, but advantage "
-                          f"'{name}' has none: use an estimator with a critic ({kinds}) or --critic-warmup-epochs 0")
     if {"group_id", "success"} & PolicyLoss(clip_mode, clip_params).reads and not estimator.needs_group_rollouts:
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_group_rollouts)
         raise ConfigError(f"clip mode '{clip_mode}' compares the episodes of a group (group_id, success): choose a "
