@@ -114,7 +114,6 @@ def overlap(stats: dict[str, Any]) -> dict[str, float]:
 def supervised_stage(seed: int, epochs: int, argv: list[str], log_dir: Path) -> tuple[str, dict[str, float]]:
     """The critic's supervised stage for one seed: reference critiques of the training cases, ``launch/sft.py``
     for ``epochs`` passes, and the exported critic's own figures on the held-out set (no RL yet)."""
-    import json as json_  # noqa: PLC0415
     import shutil  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
@@ -129,7 +128,7 @@ def supervised_stage(seed: int, epochs: int, argv: list[str], log_dir: Path) -> 
     log_dir.mkdir(parents=True)
     cfg, task_set = load(argv, SFT_CONFIG)
     demos = log_dir / "critiques.jsonl"
-    demos.write_text("".join(json_.dumps(p) + "\n" for p in critique_demonstrations(task_set.train, seed)))
+    demos.write_text("".join(json.dumps(p) + "\n" for p in critique_demonstrations(task_set.train, seed)))
     export = log_dir / "policy"
     sft_main(["--config", str(SFT_CONFIG), "--swanlab-mode", "disabled", "--seed", str(seed), "--demos", str(demos),
               "--sft-epochs", str(epochs), "--log-dir", str(log_dir), "--sft-export", str(export), *argv])

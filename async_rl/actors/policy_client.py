@@ -38,11 +38,6 @@ class PolicyClient:
         # When a slab may be asked for next (None: never; the Ray path only)
         self._next_slab: Optional[float] = 0.0 if shared_memory == "auto" else None
 
-    @property
-    def shared(self) -> bool:
-        """Whether requests go through a shared-memory slab now."""
-        return self._slab is not None
-
     async def act(self, obs: TensorDict, deterministic: bool = False) -> TensorDict:
         """Actions, log-probs, values and policy version for a batch ``[k]`` of observations.
 

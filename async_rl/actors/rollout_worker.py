@@ -46,7 +46,7 @@ def finite_rows(obs: TensorDict) -> list[bool]:
 
 
 class FailureWeightedTaskSampler:
-    """Failure-weighted task sampling, as the original framework samples tasks: P(task) proportional to (failures in its recent episodes + 1)."""
+    """Failure-weighted task sampling: P(task) proportional to (failures in its recent episodes + 1)."""
 
     def __init__(self, num_tasks: int, window: int, rng: np.random.Generator) -> None:
         self.outcomes = [deque(maxlen=window) for _ in range(num_tasks)]

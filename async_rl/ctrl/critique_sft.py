@@ -63,10 +63,9 @@ def reference_critique(case: dict[str, Any], reference: Optional[str]) -> Option
 def critique_demonstrations(cases: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, str]]:
     """Balanced ``{"prompt", "response"}`` pairs for the cases whose critique can be written."""
     references = {c["task_id"]: c["solution"] for c in cases if c["source"] == "canonical"}
-    usable = [c for c in cases if reference_critique(c, references.get(c["task_id"])) is not None]
-    return [{"prompt": critic_prompt(c["prompt"], c["solution"]),
-             "response": reference_critique(c, references.get(c["task_id"]))}
-            for c in balanced(usable, None, seed)]
+    written = [{**c, "critique": reference_critique(c, references.get(c["task_id"]))} for c in cases]
+    return [{"prompt": critic_prompt(c["prompt"], c["solution"]), "response": c["critique"]}
+            for c in balanced([c for c in written if c["critique"] is not None], None, seed)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
