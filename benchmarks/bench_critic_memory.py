@@ -4,7 +4,7 @@
 
 For each launch's policy (MetaWorld MLP, CompilerGym MLP, the LIBERO tiny VLA with its LoRA adapters) and
 each estimator (``gae``: PPO with a critic; ``grpo``: group-relative, no critic), the model is built the
-way a trainer rank builds it (``Runtime.policy_factory`` -> ``trainer.training_model``: the policy, LoRA,
+way a trainer rank builds it (``Runtime.policy_factory`` -> ``trainer_setup.training_model``: the policy, LoRA,
 the critic frozen when the estimator needs none) and measured:
 
 * ``params`` / ``trainable_params``: all parameters / those the optimiser updates;
@@ -40,7 +40,7 @@ def _nbytes(tensors: Any) -> int:
 
 def measure(config: Path, argv: list[str]) -> dict[str, Any]:
     """Sizes of the model a trainer rank builds for ``config`` + ``argv`` (no Ray, one process)."""
-    from async_rl.actors.trainer import optimizer_groups, training_model  # noqa: PLC0415
+    from async_rl.actors.trainer_setup import optimizer_groups, training_model  # noqa: PLC0415
     from async_rl.config import load_config  # noqa: PLC0415
     from async_rl.driver import prepare  # noqa: PLC0415
     from async_rl.orchestration.runtime import Runtime  # noqa: PLC0415

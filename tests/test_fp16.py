@@ -7,8 +7,9 @@ tests/test_bf16.py. Here: why the refusal, the DeepSpeed config per dtype, the r
 import pytest
 import torch
 
-from async_rl.actors.trainer import deepspeed_config
-from async_rl.config import RunConfig, load_config
+from async_rl.actors.trainer_setup import deepspeed_config
+from async_rl.config import load_config
+from async_rl.config_schema import RunConfig
 from async_rl.errors import ConfigError
 from async_rl.process_setup import precision_dtype
 

@@ -123,7 +123,7 @@ def lora_cfg(sync):
 
 
 def test_adapter_only_sync_gives_the_outputs_of_merged_weights(base_policy, kwargs):
-    from async_rl.actors.trainer import training_model
+    from async_rl.actors.trainer_setup import training_model
 
     factory = lambda: copy.deepcopy(base_policy).drop_critic()  # noqa: E731
     trained = training_model(lora_cfg("adapters"), factory)

@@ -31,7 +31,7 @@ def checkpoint_policy(path: str, obs_spec: Any, action_dim: int) -> Any:
     from types import SimpleNamespace  # noqa: PLC0415
 
     from async_rl import checkpoint as ckpt  # noqa: PLC0415
-    from async_rl.actors.trainer import training_model  # noqa: PLC0415
+    from async_rl.actors.trainer_setup import training_model  # noqa: PLC0415
     from async_rl.algo import advantage_estimator  # noqa: PLC0415
 
     directory = ckpt.resolve_checkpoint(path)

@@ -16,7 +16,8 @@ from async_rl.actors.inference import InferenceActor
 from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
 from async_rl.actors.peers import SharedValue
 from async_rl.actors.stats import StatsActor
-from async_rl.actors.trainer import TrainerActor, training_model
+from async_rl.actors.trainer import TrainerActor
+from async_rl.actors.trainer_setup import training_model
 from async_rl.algo import advantage_estimator
 from async_rl.logger import mean_metrics
 from async_rl.orchestration.actor_group import ActorGroup, failure_reason, get_named

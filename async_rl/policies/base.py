@@ -71,7 +71,7 @@ class ActorCritic(torch.nn.Module):
         return self
 
     # LoRA with adapter-only sync (``lora_sync: adapters``): the inference copy holds the same frozen base
-    # and adapters, and only the trained tensors travel. Set on both sides by trainer.training_model.
+    # and adapters, and only the trained tensors travel. Set on both sides by trainer_setup.training_model.
     sync_adapters_only = False
 
     def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:

@@ -49,7 +49,7 @@ def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] =
     policy = CausalLMActorCritic(TEXT_SPEC, 1, **kwargs)
     description = f"model {kwargs['model_path']}"
     if directory is not None:
-        # Built as the trainers built it (actors/trainer.py training_model), so the saved names fit.
+        # Built as the trainers built it (actors/trainer_setup.py training_model), so the saved names fit.
         critic = advantage_estimator(config.get("advantage", "gae")).needs_critic
         if not critic:
             policy.drop_critic()

@@ -1,0 +1,281 @@
+"""The run configuration's schema: its sections (run, env, policy, objective, scale, timeouts,
+supervised) and ``RunConfig``, every key typed with its default and checked across keys.
+
+``async_rl/config.py`` reads YAML files and flags into it (defaults < ``--config`` < flags).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal, Optional, Union
+
+import pydantic
+
+from async_rl.algo import (
+    check_advantage,
+    check_group_minibatch,
+    check_group_size,
+    check_objective,
+    resolve_policy_loss_params,
+)
+from async_rl.errors import unknown_key_message
+from async_rl.supervised_config import SupervisedSection
+from async_rl.validation import ConfigSection
+
+Positive = pydantic.PositiveInt
+Fraction = pydantic.confloat(ge=0.0, le=1.0)
+
+
+_Section = ConfigSection
+
+
+class RunSection(_Section):
+    """Run control, logging, checkpoints and the evaluation schedule."""
+
+    sync: bool = False
+    """no overlap: collect -> train -> broadcast -> collect (baseline, debugging)"""
+    seed: int = 0
+    log_dir: str = "runs/default"
+    max_epochs: Optional[Positive] = None
+    max_minutes: Optional[pydantic.PositiveFloat] = None
+    ray_address: Optional[str] = None
+    """join this Ray cluster (host:port) instead of starting a local one"""
+    log_interval_seconds: pydantic.PositiveFloat = 10.0
+    swanlab_mode: Literal["offline", "disabled", "local", "cloud"] = "offline"
+    checkpoint_interval_epochs: Optional[Positive] = 10
+    """checkpoints under <log_dir>/checkpoints every N epochs (null = only at the end) and at the end"""
+    keep_checkpoints: Positive = 3
+    resume: Optional[str] = None
+    """a checkpoint dir (or a dir of them: the newest) to continue from"""
+    eval_interval_epochs: Positive = 5
+    eval_episodes: Positive = 2
+    eval_deterministic: bool = True
+    eval_search: str = "none"
+    """search at inference time in the env's final evaluation (CompilerGym: none, greedy, best-of-K, beam-K); an env option"""
+    eval_search_budget: pydantic.NonNegativeInt = 0
+    """its compilations (pass applications) per program; 0 = the env's default (CompilerGym: 16 x the episode length)"""
+    video_interval_evals: pydantic.NonNegativeInt = 5
+    """record episode videos (TensorBoard eval_video/*, <log_dir>/videos/*.mp4) at the 1st, (N+1)th, ... evaluation; 0 = never"""
+    video_episodes: pydantic.NonNegativeInt = 1
+    """episodes recorded per such evaluation (the first of each task first)"""
+    video_fps: Positive = 20
+
+
+class EnvSection(_Section):
+    """What to train on."""
+
+    env: str = "metaworld"
+    """a registered environment (a module in envs/)"""
+    env_kwargs: dict[str, Any] = pydantic.Field(default_factory=lambda: {"benchmark": "MT1", "task": "reach-v3"})
+    task_failure_window: Positive = 10
+    """episodes per task that weight the workers' task sampling towards failing tasks"""
+
+
+class PolicySection(_Section):
+    """The model: which policy, its weights, LoRA and precision."""
+
+    policy: str = "mlp"
+    """a registered policy (a module in async_rl/policies/)"""
+    policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    init_from: Optional[str] = None
+    """a policy export (launch/sft.py) whose weights the policy starts from; LoRA, if any, goes on top"""
+    model_path: Optional[str] = None
+    """local model directory (or, for causal_lm, a .gguf file) for policies that load one (vla, causal_lm); null = their default"""
+    lora_rank: pydantic.NonNegativeInt = 0
+    """LoRA (peft) on the trainers' copy; 0 = train every parameter"""
+    lora_sync: Literal["merged", "adapters"] = "merged"
+    """what the inference actors receive with LoRA: the merged weights, or only the adapters (and parameters trained whole) on top of their own frozen base"""
+    lora_alpha: pydantic.PositiveFloat = 16.0
+    lora_dropout: Fraction = 0.0
+    lora_target_modules: Optional[Union[str, list[str]]] = None
+    """null = every nn.Linear; a string is a peft regex"""
+    lora_trainable: list[str] = pydantic.Field(default_factory=list)
+    """name prefixes kept fully trainable"""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """auto = bf16 on CUDA, fp32 on CPU; fp16 (dynamic loss scaling) needs CUDA"""
+
+
+class ObjectiveSection(_Section):
+    """Advantages, the loss and its optimiser."""
+
+    advantage: str = "gae"
+    """a registered advantage estimator (async_rl/algo/estimators.py): gae, vtrace, or a group one (grpo, rloo, ...)"""
+    group_size: Positive = 1
+    """episodes per group started from the same initial state (group estimators need >= 2; 1 = no groups)"""
+    max_group_version_spread: pydantic.NonNegativeInt = 4
+    """a group whose members' start versions span more than this is dropped; an incomplete one is given up this many versions plus an episode's span after its last ticket (actors/groups.py)"""
+
+    @pydantic.field_validator("advantage")
+    @classmethod
+    def _usable_advantage(cls, value: str) -> str:
+        return check_advantage(value)
+
+    clip_mode: str = "clip"
+    clip_params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    """params of the clip mode (or --clip-config FILE)"""
+    lr_policy: pydantic.PositiveFloat = 3e-4
+    lr_value: pydantic.PositiveFloat = 1e-3
+    warmup_steps: pydantic.NonNegativeInt = 10
+    lr_decay_steps: Positive = 10_000
+    min_lr_ratio: Fraction = 0.1
+    weight_decay: pydantic.NonNegativeFloat = 0.0
+    max_grad_norm: pydantic.PositiveFloat = 1.0
+    gamma: Fraction = 0.99
+    gae_lambda: Fraction = 0.95
+    reward_scale: pydantic.PositiveFloat = 0.1
+    value_coef: pydantic.NonNegativeFloat = 0.5
+    value_clip_eps: Optional[pydantic.PositiveFloat] = None
+    critic_warmup_epochs: pydantic.NonNegativeInt = 0
+    """the first N epochs train the critic alone (value loss only; the policy's weights and optimiser state stay
+    as they are, its learning-rate schedule starts after them): a fresh critic's advantages are noise. A
+    critic-free estimator (grpo, rloo, ...) has nothing to warm up and ignores it"""
+    entropy_coef: pydantic.NonNegativeFloat = 0.0
+    kl_coef: pydantic.NonNegativeFloat = 0.0
+    """k3 KL penalty to the behaviour policy (the one that collected the batch), not to a reference"""
+    kl_ref_coef: pydantic.NonNegativeFloat = 0.0
+    """KL to the reference policy (LoRA: the model with adapters off; else a frozen copy of the initial weights); 0 = off"""
+    kl_ref_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Schulman's estimators of KL(pi || pi_ref): k1 = log(pi/pi_ref), k2 = log^2/2, k3 = (r - 1) - log r"""
+    kl_ref_as: Literal["loss", "reward"] = "loss"
+    """the KL to the reference as a loss term, or as a per-step reward penalty (estimators reading rewards on the trainer)"""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """how the per-token terms of variable-length actions (a response) become one loss: over all tokens, per sequence then over sequences, or per-sequence sums over the token budget (Dr. GRPO)"""
+    grpo_scale_by_std: bool = True
+    """grpo divides by the group's std; false = centring only (Dr. GRPO)"""
+    ratio_threshold: Optional[pydantic.PositiveFloat] = None
+    normalize_advantages: bool = True
+    """whiten the advantages over the batch (group estimators: divide by the batch's RMS only, no centring)"""
+    vtrace_clip_rho: Optional[pydantic.PositiveFloat] = 1.0
+    vtrace_clip_c: Optional[pydantic.PositiveFloat] = 1.0
+    vtrace_clip_pg_rho: Optional[pydantic.PositiveFloat] = 1.0
+
+
+class ScaleSection(_Section):
+    """How many of each actor, batch sizes, replay, and resources (named as in ds_libero_ppo.py); defaults fit
+    a 2-core machine. Sizes count steps (PPO) or segments of ``rollout_local_buf`` steps (V-trace)."""
+
+    num_trainers: Positive = 2
+    num_inference_actors: Positive = 1
+    num_rollout_workers: Positive = 2
+    num_eval_workers: pydantic.NonNegativeInt = 1
+    envs_per_worker: Positive = 4
+    rollout_local_buf: Positive = 64
+    inference_batch: Positive = 2
+    inference_timeout_ms: pydantic.PositiveFloat = 2.0
+    """longest wait to fill an inference batch"""
+    inference_forward_thread: Optional[bool] = None
+    """forward in a thread (true) or on the actor's event loop (false); null = a thread for GPU models
+    and CPU models over 20 M parameters"""
+    shared_memory: Literal["auto", "off"] = "auto"
+    """rollout workers on their inference actor's node send observations and get answers through shared
+    memory instead of a Ray call per step (auto); off = every request over Ray"""
+
+    @pydantic.field_validator("shared_memory", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
+
+    replay_capacity: Positive = 4096
+    train_batch_size: Positive = 256
+    accumulation_steps: Positive = 2
+    super_batch_size: Positive = 512
+    updates_per_epoch: Positive = 4
+    replay_sampling: Literal["consume", "reuse"] = "consume"
+    """consume: sampled experience leaves the buffer (each step trains in one epoch); reuse: it stays
+    and may be drawn again (as in the original ds_libero_ppo.py framework), so trainers never wait for data"""
+    max_sample_reuse: Optional[pydantic.PositiveFloat] = None
+    """bounded update-to-data ratio: trainers wait for fresh data while the items drawn so far, each
+    trained updates_per_epoch times, would exceed this many uses per item collected
+    (health/data_wait_*, replay/reuse_refusals); null = no bound"""
+    max_policy_lag: Optional[pydantic.NonNegativeInt] = None
+    """experience more than this many policy versions older than the trainer's is dropped when sampled
+    (replay/dropped_stale); null = keep all"""
+    prefetch_batches: pydantic.NonNegativeInt = 1
+    """super-batches a trainer fetches ahead while it trains (each adds a policy version of lag);
+    0 = fetch when an epoch starts"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    trainer_num_cpus: pydantic.NonNegativeFloat = 0.5
+    inference_num_cpus: pydantic.NonNegativeFloat = 0.25
+    worker_num_cpus: pydantic.NonNegativeFloat = 0.25
+    torch_threads: Positive = 1
+    trainer_gpu_ids: Optional[list[int]] = None
+    inference_gpu_ids: Optional[list[int]] = None
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    """Ray placement groups of the trainers and of the inference actors: PACK fills few nodes, SPREAD
+    one rank / actor per node where it can"""
+
+
+class TimeoutsSection(_Section):
+    """Every cross-actor wait has a timeout; killed actors are restarted a bounded number of times."""
+
+    actor_timeout_s: pydantic.PositiveFloat = 120.0
+    collective_timeout_s: pydantic.PositiveFloat = 120.0
+    startup_timeout_s: pydantic.PositiveFloat = 600.0
+    actor_max_restarts: pydantic.NonNegativeInt = 3
+    """Ray restarts a killed rollout worker or inference actor up to this many times"""
+
+
+# Section name -> its typed view; every config key is in exactly one (tests/test_config.py checks).
+SECTIONS: dict[str, type[_Section]] = {
+    "run": RunSection, "env": EnvSection, "policy": PolicySection, "objective": ObjectiveSection,
+    "scale": ScaleSection, "timeouts": TimeoutsSection, "supervised": SupervisedSection,
+}
+
+
+class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, EnvSection, RunSection):
+    """Every knob of a run, flat (``cfg.gamma``); ``cfg.section("objective")`` is one section, frozen."""
+
+    model_config = pydantic.ConfigDict(frozen=False, validate_assignment=True)
+
+    def section(self, name: str) -> _Section:
+        """A frozen copy of section ``name`` (run, env, policy, objective, scale, timeouts, supervised)."""
+        if name not in SECTIONS:
+            raise KeyError(unknown_key_message(name, SECTIONS, "config section"))
+        cls = SECTIONS[name]
+        return cls.model_construct(**{key: copy.deepcopy(getattr(self, key)) for key in cls.model_fields})
+
+    def sectioned(self) -> dict[str, dict[str, Any]]:
+        """The config as {section: {key: JSON-able value}} (what ``--print-config`` prints)."""
+        flat = self.model_dump(mode="json")
+        return {name: {key: flat[key] for key in cls.model_fields} for name, cls in SECTIONS.items()}
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        if self.super_batch_size != self.train_batch_size * self.accumulation_steps:
+            raise ValueError(
+                f"super_batch_size ({self.super_batch_size}) must equal train_batch_size x accumulation_steps "
+                f"({self.train_batch_size} x {self.accumulation_steps} = {self.train_batch_size * self.accumulation_steps})"
+            )
+        if self.super_batch_size > self.replay_capacity:
+            raise ValueError(
+                f"super_batch_size ({self.super_batch_size}) exceeds replay_capacity ({self.replay_capacity}); "
+                "raise replay_capacity"
+            )
+        resolve_policy_loss_params(self.clip_mode, self.clip_params)
+        check_group_size(self.advantage, self.group_size)
+        check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)
+        check_group_minibatch(self.clip_mode, self.clip_params, self.group_size, self.train_batch_size)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _fp16_needs_cuda(self) -> "RunConfig":
+        # DeepSpeed's CPU accelerator has no fp16 ("Type fp16 is not supported on your device").
+        # device auto on a driver without a GPU counts as CPU unless a cluster address is given.
+        if self.precision == "fp16" and (self.device == "cpu" or (
+                self.device == "auto" and not self.ray_address and not _cuda_visible())):
+            raise ValueError("precision fp16 needs a CUDA device (DeepSpeed has no fp16 on CPU); "
+                             "use --precision bf16 on CPU, or --device cuda on a GPU machine")
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _reuse_bound_is_async(self) -> "RunConfig":
+        # Synchronous mode trains on each collected super-batch once; the bound would be silently ignored.
+        if self.sync and self.max_sample_reuse is not None:
+            raise ValueError(f"max_sample_reuse ({self.max_sample_reuse:g}) applies only to asynchronous mode; "
+                             "drop --sync or pass --max-sample-reuse null")
+        return self
+
+
+def _cuda_visible() -> bool:
+    import torch  # noqa: PLC0415  (only an fp16 config asks)
+
+    return torch.cuda.is_available()
