@@ -38,7 +38,7 @@ TB_LAYOUT = {
               "clip, ratio, ESS": ["Multiline", [r"train/(clip_frac|ess|ratio_(mean|min|max)|approx_kl)$"]],
               "entropy": ["Multiline", [r"train/entropy"]], "learning rates": ["Multiline", [r"train/lr_"]]},
     "rollout": {"return": ["Multiline", [r"rollout/episode_return$", r"rollout_task/.*/episode_return"]],
-                "success": ["Multiline", [r"rollout/success_rate$", r"rollout_task/.*/success_rate"]],
+                "success": ["Multiline", [r"rollout/success_rate(_recent)?$", r"rollout_task/.*/success_rate"]],
                 "env steps/s": ["Multiline", [r"rollout/env_steps_per_sec"]],
                 "policy lag": ["Multiline", [r"rollout/policy_lag"]]},
     "eval": {"success": ["Multiline", [r"eval/success_rate", r"eval_task/.*/success_rate"]],

@@ -23,7 +23,7 @@ from async_rl import checkpoint as ckpt
 # it; train/* tags no figure names go to "train_diagnostics", so a new loss diagnostic is plotted.
 FIGURES = (
     ("return", "Episode return", (r"rollout/episode_return$", r"eval/return$")),
-    ("success", "Success rate", (r"rollout/success_rate$", r"eval/success_rate$")),
+    ("success", "Success rate", (r"rollout/success_rate(_recent)?$", r"eval/success_rate$")),
     ("losses", "Losses", (r"train/.*loss$",)),
     ("clip_ess", "Clipping, importance weights and ESS", (r"train/(clip|ess|ratio|is_|approx_kl|dead_grad)",)),
     ("train_diagnostics", "Other training diagnostics", (r"train/",)),
@@ -31,8 +31,8 @@ FIGURES = (
     ("policy_lag", "Policy lag (versions)", (r"rollout/policy_lag", )),
 )
 # The summary's final metrics, in this order, where the run has them.
-HEADLINE = ("rollout/episode_return", "rollout/success_rate", "eval/success_rate", "eval/return",
-            "rollout/env_steps_per_sec", "rollout/policy_lag", "train/policy_loss", "train/value_loss",
+HEADLINE = ("rollout/episode_return", "rollout/success_rate", "rollout/success_rate_recent", "eval/success_rate",
+            "eval/return", "rollout/env_steps_per_sec", "rollout/policy_lag", "train/policy_loss", "train/value_loss",
             "train/entropy", "train/clip_frac", "train/ess", "sync/policy_version", "rollout/total_env_steps")
 CONFIG_KEYS = ("env", "env_kwargs", "policy", "clip_mode", "advantage", "num_trainers", "num_rollout_workers",
                "super_batch_size", "max_epochs", "max_minutes", "seed", "sync")

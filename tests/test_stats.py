@@ -39,3 +39,23 @@ def test_a_round_reported_in_one_call_counts_as_its_steps_and_episodes_one_by_on
     a, b = batched.snapshot(), single.snapshot()
     assert a.pop("env_steps_per_sec") > 0 and b.pop("env_steps_per_sec") > 0
     assert a == b and a["total_env_steps"] == 1024 and a["total_episodes"] == 2
+
+
+def test_the_status_lines_success_is_the_last_100_episodes_across_snapshots():
+    from async_rl.actors.stats import RECENT_EPISODES
+    from async_rl.orchestration.metrics import status_line
+
+    stats = StatsAggregator()
+    for k in range(RECENT_EPISODES):  # 30 successes among the first 100 episodes
+        stats.record_episode("t", 1.0, 10, k % 10 < 3, 0.1)
+    first = snapshot_scalars({"stats": stats.snapshot(), "replay": {}, "inference": {}})
+    assert first["rollout/success_rate_recent"] == 0.3 and first["rollout/recent_episodes"] == RECENT_EPISODES
+    stats.record_episode("t", 0.0, 10, False, 0.1)  # one failure: this snapshot's own rate is 0
+    second = snapshot_scalars({"stats": stats.snapshot(), "replay": {}, "inference": {}})
+    assert second["rollout/success_rate"] == 0.0
+    # The window slid by one: the oldest episode (a success) left it, the failure came in.
+    assert second["rollout/success_rate_recent"] == 0.29
+    line = status_line({**first, **second})
+    assert "success 0.29" in line and "success 0.00" not in line
+    assert "rollout/success_rate_recent" not in snapshot_scalars({"stats": StatsAggregator().snapshot(), "replay": {},
+                                                          "inference": {}})  # no episode yet: not shown

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import numpy as np
 import ray
+
+
+# Episodes behind the running success rate (the status line's): a snapshot every few seconds holds one or
+# two LIBERO episodes, so its own mean flips between 0 and 1; SB3 shows the last 100 the same way.
+RECENT_EPISODES = 100
 
 
 class StatsAggregator:
@@ -13,6 +18,7 @@ class StatsAggregator:
         self.total_env_steps = 0
         self.total_episodes = 0
         self._episodes: dict[str, list[tuple[float, int, bool]]] = defaultdict(list)
+        self._recent_success: deque[bool] = deque(maxlen=RECENT_EPISODES)
         self._steps_since = 0
         self._since = time.monotonic()
         # Failures survived: worker_restarts, inference_restarts, dropped_episodes, ...
@@ -45,6 +51,7 @@ class StatsAggregator:
     def record_episode(self, task: str, episode_return: float, length: int, success: bool, seconds: float) -> None:
         self.total_episodes += 1
         self._episodes[task].append((episode_return, length, success))
+        self._recent_success.append(bool(success))
 
     def record_collected(self, source: str, steps: int, episodes: list[tuple[str, float, int, bool, float]]) -> None:
         """A rollout worker's report of one round: env steps pushed and the episodes that ended
@@ -79,6 +86,9 @@ class StatsAggregator:
             out["episode_return"] = float(np.mean([e[0] for e in all_eps]))
             out["episode_length"] = float(np.mean([e[1] for e in all_eps]))
             out["success_rate"] = float(np.mean([e[2] for e in all_eps]))
+        if self._recent_success:  # kept across snapshots: the last RECENT_EPISODES episodes, all tasks
+            out["success_rate_recent"] = float(np.mean(self._recent_success))
+            out["recent_episodes"] = len(self._recent_success)
         self._episodes.clear()
         self._steps_since, self._since = 0, now
         return out
