@@ -1,0 +1,139 @@
+"""LIBERO from the supervised policy: does RL raise the tiny VLA's success on held-out initial states?
+
+    python benchmarks/bench_libero_finetune.py --out runs/bench/libero_finetune.json   # PPO 3 seeds, GRPO 1, 30 min each
+    python benchmarks/bench_libero_finetune.py --quick --out runs/bench/libero_finetune_quick.json   # 1 seed, 3 min
+    python benchmarks/bench_libero_finetune.py --reuse --out F.json   # runs already evaluated under --runs-dir are read
+
+1. ``sft_heldout``: the policy ``make run`` starts from (``configs/libero_ppo.yaml``'s ``init_from``), deterministic
+   actions, on the held-out initial states (40-49 of each task; demonstrations and RL use 0-39).
+2. Per seed, ``launch/ds_libero_ppo.py --clip-mode soft_clip`` (``make run``'s command and config) for ``--minutes``
+   from that policy, with PPO (GAE, the config's critic warm-up and KL to the supervised policy) and with GRPO
+   (``--advantage grpo --group-size 8``: 8 episodes from one initial state); then the same held-out evaluation of
+   the run's newest weights. Each evaluation runs as two processes over halves of the states
+   (``launch/eval_libero.py``), one training run at a time.
+Keys: ``<ppo|grpo>_heldout_seed<S>`` and their mean ``<ppo|grpo>_heldout``, ``<ppo|grpo>_gain`` (mean minus
+``sft_heldout``), the epochs and env steps of each run, and the load before and after each run. With 10 states
+per task and two tasks, one evaluation is 20 episodes: a single rate moves in steps of 0.05 (binomial noise ~±0.1).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import ROOT, libero_unavailable, machine, parser, report, scalars  # noqa: E402
+
+PY = sys.executable
+ESTIMATORS = {"ppo": [], "grpo": ["--advantage", "grpo", "--group-size", "8"]}
+
+
+def halves(states: list[int]) -> list[str]:
+    """A range of states as two ``--init-states`` ranges (one per evaluation process)."""
+    mid = (len(states) + 1) // 2
+    return [f"{part[0]}-{part[-1]}" for part in (states[:mid], states[mid:]) if part]
+
+
+def parse_states(text: str) -> list[int]:
+    """``FIRST-LAST`` (inclusive) or one state."""
+    first, _, last = text.partition("-")
+    try:
+        states = list(range(int(first), int(last or first) + 1))
+    except ValueError:
+        states = []
+    if not states:
+        raise SystemExit(f"--init-states {text!r}: give a range FIRST-LAST such as 40-49")
+    return states
+
+
+def evaluate(policy_flags: list[str], states: list[int], out: Path) -> dict[str, Any]:
+    """Deterministic success on ``states`` of every task (two processes), merged into ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for k, part in enumerate(halves(states)):
+        log = open(out.with_name(f"{out.stem}_{k}.log"), "w")  # noqa: SIM115  (closed below)
+        cmd = [PY, "launch/eval_libero.py", *policy_flags, "--init-states", part, "--json", str(out.with_name(f"{out.stem}_{k}.json"))]
+        procs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log, k))
+    episodes = []
+    for proc, log, k in procs:
+        code = proc.wait(timeout=3600)
+        log.close()
+        if code != 0:
+            raise SystemExit(f"evaluation failed (exit {code}); see {out.with_name(f'{out.stem}_{k}.log')}")
+        episodes += json.loads(out.with_name(f"{out.stem}_{k}.json").read_text())["episodes"]
+    tasks = sorted({e["task"] for e in episodes})
+    merged = {"success_rate": sum(e["success"] for e in episodes) / len(episodes), "episodes": episodes,
+              "per_task": {t: statistics.mean(e["success"] for e in episodes if e["task"] == t) for t in tasks},
+              "init_states": states, "policy": policy_flags}
+    out.write_text(json.dumps(merged, indent=2) + "\n")
+    return merged
+
+
+def train(name: str, seed: int, minutes: float, run_dir: Path) -> dict[str, Any]:
+    """One ``make run``-style training run; what it did, read back from its TensorBoard events."""
+    load_before = os.getloadavg()[0]
+    cmd = [PY, "launch/ds_libero_ppo.py", "--clip-mode", "soft_clip", "--max-minutes", str(minutes), "--seed", str(seed),
+           "--log-dir", str(run_dir), "--swanlab-mode", "disabled", *ESTIMATORS[name]]
+    with open(run_dir.with_name(run_dir.name + ".log"), "w") as log:
+        code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=minutes * 60 + 1800).returncode
+    if code != 0:
+        raise SystemExit(f"{name} seed {seed} failed (exit {code}); see {run_dir.name}.log")
+    return {"load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+
+
+def run_figures(run_dir: Path) -> dict[str, float]:
+    """Epochs (policy versions) and env steps of a finished run."""
+    versions, steps = scalars(run_dir, "sync/policy_version"), scalars(run_dir, "rollout/total_env_steps")
+    return {"epochs": versions[-1][1] if versions else 0, "env_steps": steps[-1][1] if steps else 0}
+
+
+def main() -> None:
+    ap = parser(__doc__, "1 PPO seed and 1 GRPO seed of 3 minutes, held-out states 40-44")
+    ap.add_argument("--minutes", type=float, default=None, help="training minutes per run (default 30; quick 3)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="PPO seeds (default 0 1 2; quick 0)")
+    ap.add_argument("--grpo-seeds", type=int, nargs="*", default=[0], help="GRPO seeds (default 0; none: skip)")
+    ap.add_argument("--init-states", default=None, help="held-out states, FIRST-LAST (default 40-49; quick 40-44)")
+    ap.add_argument("--runs-dir", default="runs/bench/libero_finetune", help="run dirs and evaluations go here")
+    ap.add_argument("--reuse", action="store_true", help="read a run or evaluation whose heldout JSON exists")
+    args = ap.parse_args()
+    minutes = args.minutes or (3.0 if args.quick else 30.0)
+    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    states = parse_states(args.init_states or ("40-44" if args.quick else "40-49"))
+    unavailable = libero_unavailable()
+    if unavailable:
+        raise SystemExit(f"LIBERO is not available here: {unavailable}")
+    runs = ROOT / args.runs_dir
+    started = time.time()
+    figures: dict[str, Any] = {"minutes": minutes, "heldout_states": f"{states[0]}-{states[-1]}", **machine()}
+
+    sft_json = runs / "sft_heldout.json"
+    sft = json.loads(sft_json.read_text()) if args.reuse and sft_json.is_file() else evaluate([], states, sft_json)
+    figures["sft_heldout"] = sft["success_rate"]
+    for name, name_seeds in (("ppo", seeds), ("grpo", args.grpo_seeds)):
+        rates = []
+        for seed in name_seeds:
+            run_dir, held_json = runs / f"{name}_seed{seed}", runs / f"{name}_seed{seed}_heldout.json"
+            if not (args.reuse and held_json.is_file()):
+                facts = train(name, seed, minutes, run_dir)
+                figures.update({f"{name}_{k}_seed{seed}": v for k, v in facts.items()})
+                evaluate(["--checkpoint", str(run_dir)], states, held_json)
+            held = json.loads(held_json.read_text())
+            rates.append(held["success_rate"])
+            figures[f"{name}_heldout_seed{seed}"] = held["success_rate"]
+            figures.update({f"{name}_{k}_seed{seed}": v for k, v in run_figures(run_dir).items()})
+            print(f"{name} seed {seed}: held-out {held['success_rate']:.2f} (SFT {figures['sft_heldout']:.2f})", flush=True)
+        if rates:
+            figures[f"{name}_heldout"] = statistics.mean(rates)
+            figures[f"{name}_gain"] = figures[f"{name}_heldout"] - figures["sft_heldout"]
+    figures["bench_seconds"] = round(time.time() - started, 1)
+    report(figures, args, headline=("sft_heldout", "ppo_heldout", "ppo_gain", "grpo_heldout", "grpo_gain"))
+
+
+if __name__ == "__main__":
+    main()
