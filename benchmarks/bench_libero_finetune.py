@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -42,11 +43,8 @@ def halves(states: list[int]) -> list[str]:
 
 def parse_states(text: str) -> list[int]:
     """``FIRST-LAST`` (inclusive) or one state."""
-    first, _, last = text.partition("-")
-    try:
-        states = list(range(int(first), int(last or first) + 1))
-    except ValueError:
-        states = []
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", text.strip())
+    states = list(range(int(match[1]), int(match[2] or match[1]) + 1)) if match else []
     if not states:
         raise SystemExit(f"--init-states {text!r}: give a range FIRST-LAST such as 40-49")
     return states
@@ -88,7 +86,9 @@ def train(name: str, seed: int, minutes: float, run_dir: Path) -> dict[str, Any]
 
 
 def run_figures(run_dir: Path) -> dict[str, float]:
-    """Epochs (policy versions) and env steps of a finished run."""
+    """Epochs (policy versions) and env steps of a finished run ({} where its directory is gone)."""
+    if not run_dir.is_dir():
+        return {}
     versions, steps = scalars(run_dir, "sync/policy_version"), scalars(run_dir, "rollout/total_env_steps")
     return {"epochs": versions[-1][1] if versions else 0, "env_steps": steps[-1][1] if steps else 0}
 
