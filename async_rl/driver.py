@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from async_rl.orchestration.placement import LOCALHOST, lost_node_note
 from async_rl.orchestration.progress import ProgressDisplay
 from async_rl.orchestration.runtime import Runtime, obs_spec_of
 from async_rl.orchestration.schedules import schedule_for
+from async_rl.orchestration.stop_signals import StopSignals
 from async_rl.policies import prepare_policy
 from async_rl.policies.initial_weights import check_init_from
 from async_rl.report import report_at_end
@@ -72,12 +74,18 @@ def main(default_config: str, description: str = "", argv: Optional[list[str]] =
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
-        return run(cfg, task_set)
+        summary = run(cfg, task_set)
     except ConfigError as exc:  # found once Ray is up: a cluster's resources (placement.check_cluster)
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except (ActorFailedError, ActorTimeoutError):
         raise SystemExit(1) from None  # run() has printed what failed and the last complete checkpoint
+    except KeyboardInterrupt:  # a second Ctrl-C: run() shut everything down on its way out
+        print("aborted (second Ctrl-C): no checkpoint of the epoch in progress", file=sys.stderr)
+        raise SystemExit(130) from None
+    if summary.get("stopped_by"):  # the shell's convention: 128 + the signal's number
+        raise SystemExit(128 + int(getattr(signal, summary["stopped_by"])))
+    return summary
 
 
 def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtime], Any]] = None) -> dict[str, Any]:
@@ -96,14 +104,20 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
     runtime = Runtime(cfg, task_set)
     deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
     console.print(_where_logs(cfg))
+    stop = StopSignals(lambda line: console.print(line, style="yellow", markup=False, soft_wrap=True))
     try:
-        runtime.start()
-        info = runtime.info
-        console.print(f"[bold]policy[/] {cfg.policy}: {info['params']:,} parameters, {info['trainable']:,} trainable; "
-                      f"{cfg.num_trainers} trainer rank(s) under ZeRO-2")
-        _train(runtime, reporter, deadline)
-        summary = _finish(runtime, reporter, deadline)
+        with stop:  # after the logger started: SwanLab's own SIGINT handler would swallow the interrupt
+            runtime.start()
+            info = runtime.info
+            console.print(f"[bold]policy[/] {cfg.policy}: {info['params']:,} parameters, {info['trainable']:,} trainable; "
+                          f"{cfg.num_trainers} trainer rank(s) under ZeRO-2")
+            _train(runtime, reporter, deadline, stop)
+            summary = _finish(runtime, reporter, deadline, stop)
         summary["wall_seconds"] = time.monotonic() - started
+        if stop.requested:
+            summary["stopped_by"] = stop.name
+            console.print(f"stopped by {stop.name} at epoch {runtime.epoch}; continue with --resume {cfg.log_dir}",
+                          markup=False, soft_wrap=True)
         console.print(f"done: {reporter.status()}; {summary['wall_seconds']:.0f} s")
         console.print(_where_logs(cfg))
         if inspect is not None:
@@ -122,15 +136,17 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
         report_at_end(cfg.log_dir, console)  # plots + report.md; a failure is one yellow line
 
 
-def _train(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> None:
-    """The loop: one epoch per turn until a limit; metrics, evaluations and checkpoints on their intervals."""
+def _train(runtime: Runtime, reporter: MetricsReporter, deadline: float, stop: StopSignals) -> None:
+    """The loop: one epoch per turn until a limit or a stop signal; metrics, evaluations and checkpoints on
+    their intervals."""
     cfg, schedule = runtime.cfg, schedule_for(runtime.cfg)
     console.print(f"collecting a first super-batch of {cfg.super_batch_size} ...")
-    if not wait_for_warmup(runtime, deadline):
-        console.print("time limit reached during warm-up")
+    if not wait_for_warmup(runtime, deadline, stop):
+        console.print("stop signal during warm-up" if stop.requested else "time limit reached during warm-up")
     last_log = 0.0
     with ProgressDisplay(console, cfg.max_epochs, runtime.epoch, deadline, cfg.log_interval_seconds) as progress:
-        while (cfg.max_epochs is None or runtime.epoch < cfg.max_epochs) and time.monotonic() < deadline:
+        while ((cfg.max_epochs is None or runtime.epoch < cfg.max_epochs) and time.monotonic() < deadline
+               and not stop.requested):
             if not schedule.before_epoch(runtime, deadline):
                 break
             scalars = training_scalars(runtime.train_epoch(), runtime.policy_version)
@@ -147,17 +163,18 @@ def _train(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> None
                 runtime.save_checkpoint()
 
 
-def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> dict[str, Any]:
+def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float, stop: StopSignals) -> dict[str, Any]:
     """Last checkpoint, the evaluations in flight (bounded past --max-minutes), the env's final
-    evaluation and the last snapshot; returns the summary."""
+    evaluation and the last snapshot; returns the summary. After a stop signal, only the evaluations
+    already done and no final evaluation: whoever stops a run wants it to end now."""
     cfg = runtime.cfg
     if runtime.checkpointer.epoch != runtime.epoch:
         runtime.save_checkpoint()
     final = snapshot_scalars(runtime.snapshot())
-    wait_s = min(cfg.actor_timeout_s, max(deadline - time.monotonic(), 0.0) + FINAL_EVAL_GRACE_S)
+    wait_s = 0.0 if stop.requested else min(cfg.actor_timeout_s, max(deadline - time.monotonic(), 0.0) + FINAL_EVAL_GRACE_S)
     for result in runtime.eval_poller.finish(wait_s):
         final.update(reporter.evaluation(result, runtime.epoch))
-    report = final_evaluation(runtime)
+    report = None if stop.requested else final_evaluation(runtime)
     if report is not None:
         final.update(report["scalars"])
         console.print(report["text"], markup=False, soft_wrap=True)
@@ -174,12 +191,12 @@ def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float) -> dic
     return summary
 
 
-def wait_for_warmup(runtime: Runtime, deadline: float) -> bool:
-    """Block until the replay buffer holds a super-batch; False if the deadline passed first.
+def wait_for_warmup(runtime: Runtime, deadline: float, stop: StopSignals) -> bool:
+    """Block until the replay buffer holds a super-batch; False if the deadline or a stop signal came first.
     Raises if ``startup_timeout_s`` passes first (the workers deliver nothing usable)."""
     cfg = runtime.cfg
     give_up = time.monotonic() + cfg.startup_timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.requested:
         size = runtime.replay_supervisor.call("size")
         if size >= cfg.super_batch_size:
             return True

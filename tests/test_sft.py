@@ -69,6 +69,24 @@ def test_sft_loss_falls_and_logs_to_tensorboard(sft_run):
     assert json.loads((root / "run" / "sft_summary.json").read_text())["export"] == summary["export"]
 
 
+def test_the_learning_rate_follows_its_schedule_from_the_first_step(sft_run):
+    """libero_sft.yaml takes the RL config as its base, critic warm-up and KL to a reference included: neither
+    applies to behaviour cloning (the warm-up held the rate at its first factor for 200 steps)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from async_rl.actors.trainer_setup import warmup_cosine
+    from async_rl.config import load_config
+
+    root, _ = sft_run
+    cfg = load_config([], str(Path(__file__).resolve().parents[1] / "configs" / "libero_sft.yaml"))
+    assert cfg.critic_warmup_epochs > 0 and cfg.kl_ref_coef > 0  # what the test is about: both inherited
+    events = EventAccumulator(str(root / "run"), size_guidance={"scalars": 0}).Reload()
+    lrs = [e.value for e in events.Scalars("lr_policy")]
+    steps = [e.value for e in events.Scalars("global_step")]
+    schedule = warmup_cosine(2, 40, cfg.min_lr_ratio)  # the run's --warmup-steps 2 --lr-decay-steps 40
+    assert lrs == pytest.approx([3e-3 * schedule(int(s)) for s in steps], rel=1e-4), (lrs, steps)
+
+
 def test_the_export_loads_through_the_rl_launch_and_acts_as_trained(sft_run):
     from async_rl.config import load_config
     from async_rl.driver import prepare

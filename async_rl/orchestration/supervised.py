@@ -115,6 +115,14 @@ def _shards(frames: TensorDict, ranks: int, minibatch: int, generator: torch.Gen
     return [frames[order[r * per_rank:(r + 1) * per_rank]] for r in range(ranks)]
 
 
+def supervised_trainer_config(cfg: Any) -> Any:
+    """``cfg`` without what only RL reads, for the trainers of a supervised run. A config made for RL (the
+    SFT configs take the RL run's as their base) would otherwise delay the policy's learning-rate schedule by
+    its critic warm-up (at warm-up's first factor, e.g. 1/20 of the rate, for 200 steps) and build a frozen
+    reference for a KL that behaviour cloning never computes."""
+    return cfg.model_copy(update={"critic_warmup_epochs": 0, "kl_ref_coef": 0.0, "kl_coef": 0.0})
+
+
 def run_supervised(cfg: Any, task_set: Any, frames: TensorDict, console: Console) -> dict[str, Any]:
     """Behaviour cloning on ``frames`` (``supervised_frames``) for ``cfg.sft_epochs`` passes (or
     ``max_minutes``); exports the policy and returns a summary (also written to
@@ -124,9 +132,10 @@ def run_supervised(cfg: Any, task_set: Any, frames: TensorDict, console: Console
     console.print(f"demonstrations: {frames.batch_size[0]} frames from {cfg.demos}")
     factory = with_initial_weights(
         functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs), cfg.init_from)
+    trainer_cfg = supervised_trainer_config(cfg)
     trainers = ActorGroup("trainer", {
         f"trainer-{r}": TrainerActor.options(num_cpus=cfg.trainer_num_cpus).remote(
-            r, cfg.num_trainers, None, None, cfg, factory, None)
+            r, cfg.num_trainers, None, None, trainer_cfg, factory, None)
         for r in range(cfg.num_trainers)}, cfg.actor_timeout_s)
     master = rendezvous(cfg, trainers["trainer-0"])
     info = trainers.call("setup", *master, timeout_s=cfg.startup_timeout_s, what="DeepSpeed set-up")["trainer-0"]
