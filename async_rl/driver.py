@@ -84,7 +84,7 @@ def main(default_config: str, description: str = "", argv: Optional[list[str]] =
         print("aborted (second Ctrl-C): no checkpoint of the epoch in progress", file=sys.stderr)
         raise SystemExit(130) from None
     if summary.get("stopped_by"):  # the shell's convention: 128 + the signal's number
-        raise SystemExit(128 + int(getattr(signal, summary["stopped_by"])))
+        raise SystemExit(128 + signal.Signals[summary["stopped_by"]])
     return summary
 
 

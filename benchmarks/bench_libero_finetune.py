@@ -62,12 +62,17 @@ def evaluate(policy_flags: list[str], states: list[int], out: Path) -> dict[str,
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         procs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env), log, k))
     episodes = []
-    for proc, log, k in procs:
-        code = proc.wait(timeout=3600)
-        log.close()
-        if code != 0:
-            raise SystemExit(f"evaluation failed (exit {code}); see {out.with_name(f'{out.stem}_{k}.log')}")
-        episodes += json.loads(out.with_name(f"{out.stem}_{k}.json").read_text())["episodes"]
+    try:
+        for proc, log, k in procs:
+            code = proc.wait(timeout=3600)
+            if code != 0:
+                raise SystemExit(f"evaluation failed (exit {code}); see {out.with_name(f'{out.stem}_{k}.log')}")
+            episodes += json.loads(out.with_name(f"{out.stem}_{k}.json").read_text())["episodes"]
+    finally:  # a failed or hung half does not leave the other running
+        for proc, log, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
     tasks = sorted({e["task"] for e in episodes})
     merged = {"success_rate": sum(e["success"] for e in episodes) / len(episodes), "episodes": episodes,
               "per_task": {t: statistics.mean(e["success"] for e in episodes if e["task"] == t) for t in tasks},
