@@ -137,3 +137,28 @@ def test_a_wait_goes_on_while_the_buffer_receives_and_ends_once_it_stops(ray_loc
 
     asyncio.run(main())
     ray.kill(replay)
+
+
+def test_a_batch_landing_while_the_progress_is_read_is_handed_over_at_once():
+    """The wait reads the buffer's progress (a remote call); a batch the background ask stores meanwhile
+    must end the wait then, not after another timeout (a rank stalled so long that its peer's
+    collective timed out)."""
+    batch = _items(0, SUPER_BATCH)
+    asks = []
+
+    async def ask():  # the buffer is short once, then holds a batch
+        asks.append(time.monotonic())
+        return None if len(asks) == 1 else batch
+
+    async def slow_progress():  # the background ask gets its batch during this read
+        await asyncio.sleep(1.0)
+        return 0
+
+    async def main():
+        prefetch = Prefetcher(ask, SUPER_BATCH, 1, 10.0, "trainer-0", slow_progress)
+        start = time.monotonic()
+        assert (await prefetch.next()) is batch
+        assert time.monotonic() - start < 3, "the wait missed the batch that landed while it read the progress"
+        prefetch.close()
+
+    asyncio.run(main())

@@ -147,6 +147,8 @@ class Prefetcher:
             if await patience.expired():
                 raise ActorTimeoutError(f"{self.name}: the replay buffer gave no super-batch within {self.timeout_s:g} s "
                                         "and received nothing in that time (are the rollout workers producing?)")
+            if self._ready:  # it landed during the awaits above, its signal with it: clearing would miss it
+                break
             self._changed.clear()
             waiter = asyncio.ensure_future(self._changed.wait())
             await asyncio.wait([waiter, self._task], timeout=max(patience.remaining(), POLL_S),
