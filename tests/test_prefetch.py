@@ -1,7 +1,8 @@
 """A trainer's prefetch against a real replay buffer actor: with a fresh buffer (each epoch it holds
 only experience of the newest policy, as workers refill it after a broadcast) the super-batch an
 epoch trains on is at most ``prefetch_batches`` versions old; waits end in errors naming the buffer
-once it received nothing for the timeout (not while it fills slowly), and a checkpoint's hold pauses the asks instead of waiting for a short buffer to fill."""
+once it received nothing for the timeout (not while it fills slowly), and a checkpoint's hold pauses
+the asks instead of waiting for a short buffer to fill."""
 import asyncio
 import time
 

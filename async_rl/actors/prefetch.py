@@ -61,7 +61,7 @@ class Patience:
     async def _read(self) -> int:
         try:
             return int(await self._progress())
-        except Exception:  # an unanswered progress call is no progress; the wait's own errors decide
+        except (ActorTimeoutError, ray.exceptions.RayError):  # unanswered (buffer dead or restarting): no progress
             return self._most if self._most is not None else -1
 
 
