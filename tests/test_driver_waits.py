@@ -1,16 +1,12 @@
-"""get_named: the driver's wait on several actors names who failed or did not answer; its wait on
-an epoch goes past the deadline only while a trainer says it is waiting for data."""
+"""get_named: the driver's wait on several actors names who failed or did not answer."""
 import asyncio
 import threading
-import time
-from types import SimpleNamespace
 
 import pytest
 import ray
 
 from async_rl.orchestration.actor_group import get_named
 from async_rl.errors import ActorFailedError, ActorTimeoutError
-from async_rl.orchestration.runtime import Runtime
 
 
 @ray.remote(num_cpus=0)
@@ -70,39 +66,3 @@ def test_a_timeout_names_every_actor_that_did_not_answer(peers):
     refs = {"a": peers[0].ok.remote(), "b": peers[1].hang.remote()}
     with pytest.raises(ActorTimeoutError, match=r"^b did not answer ping within 1 s$"):
         get_named(refs, 1, "ping")
-
-
-@ray.remote(num_cpus=0)
-class EpochPeer:
-    """A trainer's face as the driver sees it during an epoch: waiting for data, or busy elsewhere."""
-
-    def __init__(self):
-        self.asked = None
-
-    async def train_epoch(self, data_after_s: float):
-        self.asked = time.monotonic()
-        await asyncio.sleep(data_after_s)  # the replay buffer fills slowly
-        self.asked = None
-        return {"trained": 1}
-
-    async def busy(self, seconds: float):
-        await asyncio.sleep(seconds)
-
-    async def waiting_for_data(self) -> float:
-        return 0.0 if self.asked is None else time.monotonic() - self.asked
-
-
-def test_an_epoch_waiting_for_data_outlasts_the_deadline_and_one_that_is_not_does_not(ray_local):
-    peer = EpochPeer.remote()
-    runtime = Runtime.__new__(Runtime)  # only what _supervised touches
-    runtime.trainers, runtime.worker_runs = {"trainer-0": peer}, {}
-    runtime.weight_sync = SimpleNamespace(heal=lambda: None)
-    start = time.monotonic()
-    assert runtime._supervised({"trainer-0": peer.train_epoch.remote(4.0)}, 1.0, "train_epoch 0",
-                               runtime._waiting_for_data) == {"trainer-0": {"trained": 1}}
-    assert time.monotonic() - start > 3.5
-    start = time.monotonic()
-    with pytest.raises(ActorTimeoutError, match=r"^trainer-0 did not answer train_epoch 1 within"):
-        runtime._supervised({"trainer-0": peer.busy.remote(60)}, 1.0, "train_epoch 1", runtime._waiting_for_data)
-    assert time.monotonic() - start < 10
-    ray.kill(peer)

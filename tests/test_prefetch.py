@@ -1,8 +1,7 @@
 """A trainer's prefetch against a real replay buffer actor: with a fresh buffer (each epoch it holds
 only experience of the newest policy, as workers refill it after a broadcast) the super-batch an
-epoch trains on is at most ``prefetch_batches`` versions old; waits end in errors naming the buffer
-once it received nothing for the timeout (not while it fills slowly), and a checkpoint's hold pauses
-the asks instead of waiting for a short buffer to fill."""
+epoch trains on is at most ``prefetch_batches`` versions old; waits end in errors naming the buffer,
+and a checkpoint's hold pauses the asks instead of waiting for a short buffer to fill."""
 import asyncio
 import time
 
@@ -104,62 +103,3 @@ def test_the_reuse_bound_makes_the_trainer_wait_for_fresh_data(ray_local):
 
     asyncio.run(main())
     ray.kill(replay)
-
-
-def test_a_wait_goes_on_while_the_buffer_receives_and_ends_once_it_stops(ray_local):
-    """Slow producers (a group of long episodes) keep the trainer waiting past the timeout; a buffer
-    that receives nothing for the timeout ends the wait as before."""
-    replay = ReplayBufferActor.options(num_cpus=0).remote(256, 0)
-    progress = lambda: replay.steps_received.remote()  # noqa: E731  (as the trainer's, without its call timeout)
-
-    async def trickle(n: int, every_s: float):
-        for _ in range(n):
-            await asyncio.sleep(every_s)
-            await replay.add_batch.remote(_items(0, 1))
-
-    async def main():
-        assert await replay.size.remote() == 0  # the actor is up before the clock starts
-        for depth in (0, 1):  # poll() and the background prefetch
-            # 8 items over 3.2 s against a timeout of 2 s (a gap of 0.4 s between two leaves room for a busy machine)
-            prefetch = Prefetcher(_ask(replay), SUPER_BATCH, depth, 2.0, "trainer-0", progress)
-            feeding = asyncio.ensure_future(trickle(SUPER_BATCH, 0.4))
-            start = time.monotonic()
-            assert (await prefetch.next()).batch_size[0] == SUPER_BATCH
-            assert time.monotonic() - start > 2.5
-            await feeding
-            await replay.add_batch.remote(_items(0, 3))  # then nothing more: the next wait ends
-            start = time.monotonic()
-            with pytest.raises(ActorTimeoutError, match="received nothing"):
-                await prefetch.next()
-            assert time.monotonic() - start < 10
-            prefetch.close()
-            while await replay.size.remote():  # empty it for the next depth
-                await sample_once(replay, await replay.size.remote(), True, None, 30, "trainer-0")
-
-    asyncio.run(main())
-    ray.kill(replay)
-
-
-def test_a_batch_landing_while_the_progress_is_read_is_handed_over_at_once():
-    """The wait reads the buffer's progress (a remote call); a batch the background ask stores meanwhile
-    must end the wait then, not after another timeout (a rank stalled so long that its peer's
-    collective timed out)."""
-    batch = _items(0, SUPER_BATCH)
-    asks = []
-
-    async def ask():  # the buffer is short once, then holds a batch
-        asks.append(time.monotonic())
-        return None if len(asks) == 1 else batch
-
-    async def slow_progress():  # the background ask gets its batch during this read
-        await asyncio.sleep(1.0)
-        return 0
-
-    async def main():
-        prefetch = Prefetcher(ask, SUPER_BATCH, 1, 10.0, "trainer-0", slow_progress)
-        start = time.monotonic()
-        assert (await prefetch.next()) is batch
-        assert time.monotonic() - start < 3, "the wait missed the batch that landed while it read the progress"
-        prefetch.close()
-
-    asyncio.run(main())

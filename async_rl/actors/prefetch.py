@@ -4,9 +4,6 @@ Each batch fetched ahead was drawn one epoch earlier, so it adds one policy vers
 default depth is 1 (the next batch is drawn while the current one trains), 0 draws at the start
 of each epoch. A batch is drawn only when there is room for it, never held waiting for room,
 and a checkpoint's hold waits for at most one ask of the buffer, not for a short buffer to fill.
-
-A wait for a super-batch gives up after ``timeout_s`` only if the buffer received nothing in that
-time (``Patience``): dead workers end the run, slow ones (a group of long episodes) do not.
 """
 from __future__ import annotations
 
@@ -24,45 +21,6 @@ from async_rl.process_setup import wait_for
 
 POLL_S = 0.2  # between two asks while the buffer holds too little
 SampleOnce = Callable[[], Awaitable[Optional[TensorDict]]]  # one ask: a batch, or None while too few are stored
-Progress = Callable[[], Awaitable[int]]  # how much the buffer has received so far (ReplayBuffer.steps_received)
-
-
-class Patience:
-    """The deadline of one wait for data: ``timeout_s`` from the start, moved on by ``timeout_s``
-    each time it passes while ``progress`` (if given) has grown above the most it had shown."""
-
-    def __init__(self, timeout_s: float, progress: Optional[Progress] = None) -> None:
-        self.timeout_s, self._progress = timeout_s, progress
-        self._at = time.monotonic() + timeout_s
-        self._most: Optional[int] = None
-
-    def remaining(self) -> float:
-        return self._at - time.monotonic()
-
-    async def look(self) -> None:
-        """Note the progress at the start of the wait (one call of ``progress``); the first
-        ``timeout_s`` count from then."""
-        if self._progress is not None and self._most is None:
-            self._most = await self._read()
-            self._at = max(self._at, time.monotonic() + self.timeout_s)
-
-    async def expired(self) -> bool:
-        """True once the deadline passed with no progress since the last look."""
-        if self.remaining() > 0:
-            return False
-        if self._progress is None:
-            return True
-        seen = await self._read()
-        if self._most is not None and seen > self._most:
-            self._most, self._at = seen, time.monotonic() + self.timeout_s
-            return False
-        return True
-
-    async def _read(self) -> int:
-        try:
-            return int(await self._progress())
-        except (ActorTimeoutError, ray.exceptions.RayError):  # unanswered (buffer dead or restarting): no progress
-            return self._most if self._most is not None else -1
 
 
 class RequestIds:
@@ -98,23 +56,20 @@ async def sample_once(replay: Any, n: int, consume: bool, min_version: Optional[
     return batch
 
 
-async def poll(ask: SampleOnce, n: int, timeout_s: float, who: str, progress: Optional[Progress] = None) -> TensorDict:
-    """``ask`` until it gives a batch; ActorTimeoutError naming the replay buffer once ``timeout_s``
-    passed with no ``progress`` (Patience)."""
-    patience = Patience(timeout_s, progress)
+async def poll(ask: SampleOnce, n: int, timeout_s: float, who: str) -> TensorDict:
+    """``ask`` until it gives a batch; ActorTimeoutError naming the replay buffer after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             batch = await ask()
         except ray.exceptions.RayActorError:  # the buffer died; Ray restarts it from the last checkpoint
-            if patience.remaining() < 0:
+            if time.monotonic() > deadline:
                 raise
             batch = None
         if batch is not None:
             return batch
-        await patience.look()
-        if await patience.expired():
+        if time.monotonic() > deadline:
             raise ActorTimeoutError(f"replay buffer did not hold {n} items for {who} within {timeout_s:g} s "
-                                    "and received nothing in that time "
                                     "(with --group-size: of whole groups; are the rollout workers producing?)")
         await asyncio.sleep(POLL_S)
 
@@ -123,10 +78,8 @@ class Prefetcher:
     """Up to ``depth`` batches of ``n`` items, from repeated ``ask``s, ready ahead of ``next``;
     create it on the actor's event loop."""
 
-    def __init__(self, ask: SampleOnce, n: int, depth: int, timeout_s: float, name: str,
-                 progress: Optional[Progress] = None) -> None:
+    def __init__(self, ask: SampleOnce, n: int, depth: int, timeout_s: float, name: str) -> None:
         self._ask, self.n, self.depth, self.timeout_s, self.name = ask, n, depth, timeout_s, name
-        self._progress = progress
         self._ready: deque[TensorDict] = deque()
         self._changed = asyncio.Event()  # a batch landed or was taken
         self._asking = asyncio.Lock()  # held during one ask and the hand-over of its batch (a checkpoint waits)
@@ -136,23 +89,20 @@ class Prefetcher:
         """The next batch; raises ActorTimeoutError naming the replay buffer after ``timeout_s``,
         or the error that ended the background asks."""
         if self.depth == 0:
-            return await poll(self._ask_and_keep, self.n, self.timeout_s, self.name, self._progress)
+            return await poll(self._ask_and_keep, self.n, self.timeout_s, self.name)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
-        patience = Patience(self.timeout_s, self._progress)
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while not self._ready:
             if self._task.done():
                 raise self._task.exception() or RuntimeError(f"{self.name}: the prefetch stopped")
-            await patience.look()
-            if await patience.expired():
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
                 raise ActorTimeoutError(f"{self.name}: the replay buffer gave no super-batch within {self.timeout_s:g} s "
-                                        "and received nothing in that time (are the rollout workers producing?)")
-            if self._ready:  # it landed during the awaits above, its signal with it: clearing would miss it
-                break
+                                        "(it holds too little: are the rollout workers producing?)")
             self._changed.clear()
             waiter = asyncio.ensure_future(self._changed.wait())
-            await asyncio.wait([waiter, self._task], timeout=max(patience.remaining(), POLL_S),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([waiter, self._task], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
         batch = self._ready.popleft()
         self._changed.set()  # room for the next draw

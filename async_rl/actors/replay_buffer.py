@@ -305,12 +305,6 @@ class ReplayBuffer:
     def size(self) -> int:
         return self._store.size()
 
-    def steps_received(self) -> int:
-        """Steps that entered the sampling pool, plus those waiting in groups that can still
-        complete: a trainer short of a super-batch keeps waiting while this grows (prefetch.py)."""
-        held = self._groups.assembler.held_steps() if self._groups is not None else 0
-        return self._store.counters["added"] + held
-
     async def counters(self) -> dict[str, int]:
         """Counters as a restart would restore them (what was counted so far is made durable first)."""
         if self._log is not None:

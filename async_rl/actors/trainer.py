@@ -29,7 +29,7 @@ from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
 from async_rl.policies.initial_weights import export_policy
 from async_rl.policies.reference import ReferencePolicy, frozen_copy
-from async_rl.process_setup import configure_torch, precision_dtype, resolve_device, wait_for
+from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
 from async_rl.rendezvous import connect_store, find_free_port, host_store, interface_of, is_loopback
 from async_rl.weight_signature import tensor_signature
 from async_rl.weight_sync_group import WeightSyncGroup
@@ -78,7 +78,6 @@ class TrainerActor:
         self.skipped_updates = 0
         self.next_version = 0  # the policy version the next train_epoch will be called with
         self.data_waits, self.data_wait_seconds = 0, 0.0  # epochs that waited for their super-batch, and how long
-        self._asked_at: Optional[float] = None  # while this epoch waits for its super-batch (waiting_for_data)
         self._restored: list[TensorDict] = []  # super-batches from a checkpoint, trained on first
 
     # ---- set-up -------------------------------------------------------------------------
@@ -168,21 +167,15 @@ class TrainerActor:
         return sample_once(self.replay, n or cfg.super_batch_size, cfg.replay_sampling == "consume", self._min_version(),
                            cfg.actor_timeout_s, self.name, draws, self._request_ids[stream])
 
-    def _steps_received(self) -> Awaitable[int]:
-        """The buffer's progress: a wait for data goes on past ``actor_timeout_s`` while it grows."""
-        return wait_for(self.replay.steps_received.remote(), self.cfg.actor_timeout_s, "replay buffer", "steps_received")
-
     async def _refill(self, n: int) -> TensorDict:
         """``n`` items in place of stale rows, polling while the buffer holds too little;
-        ActorTimeoutError naming the buffer after ``actor_timeout_s`` in which it received nothing."""
-        return await poll(functools.partial(self._ask, n, "refill"), n, self.cfg.actor_timeout_s, self.name,
-                          self._steps_received)
+        ActorTimeoutError naming the buffer after ``actor_timeout_s``."""
+        return await poll(functools.partial(self._ask, n, "refill"), n, self.cfg.actor_timeout_s, self.name)
 
     def _prefetcher(self) -> Prefetcher:
         if self._prefetch is None:  # needs the actor's running event loop
             depth = 0 if self.cfg.sync else self.cfg.prefetch_batches  # sync: what was collected after the broadcast
-            self._prefetch = Prefetcher(self._ask, self.cfg.super_batch_size, depth, self.cfg.actor_timeout_s, self.name,
-                                        self._steps_received)
+            self._prefetch = Prefetcher(self._ask, self.cfg.super_batch_size, depth, self.cfg.actor_timeout_s, self.name)
         return self._prefetch
 
     async def _next_super_batch(self) -> TensorDict:
@@ -211,11 +204,8 @@ class TrainerActor:
     async def train_epoch(self, policy_version: int) -> dict[str, float]:
         """One epoch on a fresh super-batch; returns mean metrics of this rank."""
         self.next_version = policy_version
-        asked = self._asked_at = time.perf_counter()
-        try:
-            batch = await self._drop_stale(await self._next_super_batch())
-        finally:
-            self._asked_at = None
+        asked = time.perf_counter()
+        batch = await self._drop_stale(await self._next_super_batch())
         waited = time.perf_counter() - asked
         self.data_waits += waited > DATA_WAIT_S
         self.data_wait_seconds += waited
@@ -429,11 +419,6 @@ class TrainerActor:
 
     async def pid(self) -> int:
         return os.getpid()
-
-    async def waiting_for_data(self) -> float:
-        """Seconds this epoch has waited for its super-batch so far (0 when it is not waiting): the
-        driver lets such an epoch run past its own deadline, the wait being bounded here (Patience)."""
-        return 0.0 if self._asked_at is None else time.perf_counter() - self._asked_at
 
     def status(self) -> dict[str, int]:
         return {"rank": self.rank, "global_step": self.global_step, "skipped_updates": self.skipped_updates,

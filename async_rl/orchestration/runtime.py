@@ -6,7 +6,7 @@ import functools
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import ray
 
@@ -31,7 +31,6 @@ from async_rl.policies.initial_weights import with_initial_weights
 
 
 SUPERVISE_INTERVAL_S = 2.0  # how often a wait on the trainers checks the workers and inference actors
-WAITING_ASK_S = 30.0  # for trainers to say whether they wait for data (their event loop is free while they do)
 
 
 def _raised(ref: ray.ObjectRef) -> bool:
@@ -152,7 +151,7 @@ class Runtime:
     def train_epoch(self) -> dict[str, float]:
         """Every rank trains on a super-batch, then rank 0's weights go to the inference actors."""
         results = self._supervised(self.trainers.submit("train_epoch", self.policy_version),
-                                   self.cfg.actor_timeout_s + 60, f"train_epoch {self.epoch}", self._waiting_for_data)
+                                   self.cfg.actor_timeout_s + 60, f"train_epoch {self.epoch}")
         self.policy_version += 1
         seconds = self.weight_sync.broadcast(self.policy_version)
         self.epoch += 1
@@ -163,18 +162,12 @@ class Runtime:
         metrics["broadcast_seconds"] = seconds
         return metrics
 
-    def _supervised(self, refs: dict[str, ray.ObjectRef], timeout_s: float, what: str,
-                    waiting: Optional[Callable[[list[str]], bool]] = None) -> dict[str, Any]:
+    def _supervised(self, refs: dict[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
         """get_named(refs) that keeps the trainers' data flowing while they wait for it: a worker
         whose run ended is restarted, and an inference actor Ray restarted (e.g. its node died)
-        gets the current weights (else workers and trainers would wait on each other). At the
-        deadline, ``waiting(names still pending)`` True gives them ``timeout_s`` more."""
+        gets the current weights (else workers and trainers would wait on each other)."""
         deadline, pending = time.monotonic() + timeout_s, list(refs.values())
-        while pending:
-            if time.monotonic() >= deadline:
-                if waiting is None or not waiting([n for n, ref in refs.items() if ref in pending]):
-                    break
-                deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
             ready, pending = ray.wait(pending, num_returns=len(pending),
                                       timeout=min(SUPERVISE_INTERVAL_S, max(deadline - time.monotonic(), 0)))
             if any(_raised(ref) for ref in ready):
@@ -183,16 +176,6 @@ class Runtime:
                 self.check_workers()
                 self.weight_sync.heal()
         return get_named(refs, max(deadline - time.monotonic(), 0.1), what)
-
-    def _waiting_for_data(self, names: list[str]) -> bool:
-        """Whether a trainer still in its epoch is waiting for its super-batch (it gives up by itself
-        once the replay buffer receives nothing for ``actor_timeout_s``; ranks that already have
-        theirs wait for it in their first collective, bounded by ``collective_timeout_s``)."""
-        try:
-            waited = ray.get([self.trainers[n].waiting_for_data.remote() for n in names], timeout=WAITING_ASK_S)
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-            return False
-        return any(w > 0 for w in waited)
 
     def check_workers(self) -> None:
         """Restart a worker whose run ended (its env raised, or its process died) and run it again."""
