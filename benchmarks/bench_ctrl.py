@@ -9,7 +9,10 @@ solutions of held-out problems, the same set for every measure):
 
 1. in this process, no training: ``initial_pass`` (initial solutions passing all tests), ``revise_alone_pass``
    (the reviser asked to revise with no critique), ``untrained_critic_pass`` (the reviser given the base
-   model's greedy critique), with the untrained critic's judgment accuracy and regression rate;
+   model's greedy critique), with the untrained critic's judgment accuracy and regression rate; and the
+   reviser's headroom (``async_rl.ctrl.headroom``): ``approve_all_pass`` (every solution approved) and
+   ``oracle_critique_pass`` / ``oracle_fix_rate`` (each mutant's exact fault and fix named): no critic can
+   beat ``revise_alone_pass`` by more than the oracle does;
 2. per seed, ``launch/ds_ctrl_grpo.py``'s config trains for ``--train-minutes``; the run's final evaluation
    critiques the same cases with the trained weights: ``trained_critic_pass``, ``judgment_accuracy`` (its
    judgment line against the label; a missing line counts as wrong) and ``regression_rate`` (correct initial
@@ -43,6 +46,7 @@ SFT_CONFIG, FROM_SFT_CONFIG = ROOT / "configs" / "ctrl_sft.yaml", ROOT / "config
 KEYS = ("initial_pass", "revise_alone_pass", "untrained_critic_pass", "trained_critic_pass", "judgment_accuracy",
         "regression_rate")
 SFT_KEYS = ("sft_critic_pass", "sft_judgment_accuracy", "sft_format_rate")
+HEADROOM_KEYS = ("approve_all_pass", "oracle_critique_pass", "oracle_fix_rate")
 
 
 def config(argv: list[str], path: Path = CONFIG) -> Any:
@@ -63,7 +67,9 @@ def untrained_figures(argv: list[str]) -> dict[str, float]:
     """Stage 1: the base model as the critic, the reviser as the runs configure it, in this process."""
     import torch  # noqa: PLC0415
 
+    from async_rl.ctrl.cases import reference_solutions  # noqa: PLC0415
     from async_rl.ctrl.evaluate import evaluate  # noqa: PLC0415
+    from async_rl.ctrl.headroom import reviser_headroom  # noqa: PLC0415
     from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
     from envs.ctrl_humaneval import heldout_set  # noqa: PLC0415
 
@@ -75,7 +81,8 @@ def untrained_figures(argv: list[str]) -> dict[str, float]:
     reviser = load_writer(None, task_set.reviser_path(), task_set.reviser_max_new_tokens,
                           task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
     figures = evaluate(cases, critic.write, reviser.write, task_set.timeout_s)
-    return {"cases": figures["n"], "cases_correct": figures["n_correct"], "initial_pass": figures["initial_pass"],
+    headroom = reviser_headroom(cases, reference_solutions("heldout"), reviser.write, task_set.timeout_s)
+    return {**headroom, "cases": figures["n"], "cases_correct": figures["n_correct"], "initial_pass": figures["initial_pass"],
             "revise_alone_pass": figures["revise_alone_pass"], "untrained_critic_pass": figures["critic_pass"],
             "untrained_judgment_accuracy": figures["judgment_accuracy"],
             "untrained_regression_rate": figures["regression_rate"],
@@ -216,7 +223,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     figures.update({k: v for k, v in machine().items() if k != "load_avg_1min"})
     figures["load_avg_1min_end"] = machine()["load_avg_1min"]
     figures["seconds"] = time.monotonic() - started
-    report(figures, args, headline=[*KEYS, "untrained_judgment_accuracy", *(SFT_KEYS if args.sft_epochs else ()), "generating_while_revising_share",
+    report(figures, args, headline=[*KEYS, *HEADROOM_KEYS, "untrained_judgment_accuracy",
+                                    *(SFT_KEYS if args.sft_epochs else ()), "generating_while_revising_share",
                                     "cache_hit_rate", "epochs"])
     return 0
 

@@ -14,6 +14,9 @@
 Keys: ``<ppo|grpo>_heldout_seed<S>`` and their mean ``<ppo|grpo>_heldout``, ``<ppo|grpo>_gain`` (mean minus
 ``sft_heldout``), the epochs and env steps of each run, and the load before and after each run. With 10 states
 per task and two tasks, one evaluation is 20 episodes: a single rate moves in steps of 0.05 (binomial noise ~±0.1).
+With ``--train-states FIRST-LAST`` the SFT policy and every run are also evaluated on those initial states of the
+training range (``sft_train``, ``<ppo|grpo>_train_seed<S>``, ``<ppo|grpo>_train``, ``<ppo|grpo>_train_gain``): does RL
+raise success where it trained, where the held-out states do not move?
 """
 from __future__ import annotations
 
@@ -93,6 +96,15 @@ def train(name: str, seed: int, minutes: float, run_dir: Path) -> dict[str, Any]
     return {"load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
 
 
+def evaluated(policy_flags: list[str], states: list[int], out: Path, reuse: bool) -> dict[str, Any]:
+    """``evaluate``, or its earlier result with ``reuse`` (unless it names other initial states)."""
+    if reuse and out.is_file():
+        earlier = json.loads(out.read_text())
+        if earlier.get("init_states", states) == states:
+            return earlier
+    return evaluate(policy_flags, states, out)
+
+
 def run_figures(run_dir: Path) -> dict[str, float]:
     """Epochs (policy versions) and env steps of a finished run ({} where its directory is gone)."""
     if not run_dir.is_dir():
@@ -107,24 +119,28 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="PPO seeds (default 0 1 2; quick 0)")
     ap.add_argument("--grpo-seeds", type=int, nargs="*", default=[0], help="GRPO seeds (default 0; none: skip)")
     ap.add_argument("--init-states", default=None, help="held-out states, FIRST-LAST (default 40-49; quick 40-44)")
+    ap.add_argument("--train-states", default=None, help="also evaluate on these training states, FIRST-LAST (e.g. 0-19)")
     ap.add_argument("--runs-dir", default="runs/bench/libero_finetune", help="run dirs and evaluations go here")
     ap.add_argument("--reuse", action="store_true", help="read a run or evaluation whose heldout JSON exists")
     args = ap.parse_args()
     minutes = args.minutes or (3.0 if args.quick else 30.0)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     states = parse_states(args.init_states or ("40-44" if args.quick else "40-49"))
+    train_states = parse_states(args.train_states) if args.train_states else []
     unavailable = libero_unavailable()
     if unavailable:
         raise SystemExit(f"LIBERO is not available here: {unavailable}")
     runs = ROOT / args.runs_dir
     started = time.time()
     figures: dict[str, Any] = {"minutes": minutes, "heldout_states": f"{states[0]}-{states[-1]}", **machine()}
+    if train_states:
+        figures["train_states"] = f"{train_states[0]}-{train_states[-1]}"
 
-    sft_json = runs / "sft_heldout.json"
-    sft = json.loads(sft_json.read_text()) if args.reuse and sft_json.is_file() else evaluate([], states, sft_json)
-    figures["sft_heldout"] = sft["success_rate"]
+    figures["sft_heldout"] = evaluated([], states, runs / "sft_heldout.json", args.reuse)["success_rate"]
+    if train_states:
+        figures["sft_train"] = evaluated([], train_states, runs / "sft_train.json", args.reuse)["success_rate"]
     for name, name_seeds in (("ppo", seeds), ("grpo", args.grpo_seeds)):
-        rates = []
+        rates, train_rates = [], []
         for seed in name_seeds:
             run_dir, held_json = runs / f"{name}_seed{seed}", runs / f"{name}_seed{seed}_heldout.json"
             if not (args.reuse and held_json.is_file()):
@@ -136,11 +152,22 @@ def main() -> None:
             figures[f"{name}_heldout_seed{seed}"] = held["success_rate"]
             figures.update({f"{name}_{k}_seed{seed}": v for k, v in run_figures(run_dir).items()})
             print(f"{name} seed {seed}: held-out {held['success_rate']:.2f} (SFT {figures['sft_heldout']:.2f})", flush=True)
+            if train_states:
+                trained = evaluated(["--checkpoint", str(run_dir)], train_states, runs / f"{name}_seed{seed}_train.json",
+                                    args.reuse)
+                train_rates.append(trained["success_rate"])
+                figures[f"{name}_train_seed{seed}"] = trained["success_rate"]
+                print(f"{name} seed {seed}: training states {trained['success_rate']:.2f} (SFT {figures['sft_train']:.2f})",
+                      flush=True)
         if rates:
             figures[f"{name}_heldout"] = statistics.mean(rates)
             figures[f"{name}_gain"] = figures[f"{name}_heldout"] - figures["sft_heldout"]
+        if train_rates:
+            figures[f"{name}_train"] = statistics.mean(train_rates)
+            figures[f"{name}_train_gain"] = figures[f"{name}_train"] - figures["sft_train"]
     figures["bench_seconds"] = round(time.time() - started, 1)
-    report(figures, args, headline=("sft_heldout", "ppo_heldout", "ppo_gain", "grpo_heldout", "grpo_gain"))
+    report(figures, args, headline=("sft_heldout", "ppo_heldout", "ppo_gain", "grpo_heldout", "grpo_gain",
+                                              "sft_train", "ppo_train", "ppo_train_gain", "grpo_train", "grpo_train_gain"))
 
 
 if __name__ == "__main__":

@@ -176,3 +176,12 @@ def _problem_error(case: Any) -> str:
     if not isinstance(case.get("prefix", ""), str):
         return "\"prefix\" must be a string"
     return ""
+
+
+def reference_solutions(split: str) -> dict[str, str]:
+    """Each problem's reference solution of a split, as the canonical cases hold it (the oracle critique of a
+    mutant names the reference's line in place of the changed one)."""
+    from envs.humaneval import humaneval_problems  # noqa: PLC0415  (envs import this package)
+
+    return {p["task_id"]: solution_source(p["code_prompt"], p["canonical_solution"], p["entry_point"])
+            for p in humaneval_problems(split)}
