@@ -3,6 +3,7 @@
     python benchmarks/bench_ctrl.py --quick --out runs/bench/ctrl.json                      # 3 seeds x 30 min
     python benchmarks/bench_ctrl.py --quick --seeds 0 --train-minutes 15 --out runs/bench/ctrl_s0.json
     python benchmarks/bench_ctrl.py --quick --sft-epochs 2 --out runs/bench/ctrl_sft.json  # SFT stage, then GRPO
+    python benchmarks/bench_ctrl.py --quick --seeds --out runs/bench/ctrl_baselines.json   # stage 1 only, no training
 
 On the balanced held-out set of configs/ctrl_humaneval.yaml (``heldout_cases`` correct and incorrect initial
 solutions of held-out problems, the same set for every measure):
@@ -186,7 +187,7 @@ def partial(figures: dict[str, Any], out: Optional[str]) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = parser(__doc__, "the full benchmark: 3 seeds x 30 minutes of training, the config's 16 held-out cases")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="training seeds (none: stage 1 only)")
     ap.add_argument("--train-minutes", type=float, default=30.0, help="training minutes per seed")
     ap.add_argument("--cases", type=int, default=None, help="held-out cases (balanced; default: the config's)")
     ap.add_argument("--log-root", default=str(ROOT / "runs" / "bench" / "ctrl"))
