@@ -54,3 +54,17 @@ def test_a_mutant_without_a_reference_gets_a_right_judgment_and_no_fix():
     assert list(critiques.values())[1] == UNLOCATED
     figures = reviser_headroom(CASES, {}, applying_reviser)
     assert figures["oracle_located"] == 0.0 and figures["oracle_fix_rate"] == 0.0
+
+
+def test_revision_demonstrations_answer_the_oracle_critique_with_the_code_it_asks_for():
+    from async_rl.ctrl.revision_sft import revision_demonstrations
+
+    pairs = revision_demonstrations(CASES, {"T/0": REFERENCE})
+    assert len(pairs) == 2  # balanced: the correct case and the mutant
+    fix = next(p for p in pairs if "Replace `return a - b` with `return a + b`." in p["prompt"])
+    keep = next(p for p in pairs if p is not fix)
+    assert fix["response"] == keep["response"] == "```python\n" + REFERENCE + "\n```"
+    assert "Overall judgment: Correct" in keep["prompt"]
+    # A fake reviser that applies the named fix writes exactly what the demonstrations teach.
+    assert applying_reviser([fix["prompt"]]) == [fix["response"]]
+    assert revision_demonstrations(CASES, {}) == []  # no reference: the mutant's fix is unknown, nothing to balance

@@ -17,14 +17,11 @@ problems are used; the set is balanced (as many correct as incorrect cases).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from async_rl.ctrl.cases import balanced
 from async_rl.ctrl.critique import JUDGMENT_CORRECT, JUDGMENT_INCORRECT, critic_prompt
+from async_rl.ctrl.demo_files import demonstrations_main
 
 # What each mutation kind does to a line, said as a reviewer would say it.
 FAULTS = {
@@ -69,35 +66,12 @@ def critique_demonstrations(cases: Sequence[dict[str, Any]], seed: int = 0) -> l
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    root = Path(__file__).resolve().parents[2]
-    ap = argparse.ArgumentParser(prog="python -m async_rl.ctrl.critique_sft", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(root / "configs" / "ctrl_humaneval.yaml"),
-                    help="the CTRL run config whose training cases are critiqued")
-    ap.add_argument("--out", required=True, help="the JSONL file to write")
-    ap.add_argument("--seed", type=int, default=0, help="which cases balance the set")
-    args = ap.parse_args(argv)
-    import envs  # noqa: PLC0415
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.errors import ConfigError  # noqa: PLC0415
-
-    try:
-        cfg = load_config(["--config", args.config, "--swanlab-mode", "disabled"], args.config)
-        if cfg.env != "ctrl_humaneval":
-            raise ConfigError(f"--config {args.config} trains env '{cfg.env}'; pass a ctrl_humaneval config")
-        task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)  # the cases the run trains on
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    pairs = critique_demonstrations(task_set.train, args.seed)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    tmp.replace(out)
-    incorrect = sum(p["response"].endswith(JUDGMENT_INCORRECT) for p in pairs)
-    print(f"{len(pairs)} critiques ({len(pairs) - incorrect} correct, {incorrect} incorrect) of "
-          f"{len(task_set.train)} training cases written to {out}")
-    return 0
+    code, pairs, _ = demonstrations_main("python -m async_rl.ctrl.critique_sft", __doc__,
+                                         lambda task_set, seed: critique_demonstrations(task_set.train, seed), argv)
+    if pairs is not None:
+        incorrect = sum(p["response"].endswith(JUDGMENT_INCORRECT) for p in pairs)
+        print(f"({len(pairs) - incorrect} correct, {incorrect} incorrect)")
+    return code
 
 
 if __name__ == "__main__":
