@@ -189,7 +189,8 @@ def ctrl_humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] 
     reward of a critique without its judgment line (0; -1 punishes it). format_check: false revises and
     scores critiques without a judgment line too (a base model never taught the format, as the paper's SFT
     stage teaches it, writes none: no reward would ever differ). reviser_model_path: the frozen
-    reviser (null: the policy's base model). reviser_*: its new-token and prompt limits, batch, timeout.
+    reviser (null: the policy's base model; a model, or a policy export of launch/sft.py such as a reviser
+    fine-tuned by async_rl.ctrl.revision_sft). reviser_*: its new-token and prompt limits, batch, timeout.
     mutations: verified-failing mutants per problem; samples: the base model's own solutions per problem
     (generated once, cached). max_prompt_chars: drop cases whose critic prompt is longer (CPU runs).
     task_ids: only these training problems. heldout_cases: the balanced held-out set of the final evaluation."""
@@ -213,10 +214,9 @@ def ctrl_humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] 
     from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
 
     if reviser_model_path is not None:  # a bad path is one line here, before Ray starts
-        try:
-            reviser_model_path = str(resolve_lm_path(reviser_model_path))
-        except ConfigError as exc:  # its message names the critic's flag
-            raise ConfigError(str(exc).replace("--model-path", "--reviser-model-path", 1)) from None
+        from async_rl.ctrl.reviser import check_reviser_path  # noqa: PLC0415
+
+        reviser_model_path = check_reviser_path(reviser_model_path)
     sample_model = None
     if samples:
         sample_model = str(resolve_lm_path(tokenizer_path))  # the base model the critic starts from

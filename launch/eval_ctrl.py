@@ -9,7 +9,7 @@ Each line of --problems is ``{"prompt": problem, "solution": initial code, "test
 configs/ctrl_humaneval.yaml in that format (balanced, as the training run's final evaluation uses them).
 The critic is the checkpoint's trained weights, a supervised export (--init-from), or the model at --model-path (neither: the default model,
 SmolLM2-135M-Instruct); it critiques greedily. The reviser is the critic's base model (--reviser-model-path
-for another), greedy. --out gets ``initial_pass``, ``revise_alone_pass``, ``critic_pass`` (revisions with
+for another model, or a reviser's policy export from launch/sft.py), greedy. --out gets ``initial_pass``, ``revise_alone_pass``, ``critic_pass`` (revisions with
 the critic's critique passing all tests), ``judgment_accuracy``, ``regression_rate``, ``critic_format_rate``
 and, for a checkpoint or export, ``untrained_critic_pass`` (its base model as the critic), with per-case rows. Runs in
 this process, no Ray. Bad input is one line on stderr and exit code 2, before a model loads.
@@ -42,7 +42,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--problems", help="JSONL file of cases")
     ap.add_argument("--out", help="write the figures here (JSON)")
     ap.add_argument("--write-heldout", metavar="FILE", help="write configs/ctrl_humaneval.yaml's held-out cases and exit")
-    ap.add_argument("--reviser-model-path", default=None, help="the frozen reviser (default: the critic's base model)")
+    ap.add_argument("--reviser-model-path", default=None, help="the frozen reviser: a model or a policy export (default: the critic's base model)")
     ap.add_argument("--critique-tokens", type=int, default=None, help="critique length (default: the run's, else 96)")
     ap.add_argument("--revision-tokens", type=int, default=160)
     ap.add_argument("--batch", type=int, default=8)
@@ -109,11 +109,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             from async_rl.policies.initial_weights import read_export_meta, resolve_export  # noqa: PLC0415
 
             read_export_meta(resolve_export(args.init_from))
-        for path in (args.model_path, args.reviser_model_path):
-            if path is not None:
-                from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+        if args.model_path is not None:
+            from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
 
-                resolve_lm_path(path)
+            resolve_lm_path(args.model_path)
+        if args.reviser_model_path is not None:
+            from async_rl.ctrl.reviser import check_reviser_path  # noqa: PLC0415
+
+            check_reviser_path(args.reviser_model_path)
         torch.set_num_threads(args.threads)
         figures = evaluate_critic(args, cases)
     except ConfigError as exc:

@@ -68,3 +68,22 @@ def test_revision_demonstrations_answer_the_oracle_critique_with_the_code_it_ask
     # A fake reviser that applies the named fix writes exactly what the demonstrations teach.
     assert applying_reviser([fix["prompt"]]) == [fix["response"]]
     assert revision_demonstrations(CASES, {}) == []  # no reference: the mutant's fix is unknown, nothing to balance
+
+
+def test_a_reviser_path_is_a_model_or_a_causal_lm_export(tmp_path):
+    import json
+
+    import pytest
+
+    from async_rl.ctrl.reviser import check_reviser_path, is_policy_export
+    from async_rl.errors import ConfigError
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "policy.json").write_text(json.dumps({"format": "async_rl.policy/1", "policy": "mlp"}))
+    (export / "policy.safetensors").write_bytes(b"")
+    assert is_policy_export(str(export)) and not is_policy_export(str(tmp_path))
+    with pytest.raises(ConfigError, match="'mlp' policy export, not a causal_lm one"):
+        check_reviser_path(str(export))
+    with pytest.raises(ConfigError, match="--reviser-model-path .*no such file"):
+        check_reviser_path(str(tmp_path / "none"))

@@ -23,6 +23,8 @@ from typing import Any, Optional
 import torch
 from tensordict import TensorDict
 
+from async_rl.errors import ConfigError
+
 
 
 class GreedyWriter:
@@ -65,12 +67,38 @@ def load_writer(checkpoint: Optional[str] = None, model_path: Optional[str] = No
     default model); ``max_new_tokens`` None keeps the checkpoint's or export's own."""
     from async_rl.policies.lm_checkpoint import load_lm_policy  # noqa: PLC0415
 
+    if model_path is not None and init_from is None and is_policy_export(model_path):
+        model_path, init_from = None, model_path  # a supervised reviser (async_rl.ctrl.revision_sft)
     overrides: dict[str, Any] = {"max_prompt_tokens": max_prompt_tokens}
     if max_new_tokens is not None:
         overrides["max_new_tokens"] = max_new_tokens
     policy, preprocess, _ = load_lm_policy(checkpoint=checkpoint, model_path=model_path, overrides=overrides,
                                            init_from=init_from)
     return GreedyWriter(policy, preprocess, batch_size)
+
+
+def is_policy_export(path: str) -> bool:
+    """Whether ``path`` is a policy export of ``launch/sft.py`` (a folder with its ``policy.json``)."""
+    from async_rl.policies.initial_weights import META, resolve_export  # noqa: PLC0415
+
+    return (resolve_export(str(path)) / META).is_file()
+
+
+def check_reviser_path(path: str) -> str:
+    """``--reviser-model-path`` checked before Ray starts: a causal-LM policy export (a reviser fine-tuned by
+    ``launch/sft.py``) or a model (a Hugging Face folder or a .gguf file, converted); one-line ConfigErrors."""
+    from async_rl.policies.initial_weights import read_export_meta, resolve_export  # noqa: PLC0415
+    from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+
+    if is_policy_export(path):
+        meta = read_export_meta(resolve_export(str(path)))
+        if meta.get("policy") != "causal_lm":
+            raise ConfigError(f"--reviser-model-path {path} holds a '{meta.get('policy')}' policy export, not a causal_lm one")
+        return str(resolve_export(str(path)))
+    try:
+        return str(resolve_lm_path(path))
+    except ConfigError as exc:  # its message names the critic's flag
+        raise ConfigError(str(exc).replace("--model-path", "--reviser-model-path", 1)) from None
 
 
 def _remote_class() -> Any:
