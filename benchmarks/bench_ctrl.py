@@ -192,13 +192,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--cases", type=int, default=None, help="held-out cases (balanced; default: the config's)")
     ap.add_argument("--log-root", default=str(ROOT / "runs" / "bench" / "ctrl"))
     ap.add_argument("--sft-epochs", type=int, default=0, help="a supervised stage of this many passes before GRPO (0: none)")
+    ap.add_argument("--reviser-model-path", default=None,
+                    help="the frozen reviser: a model or a reviser's export (async_rl.ctrl.revision_sft; default: the base model)")
     args = ap.parse_args(argv)
-    run_argv = [] if args.cases is None else ["--env-kwargs", json.dumps({**config([]).env_kwargs, "heldout_cases": args.cases})]
-    # The RL stage after SFT keeps its own env options (the format rule on); only the held-out size follows --cases.
-    rl_argv = run_argv if not args.sft_epochs or args.cases is None else \
-        ["--env-kwargs", json.dumps({**config([], FROM_SFT_CONFIG).env_kwargs, "heldout_cases": args.cases})]
+    amended = {k: v for k, v in (("heldout_cases", args.cases), ("reviser_model_path", args.reviser_model_path))
+               if v is not None}
+    run_argv = ["--env-kwargs", json.dumps({**config([]).env_kwargs, **amended})] if amended else []
+    # The RL stage after SFT keeps its own env options (the format rule on); only these follow the flags.
+    rl_argv = run_argv if not args.sft_epochs or not amended else \
+        ["--env-kwargs", json.dumps({**config([], FROM_SFT_CONFIG).env_kwargs, **amended})]
     started = time.monotonic()
     figures: dict[str, Any] = {"train_minutes": args.train_minutes, "sft_epochs": args.sft_epochs,
+                               "reviser": args.reviser_model_path or "base model",
                                "load_avg_1min_start": machine()["load_avg_1min"]}
     base = untrained_figures(run_argv)
     figures.update(base)

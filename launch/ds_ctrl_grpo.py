@@ -10,7 +10,7 @@ the final weights critique a balanced set of held-out cases (eval/critic_pass, e
 
 Shorthand flags of this launch (env options, also settable with --env-kwargs):
   --ctrl-reward all_pass|pass_rate   reward: the revision passes all tests (1/0), or the fraction passed
-  --reviser-model-path PATH          the frozen reviser (a Hugging Face folder or .gguf file)
+  --reviser-model-path PATH          the frozen reviser (a Hugging Face folder, .gguf file or a reviser's export)
   --missing-judgment-reward R        reward of a critique without its judgment line (0 or -1)
 """
 import argparse
