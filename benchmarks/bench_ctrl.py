@@ -4,6 +4,8 @@
     python benchmarks/bench_ctrl.py --quick --seeds 0 --train-minutes 15 --out runs/bench/ctrl_s0.json
     python benchmarks/bench_ctrl.py --quick --sft-epochs 2 --out runs/bench/ctrl_sft.json  # SFT stage, then GRPO
     python benchmarks/bench_ctrl.py --quick --seeds --out runs/bench/ctrl_baselines.json   # stage 1 only, no training
+    python benchmarks/bench_ctrl.py --quick --seeds 0 --init-from runs/bench/ctrl/sft-seed-0/policy \
+        --reviser-model-path runs/ctrl_reviser_sft/policy --out F.json   # an earlier SFT critic, a fine-tuned reviser
 
 On the balanced held-out set of configs/ctrl_humaneval.yaml (``heldout_cases`` correct and incorrect initial
 solutions of held-out problems, the same set for every measure):
@@ -124,28 +126,35 @@ def supervised_stage(seed: int, epochs: int, argv: list[str], log_dir: Path) -> 
     for ``epochs`` passes, and the exported critic's own figures on the held-out set (no RL yet)."""
     import shutil  # noqa: PLC0415
 
-    import torch  # noqa: PLC0415
-
     from async_rl.ctrl.critique_sft import critique_demonstrations  # noqa: PLC0415
-    from async_rl.ctrl.evaluate import evaluate  # noqa: PLC0415
-    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
-    from envs.ctrl_humaneval import heldout_set  # noqa: PLC0415
     from launch.sft import main as sft_main  # noqa: PLC0415
 
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
-    cfg, task_set = load(argv, SFT_CONFIG)
+    _, task_set = load(argv, SFT_CONFIG)
     demos = log_dir / "critiques.jsonl"
     demos.write_text("".join(json.dumps(p) + "\n" for p in critique_demonstrations(task_set.train, seed)))
     export = log_dir / "policy"
     sft_main(["--config", str(SFT_CONFIG), "--swanlab-mode", "disabled", "--seed", str(seed), "--demos", str(demos),
               "--sft-epochs", str(epochs), "--log-dir", str(log_dir), "--sft-export", str(export), *argv])
+    return str(export), supervised_figures(str(export), argv)
+
+
+def supervised_figures(export: str, argv: list[str]) -> dict[str, float]:
+    """A supervised critic's own figures on the held-out set (no RL)."""
+    import torch  # noqa: PLC0415
+
+    from async_rl.ctrl.evaluate import evaluate  # noqa: PLC0415
+    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
+    from envs.ctrl_humaneval import heldout_set  # noqa: PLC0415
+
+    cfg, task_set = load(argv, SFT_CONFIG)
     torch.set_num_threads(cfg.torch_threads)
-    critic = load_writer(None, None, None, batch_size=task_set.reviser_batch, init_from=str(export))
+    critic = load_writer(None, None, None, batch_size=task_set.reviser_batch, init_from=export)
     reviser = load_writer(None, task_set.reviser_path(), task_set.reviser_max_new_tokens,
                           task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
     figures = evaluate(heldout_set(task_set), critic.write, reviser.write, task_set.timeout_s, alone=False)
-    return str(export), {"sft_critic_pass": figures["critic_pass"], "sft_judgment_accuracy": figures["judgment_accuracy"],
+    return {"sft_critic_pass": figures["critic_pass"], "sft_judgment_accuracy": figures["judgment_accuracy"],
                          "sft_regression_rate": figures["regression_rate"], "sft_format_rate": figures["critic_format_rate"]}
 
 
@@ -194,12 +203,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--sft-epochs", type=int, default=0, help="a supervised stage of this many passes before GRPO (0: none)")
     ap.add_argument("--reviser-model-path", default=None,
                     help="the frozen reviser: a model or a reviser's export (async_rl.ctrl.revision_sft; default: the base model)")
+    ap.add_argument("--init-from", default=None,
+                    help="start each seed's GRPO from this supervised critic's export (instead of --sft-epochs)")
     args = ap.parse_args(argv)
     amended = {k: v for k, v in (("heldout_cases", args.cases), ("reviser_model_path", args.reviser_model_path))
                if v is not None}
     run_argv = ["--env-kwargs", json.dumps({**config([]).env_kwargs, **amended})] if amended else []
     # The RL stage after SFT keeps its own env options (the format rule on); only these follow the flags.
-    rl_argv = run_argv if not args.sft_epochs or not amended else \
+    supervised = bool(args.sft_epochs or args.init_from)
+    rl_argv = run_argv if not supervised or not amended else \
         ["--env-kwargs", json.dumps({**config([], FROM_SFT_CONFIG).env_kwargs, **amended})]
     started = time.monotonic()
     figures: dict[str, Any] = {"train_minutes": args.train_minutes, "sft_epochs": args.sft_epochs,
@@ -213,7 +225,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     per_seed: dict[str, list[float]] = {}
     for seed in args.seeds:
         export, seed_figures = None, {k: base[k] for k in KEYS if k in base}
-        if args.sft_epochs:
+        if args.init_from:
+            export, sft = args.init_from, supervised_figures(args.init_from, run_argv)
+            seed_figures.update(sft)
+            print(f"seed {seed}, supervised critic {export}: " + ", ".join(f"{k} {v:.3f}" for k, v in sft.items()), flush=True)
+        elif args.sft_epochs:
             export, sft = supervised_stage(seed, args.sft_epochs, run_argv, Path(args.log_root) / f"sft-seed-{seed}")
             seed_figures.update(sft)
             print(f"seed {seed} after SFT: " + ", ".join(f"{k} {v:.3f}" for k, v in sft.items()), flush=True)
@@ -230,7 +246,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     figures["load_avg_1min_end"] = machine()["load_avg_1min"]
     figures["seconds"] = time.monotonic() - started
     report(figures, args, headline=[*KEYS, *HEADROOM_KEYS, "untrained_judgment_accuracy",
-                                    *(SFT_KEYS if args.sft_epochs else ()), "generating_while_revising_share",
+                                    *(SFT_KEYS if supervised else ()), "generating_while_revising_share",
                                     "cache_hit_rate", "epochs"])
     return 0
 
