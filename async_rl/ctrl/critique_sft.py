@@ -66,7 +66,7 @@ def critique_demonstrations(cases: Sequence[dict[str, Any]], seed: int = 0) -> l
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    code, pairs, _ = demonstrations_main("python -m async_rl.ctrl.critique_sft", __doc__,
+    code, pairs = demonstrations_main("python -m async_rl.ctrl.critique_sft", __doc__,
                                          lambda task_set, seed: critique_demonstrations(task_set.train, seed), argv)
     if pairs is not None:
         incorrect = sum(p["response"].endswith(JUDGMENT_INCORRECT) for p in pairs)

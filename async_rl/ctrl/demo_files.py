@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def demonstrations_main(prog: str, doc: str, make: Callable[[Any, int], Sequence[dict[str, str]]],
-                        argv: Optional[list[str]] = None) -> tuple[int, Optional[list[dict[str, str]]], Any]:
+                        argv: Optional[list[str]] = None) -> tuple[int, Optional[list[dict[str, str]]]]:
     """Parse ``--config --out --seed``, build the config's task set (a bad config: one line, exit 2), write
-    ``make(task_set, seed)`` to ``--out``. Returns (exit code, the pairs, the task set)."""
+    ``make(task_set, seed)`` to ``--out``. Returns (exit code, the pairs written or None)."""
     ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "ctrl_humaneval.yaml"),
                     help="the CTRL run config whose training cases are used")
@@ -35,7 +35,7 @@ def demonstrations_main(prog: str, doc: str, make: Callable[[Any, int], Sequence
         task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)  # the cases the run trains on
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2, None, None
+        return 2, None
     pairs = list(make(task_set, args.seed))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -43,4 +43,4 @@ def demonstrations_main(prog: str, doc: str, make: Callable[[Any, int], Sequence
     tmp.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     tmp.replace(out)
     print(f"{len(pairs)} pairs of {len(task_set.train)} training cases written to {out}")
-    return 0, pairs, task_set
+    return 0, pairs

@@ -23,6 +23,7 @@ from async_rl.ctrl.reward import ResultCache
 from async_rl.sandbox import SandboxPool
 
 # A mutant whose fault spans several lines (or has no reference) still gets a right judgment, without a fix.
+APPROVED = APPROVAL + JUDGMENT_CORRECT  # the supervised stage's approval of a correct solution
 UNLOCATED = ("Analysis: The function fails some of the tests.\n"
              "Improvement suggestions: Find the wrong line and correct it.\n" + JUDGMENT_INCORRECT)
 
@@ -32,7 +33,7 @@ def oracle_critiques(cases: Sequence[dict[str, Any]], references: Mapping[str, s
     out = {}
     for case in cases:
         if case["correct"]:
-            text = APPROVAL + JUDGMENT_CORRECT
+            text = APPROVED
         else:
             text = reference_critique(case, references.get(case.get("task_id", ""))) or UNLOCATED
         out[critic_prompt(case["prompt"], case["solution"])] = text
@@ -45,17 +46,18 @@ def reviser_headroom(cases: Sequence[dict[str, Any]], references: Mapping[str, s
     ``oracle_regression_rate``, ``oracle_fix_rate`` (incorrect solutions whose revision under the oracle's
     critique passes) and ``oracle_located`` (the share of incorrect cases whose fault the oracle could name)."""
     oracle = oracle_critiques(cases, references)
-    critics: list[tuple[str, str, TextFn]] = [
-        ("approve_all_pass", "approve_all_regression_rate", lambda prompts: [APPROVAL + JUDGMENT_CORRECT for _ in prompts]),
-        ("oracle_critique_pass", "oracle_regression_rate", lambda prompts: [oracle[p] for p in prompts])]
+    critics: list[tuple[str, TextFn]] = [("approve_all", lambda prompts: [APPROVED for _ in prompts]),
+                                         ("oracle", lambda prompts: [oracle[p] for p in prompts])]
     figures: dict[str, float] = {}
     cache = ResultCache()
     with SandboxPool() as pool:
-        for pass_key, regression_key, critic in critics:
+        rows = {}
+        for name, critic in critics:
             result = with_critic(cases, critic, revise, pool, cache, timeout_s)
-            figures[pass_key], figures[regression_key] = result["critic_pass"], result["regression_rate"]
-    # The last critic is the oracle: its rows say which incorrect solutions its critique got fixed.
-    fixed = [row["revision_passes"] for row in result["rows"] if not row["correct"]]
+            rows[name] = result["rows"]
+            figures[f"{name}_critique_pass" if name == "oracle" else f"{name}_pass"] = result["critic_pass"]
+            figures[f"{name}_regression_rate"] = result["regression_rate"]
+    fixed = [row["revision_passes"] for row in rows["oracle"] if not row["correct"]]
     figures["oracle_fix_rate"] = sum(fixed) / len(fixed) if fixed else 0.0
     wrong = [c for c in cases if not c["correct"]]
     located = [oracle[critic_prompt(c["prompt"], c["solution"])] != UNLOCATED for c in wrong]

@@ -26,7 +26,6 @@ from tensordict import TensorDict
 from async_rl.errors import ConfigError
 
 
-
 class GreedyWriter:
     """Greedy answers of a loaded causal-LM policy to prompts, ``batch_size`` at a time (the reviser; the
     critic in evaluations). A prompt longer than the preprocessor's ``max_prompt_tokens`` is not answered

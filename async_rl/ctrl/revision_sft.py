@@ -27,8 +27,8 @@ def revision_demonstrations(cases: Sequence[dict[str, Any]], references: Mapping
     """Balanced ``{"prompt", "response"}`` pairs: the oracle-critiqued revision prompt and the code it asks for
     (cases whose fault the oracle cannot name are left out: no code is known to follow from them)."""
     critiques = oracle_critiques(cases, references)
-    usable = [c for c in cases if critiques[critic_prompt(c["prompt"], c["solution"])] != UNLOCATED
-              and (c["correct"] or c.get("task_id") in references)]
+    # A mutant without a reference is UNLOCATED too: only cases whose asked-for code is known remain.
+    usable = [c for c in cases if critiques[critic_prompt(c["prompt"], c["solution"])] != UNLOCATED]
     pairs = []
     for case in balanced(usable, None, seed):
         code = case["solution"] if case["correct"] else references[case["task_id"]]
@@ -41,7 +41,7 @@ def revision_demonstrations(cases: Sequence[dict[str, Any]], references: Mapping
 def main(argv: Optional[list[str]] = None) -> int:
     from async_rl.ctrl.cases import reference_solutions  # noqa: PLC0415
 
-    code, _, _ = demonstrations_main("python -m async_rl.ctrl.revision_sft", __doc__, lambda task_set, seed:
+    code, _ = demonstrations_main("python -m async_rl.ctrl.revision_sft", __doc__, lambda task_set, seed:
                                      revision_demonstrations(task_set.train, reference_solutions("train"), seed), argv)
     return code
 
