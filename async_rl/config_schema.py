@@ -158,6 +158,12 @@ class ScaleSection(_Section):
     num_rollout_workers: Positive = 2
     num_eval_workers: pydantic.NonNegativeInt = 1
     envs_per_worker: Positive = 4
+    env_groups: Positive = 1
+    """a worker's envs step in this many lock-step groups, one inference request each: while one group
+    steps, the others' forward passes run (pays where the inference actor has a core to itself)"""
+    inline_env_steps: bool = False
+    """step the envs on the worker's event loop, not its env thread: saves two thread hand-offs per round;
+    for envs whose round takes milliseconds (a blocked loop answers pings and pause calls a round late)"""
     rollout_local_buf: Positive = 64
     inference_batch: Positive = 2
     inference_timeout_ms: pydantic.PositiveFloat = 2.0
@@ -250,6 +256,9 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
                 f"super_batch_size ({self.super_batch_size}) exceeds replay_capacity ({self.replay_capacity}); "
                 "raise replay_capacity"
             )
+        if self.envs_per_worker % self.env_groups:
+            raise ValueError(f"envs_per_worker ({self.envs_per_worker}) must be a multiple of env_groups "
+                             f"({self.env_groups}); each group steps as many envs")
         resolve_policy_loss_params(self.clip_mode, self.clip_params)
         check_group_size(self.advantage, self.group_size)
         check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)

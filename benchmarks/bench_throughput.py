@@ -93,7 +93,8 @@ def measure_collect_only(config: Path, workers: int, seconds: float, raw_seconds
                "collect_only_rows_per_forward": collected["rows_per_forward"],
                "collect_only_worker_cpu_ms_per_step": collected["worker_cpu_ms_per_step"],
                "collect_only_inference_cpu_ms_per_step": collected["inference_cpu_ms_per_step"],
-               "collect_only_envs_per_worker": cfg.envs_per_worker}
+               "collect_only_envs_per_worker": cfg.envs_per_worker, "collect_only_env_groups": cfg.env_groups,
+               "collect_only_inline_env_steps": cfg.inline_env_steps}
     return {f"{key}_w{workers}": round(value, 5) if isinstance(value, float) else value for key, value in figures.items()}
 
 

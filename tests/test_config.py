@@ -35,6 +35,7 @@ def test_clip_config_file_feeds_clip_params(tmp_path):
         (["--num-trainers", "0"], "'num_trainers' = 0: Input should be greater than 0"),
         (["--gamma", "abc"], "'gamma' = 'abc'"),
         (["--super-batch-size", "100"], "super_batch_size (100) must equal train_batch_size x accumulation_steps"),
+        (["--envs-per-worker", "16", "--env-groups", "3"], "envs_per_worker (16) must be a multiple of env_groups (3)"),
         (["--clip-mode", "nope"], "unknown clip mode 'nope'; valid modes and aliases: ce-gppo_clip, cispo"),
         (["--clip-mode", "sapo", "--clip-params", "{dual_clip_c: 3}"], "'dual_clip_c' does not apply to clip mode 'sapo'"),
         (["--clip-params", "{clip_epss: 0.1}"], "unknown clip param 'clip_epss' (did you mean 'clip_eps'?)"),

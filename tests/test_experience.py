@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.actors.replay_buffer import ReplayStorage
-from async_rl.actors.rollout_worker import FailureWeightedTaskSampler
+from async_rl.actors.env_slots import FailureWeightedTaskSampler
 from async_rl.algo.estimators import GaeSegmenter, VtraceSegmenter
 from async_rl.experience import from_wire, inference_keys, step_records, to_wire
 
@@ -267,7 +267,7 @@ def test_replay_log_keeps_what_a_checkpoint_lacks(tmp_path):
 
 
 def test_finite_rows_flags_only_the_envs_with_a_non_finite_observation():
-    from async_rl.actors.rollout_worker import finite_rows
+    from async_rl.actors.env_slots import finite_rows
 
     obs = TensorDict({"state": torch.zeros(4, 3), "image": torch.zeros(4, 2, 2, dtype=torch.uint8),
                       "extra": TensorDict({"v": torch.zeros(4, 2)}, [4])}, [4])

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import ray
 import torch
 from tensordict import TensorDict
@@ -76,9 +77,16 @@ def reference_items(seed: int, steps: int, value, cfg) -> dict[tuple, dict[str, 
     return items
 
 
-def test_k_lockstepped_envs_match_single_env_references(ray_local):
+@pytest.mark.parametrize("envs, groups, inline", [(K, 1, False), (4, 2, True)],
+                         ids=["one-group-env-thread", "two-groups-inline"])
+def test_k_lockstepped_envs_match_single_env_references(ray_local, envs, groups, inline):
+    """Also with the envs in two lock-step groups (one group's request in flight while the other steps)
+    stepped on the worker's event loop: the same experience per env."""
+    K = envs
     cfg = load_config(["--envs-per-worker", str(K), "--rollout-local-buf", "4", "--reward-scale", "1",
-                       "--actor-timeout-s", "60"], str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
+                       "--actor-timeout-s", "60", "--env-groups", str(groups),
+                       "--inline-env-steps" if inline else "--no-inline-env-steps"],
+                      str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     tag = f"vector{time.monotonic_ns()}"
     lone = lone_rollout_worker(tag, CountingTasks(), SPEC, K, cfg)
     worker, inference, replay, factory, run = lone.worker, lone.inference, lone.replay, lone.factory, lone.run

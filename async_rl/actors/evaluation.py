@@ -14,7 +14,7 @@ from tensordict import TensorDict
 import envs
 
 from async_rl.actors.policy_client import PolicyClient
-from async_rl.actors.rollout_worker import EnvPool, EnvThread
+from async_rl.actors.env_slots import EnvPool, EnvThread
 from async_rl.errors import ActorTimeoutError
 from async_rl.experience import from_wire, to_wire
 from async_rl.media import frame_of

@@ -21,18 +21,19 @@ from async_rl.actors.shared_slab import AnswerMisfit, PeerGone, SlabClient, Slab
 from async_rl.experience import from_wire, to_wire
 from async_rl.process_setup import wait_for
 
-SLAB_DEPTH = 2  # slots per worker: a request and a bootstrap request may be in flight together
 RETRY_SLAB_S = 30.0  # after a failed negotiation, ask again no sooner than this
 
 
 class PolicyClient:
     """One awaited request with a timeout; the shared-memory path when co-located (``shared_memory``
-    "auto"), else Ray. ``rows``: the largest batch the worker sends (its envs)."""
+    "auto"), else Ray. ``rows``: the largest batch the worker sends (its envs); ``depth``: the most
+    requests it has in flight at once (the slab's slots; one more waits for a free slot)."""
 
     def __init__(self, inference: Any, name: str, timeout_s: float, shared_memory: str = "off",
-                 worker: str = "", rows: int = 1) -> None:
+                 worker: str = "", rows: int = 1, depth: int = 2) -> None:
         self.inference, self.name, self.timeout_s = inference, name, timeout_s
-        self.worker, self.rows = worker, rows
+        self.worker, self.rows, self.depth = worker, rows, depth
+        self._opening = False  # a slab is being negotiated (concurrent requests must not ask for another)
         self._slab: Optional[SlabClient] = None
         self.slab_answers = 0  # requests answered through shared memory (tests, logs)
         # When a slab may be asked for next (None: never; the Ray path only)
@@ -60,8 +61,13 @@ class PolicyClient:
                 self._next_slab = None
         wire = to_wire(obs)
         out = await self._ray_act(wire, deterministic, deadline)
-        if self._slab is None and self._next_slab is not None and time.monotonic() >= self._next_slab:
-            await self._open_slab(wire, out, deadline)
+        if (self._slab is None and not self._opening and self._next_slab is not None
+                and time.monotonic() >= self._next_slab):
+            self._opening = True
+            try:
+                await self._open_slab(wire, out, deadline)
+            finally:
+                self._opening = False
         return from_wire(out)
 
     async def _ray_act(self, wire: dict, deterministic: bool, deadline: float) -> dict:
@@ -77,7 +83,7 @@ class PolicyClient:
     async def _open_slab(self, obs: dict, answer: dict, deadline: float) -> None:
         """Ask the inference actor for a slab laid out as this request and its answer; a worker on
         another node keeps the Ray path for good (said once)."""
-        spec = SlabSpec(wire_layout(obs), wire_layout(answer), self.rows, SLAB_DEPTH)
+        spec = SlabSpec(wire_layout(obs), wire_layout(answer), self.rows, self.depth)
         timeout = max(deadline - time.monotonic(), 0.001)
         step = "open_slab"  # which step failed, in the log line: a platform may refuse one of them
         try:

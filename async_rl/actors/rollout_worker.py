@@ -8,14 +8,10 @@ With GAE the round's K records stay one batch and are cut as columns (actors/col
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import math
 import os
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
@@ -25,6 +21,8 @@ from tensordict import TensorDict
 
 from async_rl.algo import advantage_estimator
 from async_rl.actors.columnar_gae import ColumnarGae
+from async_rl.actors.env_slots import (EnvGroup, EnvPool, EnvSlot, EnvThread, FailureWeightedTaskSampler,
+                                       finite_rows)
 from async_rl.actors.groups import Ticket, stamp_episode
 from async_rl.actors.policy_client import PolicyClient
 from async_rl.experience import env_steps, step_batch
@@ -33,100 +31,6 @@ from async_rl.process_setup import configure_torch, wait_for
 from envs.base import StartUnavailable, episode_success, success_rule
 
 START_TRIES = 100  # group tickets in a row whose start an env slot may fail to play before the worker fails
-
-
-def finite_rows(obs: TensorDict) -> list[bool]:
-    """Per row of a batch ``[K]`` of preprocessed observations: no NaN or inf in its floating-point
-    leaves (images and tokens are integers and always finite). One check per leaf for all K rows."""
-    ok = torch.ones(obs.batch_size[0], dtype=torch.bool)
-    for v in obs.values(True, True):
-        if v.is_floating_point():
-            ok &= torch.isfinite(v).reshape(v.shape[0], -1).all(dim=1)
-    return ok.tolist()
-
-
-class FailureWeightedTaskSampler:
-    """Failure-weighted task sampling: P(task) proportional to (failures in its recent episodes + 1)."""
-
-    def __init__(self, num_tasks: int, window: int, rng: np.random.Generator) -> None:
-        self.outcomes = [deque(maxlen=window) for _ in range(num_tasks)]
-        self.rng = rng
-
-    def probabilities(self) -> np.ndarray:
-        weights = np.array([sum(h) for h in self.outcomes], dtype=np.float64) + 1.0
-        return weights / weights.sum()
-
-    def sample(self) -> int:
-        return int(self.rng.choice(len(self.outcomes), p=self.probabilities()))
-
-    def record(self, task: int, success: bool) -> None:
-        self.outcomes[task].append(0 if success else 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Recent outcomes per task and the RNG state (what a checkpoint keeps of the curriculum)."""
-        return {"outcomes": [list(h) for h in self.outcomes], "rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for history, saved in zip(self.outcomes, state["outcomes"], strict=True):
-            history.clear()
-            history.extend(saved)
-        self.rng.bit_generator.state = state["rng"]
-
-
-class EnvPool:
-    """One env per task index, created on first use and kept (no rebuild between episodes)."""
-
-    def __init__(self, task_set: Any, seed: int) -> None:
-        self.task_set, self.seed = task_set, seed
-        self._envs: dict[int, Any] = {}
-
-    def get(self, task: int) -> Any:
-        if task not in self._envs:
-            self._envs[task] = self.task_set.make_env(task, seed=self.seed + 7919 * task)
-        return self._envs[task]
-
-    def close(self) -> None:
-        for env in self._envs.values():
-            env.close()
-        self._envs.clear()
-
-
-class EnvThread:
-    """The one thread that makes, resets, steps and closes an actor's environments (and runs the
-    preprocessing): off the event loop, so health pings and weight-sync calls are answered during
-    a slow step, and always the same thread, since MuJoCo/EGL render contexts belong to the thread
-    that made them."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._pool: Optional[ThreadPoolExecutor] = None
-
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=self.name)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
-
-    def close(self) -> None:
-        """End the thread once its last call returned (the envs it made must be closed first)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
-
-
-@dataclass
-class _EnvSlot:
-    """One of a worker's environments and the episode it is in."""
-
-    envs: EnvPool
-    segmenter: Any
-    task: int = 0
-    env: Any = None
-    obs: Optional[TensorDict] = None
-    episode_return: float = 0.0
-    episode_length: int = 0
-    success: bool = False
-    started: float = 0.0
-    ticket: Optional[Ticket] = None  # group rollouts: the group member this episode is (None: none)
 
 
 class WorkerPeers(NamedTuple):
@@ -154,12 +58,13 @@ class RolloutWorkerActor:
         self._episodes: list[TensorDict] = []  # finished group members waiting to be pushed
         self._draining = False  # grouped, synchronous mode: the step budget is spent, open groups are filled
         self.task_names: list[str] = []
-        self.slots: list[_EnvSlot] = []  # made by run(), once the task set has arrived
-        self.columns: Optional[ColumnarGae] = None  # GAE's step store, made with the slots
+        self.slots: list[EnvSlot] = []  # made by run(), once the task set has arrived
+        self.groups: list[EnvGroup] = []  # the slots in lock-step groups (env_groups), made with them
         self._curriculum: Optional[dict[str, Any]] = None  # a checkpoint's task-sampler state, applied by run()
         # Shared memory with the inference actor when on its node (actors/shared_slab.py), else Ray
+        # (a slab slot per group's request in flight, and one for a bootstrap request)
         self.policy = PolicyClient(inference, inference_name, cfg.actor_timeout_s, cfg.shared_memory,
-                                   f"worker-{index}", cfg.envs_per_worker)
+                                   f"worker-{index}", cfg.envs_per_worker, depth=cfg.env_groups + 1)
         self.replay, self.stats = replay, stats
         self._stopped = False
         self._push_ref: Optional[ray.ObjectRef] = None
@@ -169,7 +74,7 @@ class RolloutWorkerActor:
         # batch the dead buffer had already logged does not store it twice.
         self._push_names, self._push_id = (f"worker-{index}/{os.getpid()}-{time.time_ns()}", 0), ""
         self.env_steps = 0
-        self._env_thread = EnvThread(f"worker-{index}-env")
+        self._env_thread = EnvThread(f"worker-{index}-env", inline=cfg.inline_env_steps)
         self._resume = asyncio.Event()  # cleared by pause() (synchronous mode)
         self._resume.set()
         self._paused = asyncio.Event()  # set while the loop waits at a step boundary
@@ -208,12 +113,12 @@ class RolloutWorkerActor:
     def _segmenter(self) -> Any:
         return self.estimator.segmenter(self.cfg)
 
-    def _start_episode(self, slot: _EnvSlot) -> None:
+    def _start_episode(self, slot: EnvSlot) -> None:
         """Pick the slot's next task; ``_reset_envs`` makes / resets its env before the next step."""
         slot.task, slot.env, slot.obs, slot.ticket = self.sampler.sample(), None, None, None
         slot.episode_return, slot.episode_length, slot.success, slot.started = 0.0, 0, False, time.monotonic()
 
-    def _reset_in_thread(self, slots: list[_EnvSlot]) -> list[_EnvSlot]:
+    def _reset_in_thread(self, slots: list[EnvSlot]) -> list[EnvSlot]:
         """Reset the slots' envs; returns the slots whose env cannot start from their ticket's start."""
         unavailable = []
         for slot in slots:
@@ -226,11 +131,11 @@ class RolloutWorkerActor:
             slot.obs = self.preprocess(obs, self.task_names[slot.task])
         return unavailable
 
-    async def _reset_envs(self) -> None:
-        """Start the episodes ``_start_episode`` picked (in the env thread); group members first
-        take their tickets. A member that cannot start from its group's start drops that group
-        (its other members play another state) and takes another ticket."""
-        starting = [slot for slot in self.slots if slot.obs is None]
+    async def _reset_envs(self, slots: Optional[list[EnvSlot]] = None) -> None:
+        """Start the episodes ``_start_episode`` picked (in the env thread) among ``slots`` (default
+        all); group members first take their tickets. A member that cannot start from its group's
+        start drops that group (its other members play another state) and takes another ticket."""
+        starting = [slot for slot in (self.slots if slots is None else slots) if slot.obs is None]
         for _ in range(START_TRIES):
             if starting and self.grouped:
                 await self._take_tickets(starting)
@@ -242,7 +147,7 @@ class RolloutWorkerActor:
                 slot.ticket = None
         raise RuntimeError(f"worker-{self.index}: no start of {START_TRIES} group tickets in a row could be played")
 
-    async def _take_tickets(self, slots: list[_EnvSlot]) -> None:
+    async def _take_tickets(self, slots: list[EnvSlot]) -> None:
         """A ticket per slot from the replay buffer's ledger (the slot's sampled task is its proposal
         for a new group). While draining only open groups are filled: a slot without a ticket steps
         an episode that is never pushed (``resume`` restarts it)."""
@@ -272,14 +177,14 @@ class RolloutWorkerActor:
         await self._reset_envs()
         return all(slot.ticket is None for slot in self.slots)
 
-    def _step_in_thread(self, env_actions: np.ndarray) -> tuple[list[tuple], list[TensorDict]]:
+    def _step_in_thread(self, slots: list[EnvSlot], env_actions: np.ndarray) -> tuple[list[tuple], list[TensorDict]]:
         # Envs that score elsewhere (humaneval: the sandbox pool) start every slot's scoring first: in parallel.
-        for slot, a in zip(self.slots, env_actions):
+        for slot, a in zip(slots, env_actions):
             getattr(slot.env, "prepare_step", lambda _action: None)(a)
-        results = [slot.env.step(a) for slot, a in zip(self.slots, env_actions)]
-        return results, [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(self.slots, results)]
+        results = [slot.env.step(a) for slot, a in zip(slots, env_actions)]
+        return results, [self.preprocess(r[0], self.task_names[slot.task]) for slot, r in zip(slots, results)]
 
-    def _end_episode(self, slot: _EnvSlot) -> None:
+    def _end_episode(self, slot: EnvSlot) -> None:
         if self.grouped:
             steps = slot.segmenter.take()
             if slot.ticket is not None and steps is not None:
@@ -303,7 +208,7 @@ class RolloutWorkerActor:
             self._env_counts[id(env)] = now
             self.stats.record_env_counters.remote(deltas)
 
-    def _drop_episode(self, slot: _EnvSlot) -> None:
+    def _drop_episode(self, slot: EnvSlot) -> None:
         slot.segmenter = self._segmenter()
         if slot.ticket is not None:  # its group cannot complete
             self.replay.abandon_group.remote(slot.ticket.group_id)
@@ -365,12 +270,15 @@ class RolloutWorkerActor:
         if self._curriculum is not None:  # from the checkpoint this run resumed
             self.sampler.load_state_dict(self._curriculum)
         self.slots = [
-            _EnvSlot(EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1) + 7_777 * k), self._segmenter())
+            EnvSlot(EnvPool(task_set, seed=cfg.seed + 100_003 * (index + 1) + 7_777 * k), self._segmenter())
             for k in range(cfg.envs_per_worker)
         ]
-        # GAE: the K envs' steps kept as rounds and cut as columns (the slots' segmenters stay unused)
-        self.columns = (ColumnarGae(cfg.envs_per_worker, cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
-                        if cfg.advantage == "gae" else None)
+        # GAE: each group's steps kept as rounds and cut as columns (the slots' segmenters stay unused)
+        size = cfg.envs_per_worker // cfg.env_groups
+        self.groups = [EnvGroup(self.slots[g:g + size],
+                                ColumnarGae(size, cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+                                if cfg.advantage == "gae" else None)
+                       for g in range(0, cfg.envs_per_worker, size)]
 
     async def curriculum_state(self) -> Optional[dict[str, Any]]:
         """The task sampler's state (None before the worker has started)."""
@@ -382,80 +290,42 @@ class RolloutWorkerActor:
 
     async def run(self) -> int:
         """Collect until ``stop``; returns the number of env steps taken."""
-        cfg = self.cfg
         if not self.slots:
             await self._make_slots()
         for slot in self.slots:
             self._start_episode(slot)
         frozen = False  # gc.freeze() once the envs exist (they are built at their first reset)
-        while not self._stopped:
-            if not self._resume.is_set():
-                # Hand over what this policy version collected before pausing (synchronous mode).
-                if self.columns is not None:
-                    pieces = [p for p in (self.columns.flush(),) if p is not None]
-                else:
-                    pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
-                if pieces:
-                    await self._push_and_count(torch.cat(pieces))
-                self._report_collected()
-                await self._settle_push()
-                self._paused.set()
-                await self._resume.wait()
-                self._paused.clear()
-                continue
-            await self._reset_envs()
-            if not frozen:
-                # Everything alive now (modules, envs, model) leaves the collector's view: full collections
-                # then scan only what the loop allocates (K = 16, one process: 0.39 -> 0.006 ms per round).
-                gc.freeze()
-                frozen = True
-            obs = torch.stack([slot.obs for slot in self.slots])
-            out = await self.policy.act(obs)
-            env_actions = out["env_action"].numpy()
-            results, next_obs = await self._env_thread.call(self._step_in_thread, env_actions)
-            # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
-            stacked_next = torch.stack(next_obs)  # stacked once: the finiteness check and the bootstrap read it
-            finite = finite_rows(stacked_next)
-            broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and finite[k])}
-            # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
-            cut = [k for k, r in enumerate(results) if r[3] and not r[2] and k not in broken]
-            bootstrap = {}
-            if cut:
-                values = (await self.policy.act(stacked_next[torch.tensor(cut)]))["value"]
-                bootstrap = dict(zip(cut, values.tolist()))
-            dones = [bool(r[2] or r[3]) for r in results]
-            records = step_batch(obs, out, [r[1] * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
-                                            for k, r in enumerate(results)], dones)
-            if self.columns is not None:
-                pieces = [p for p in (self.columns.add(records, dones, broken),) if p is not None]
-            else:
-                pieces, records = [], records.unbind(0)
-            for k, (slot, (_, reward, terminated, truncated, info)) in enumerate(zip(self.slots, results)):
-                if k in broken:
-                    self._drop_episode(slot)
+        try:
+            while not self._stopped:
+                if not self._resume.is_set():
+                    await self._pause_here()
                     continue
-                done = dones[k]
-                piece = None if self.columns is not None else slot.segmenter.add(records[k], next_obs[k])
-                if piece is not None:
-                    pieces.append(piece)
-                slot.episode_return += reward
-                slot.episode_length += 1
-                slot.success = episode_success(self.success_rule, slot.success, info)
-                if done:
-                    self._end_episode(slot)
-                else:
-                    slot.obs = next_obs[k]
-            self.env_steps += len(self.slots)
-            if pieces:
-                await self._push_and_count(torch.cat(pieces))
-            if self._episodes:
-                await self._push_episodes()
-            self._report_collected()
-            if self.grouped:  # the next members' tickets now: between two steps every slot holds one
-                await self._reset_envs()
-            if self._pause_at is not None and self.env_steps >= self._pause_at and await self._groups_filled():
-                self._pause_at = None
-                self._resume.clear()
+                for group in self.groups:  # a request per group in flight (after a start or a pause)
+                    if group.request is None:
+                        await self._reset_envs(group.slots)
+                        self._ask(group)
+                if not frozen:
+                    # Everything alive now (modules, envs, model) leaves the collector's view: full collections
+                    # then scan only what the loop allocates (K = 16, one process: 0.39 -> 0.006 ms per round).
+                    gc.freeze()
+                    frozen = True
+                for group in self.groups:  # the other groups' forward passes run while this one steps
+                    await self._step_group(group)
+                    if self.grouped:  # the next members' tickets now: between two steps every slot holds one
+                        await self._reset_envs(group.slots)
+                    if self._pause_at is not None and self.env_steps >= self._pause_at and await self._groups_filled():
+                        self._pause_at = None
+                        self._resume.clear()
+                    if self._stopped or not self._resume.is_set():
+                        break
+                    await self._reset_envs(group.slots)
+                    self._ask(group)
+        except BaseException:  # the answers in flight are not waited for: the error ends the run
+            for group in self.groups:
+                group.cancel_request()
+            raise
+        for group in self.groups:
+            await group.drop_request()
         self._report_collected()
         await self._settle_push()
         for slot in self.slots:
@@ -463,3 +333,69 @@ class RolloutWorkerActor:
         self._env_thread.close()
         self.policy.close()
         return self.env_steps
+
+    def _ask(self, group: EnvGroup) -> None:
+        """Send the group's observations to the inference actor; the answer is awaited by ``_step_group``."""
+        group.obs = torch.stack([slot.obs for slot in group.slots])
+        group.request = asyncio.ensure_future(self.policy.act(group.obs))
+
+    async def _pause_here(self) -> None:
+        """Synchronous mode: hand over what this policy version collected, then wait for ``resume``.
+        Requests in flight are dropped: their actions came from the policy before the pause."""
+        for group in self.groups:
+            await group.drop_request()
+        if self.groups and self.groups[0].columns is not None:
+            pieces = [p for p in (group.columns.flush() for group in self.groups) if p is not None]
+        else:
+            pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
+        if pieces:
+            await self._push_and_count(torch.cat(pieces))
+        self._report_collected()
+        await self._settle_push()
+        self._paused.set()
+        await self._resume.wait()
+        self._paused.clear()
+
+    async def _step_group(self, group: EnvGroup) -> None:
+        """One lock-step round of a group: its answer, its envs stepped, its pieces and episodes pushed."""
+        cfg, obs, slots = self.cfg, group.obs, group.slots
+        out = await group.request
+        group.request = group.obs = None
+        results, next_obs = await self._env_thread.call(self._step_in_thread, slots, out["env_action"].numpy())
+        # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
+        stacked_next = torch.stack(next_obs)  # stacked once: the finiteness check and the bootstrap read it
+        finite = finite_rows(stacked_next)
+        broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and finite[k])}
+        # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
+        cut = [k for k, r in enumerate(results) if r[3] and not r[2] and k not in broken]
+        bootstrap = {}
+        if cut:
+            values = (await self.policy.act(stacked_next[torch.tensor(cut)]))["value"]
+            bootstrap = dict(zip(cut, values.tolist()))
+        dones = [bool(r[2] or r[3]) for r in results]
+        records = step_batch(obs, out, [r[1] * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
+                                        for k, r in enumerate(results)], dones)
+        if group.columns is not None:
+            pieces = [p for p in (group.columns.add(records, dones, broken),) if p is not None]
+        else:
+            pieces, records = [], records.unbind(0)
+        for k, (slot, (_, reward, terminated, truncated, info)) in enumerate(zip(slots, results)):
+            if k in broken:
+                self._drop_episode(slot)
+                continue
+            piece = None if group.columns is not None else slot.segmenter.add(records[k], next_obs[k])
+            if piece is not None:
+                pieces.append(piece)
+            slot.episode_return += reward
+            slot.episode_length += 1
+            slot.success = episode_success(self.success_rule, slot.success, info)
+            if dones[k]:
+                self._end_episode(slot)
+            else:
+                slot.obs = next_obs[k]
+        self.env_steps += len(slots)
+        if pieces:
+            await self._push_and_count(torch.cat(pieces))
+        if self._episodes:
+            await self._push_episodes()
+        self._report_collected()
