@@ -22,12 +22,19 @@ def finite_rows(obs: TensorDict) -> list[bool]:
     leaves (images and tokens are integers and always finite). One check per leaf for all K rows, and
     per row only when a leaf has a non-finite value (the common all-finite case is one op per leaf)."""
     leaves = [v for v in obs.values(True, True) if v.is_floating_point()]
-    if all(bool(torch.isfinite(v).all()) for v in leaves):
+    if all(_all_finite(v) for v in leaves):
         return [True] * obs.batch_size[0]
     ok = torch.ones(obs.batch_size[0], dtype=torch.bool)
     for v in leaves:
         ok &= torch.isfinite(v).reshape(v.shape[0], -1).all(dim=1)
     return ok.tolist()
+
+
+def _all_finite(v: torch.Tensor) -> bool:
+    # numpy's check is ~3x cheaper than torch's for a worker's small CPU batches; bf16 has no numpy dtype
+    if v.device.type == "cpu" and v.dtype in (torch.float32, torch.float64, torch.float16):
+        return bool(np.isfinite(v.numpy()).all())
+    return bool(torch.isfinite(v).all())
 
 
 class FailureWeightedTaskSampler:
