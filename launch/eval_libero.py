@@ -2,6 +2,7 @@
 
     python launch/eval_libero.py --init-from runs/libero_sft/policy --init-states 40-49 --json sft.json
     python launch/eval_libero.py --checkpoint runs/libero_ppo --init-states 40-49     # an RL run's newest weights
+    python launch/eval_libero.py --checkpoint RUN --init-from EXPORT   # the export that run started from has moved
 
 Every other flag is a config flag (--config, --env-kwargs, --policy-kwargs, ...; the default config is
 configs/libero_ppo.yaml). Writes {"success_rate", "per_task", "episodes", "init_states"} with --json.
@@ -32,19 +33,18 @@ def parse_init_states_flag(text: str) -> list[int]:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init-from", help="a policy export (launch/sft.py); default: the config's init_from "
-                        "(what its RL run starts from), else the policy as built")
+                        "(what its RL run starts from), else the policy as built; with --checkpoint: the export "
+                        "that run started from, where it is now (default: where it was)")
     parser.add_argument("--checkpoint", help="an RL run's log dir or checkpoint: its newest weights")
     parser.add_argument("--init-states", default="40-49", help="initial states of every task (default 40-49)")
     parser.add_argument("--json", help="write the result here")
     own, rest = parser.parse_known_args(argv)
     config = Path(__file__).resolve().parents[1] / "configs" / "libero_ppo.yaml"
     try:
-        if own.init_from and own.checkpoint:
-            raise ConfigError("pass --init-from or --checkpoint, not both")
         states = parse_init_states_flag(own.init_states)
         cfg = load_config(rest, str(config), __doc__)
         task_set = prepare(cfg)
-        init_from = own.init_from or cfg.init_from
+        init_from = own.init_from or (None if own.checkpoint else cfg.init_from)
         init_from = init_from and check_init_from(init_from, cfg.policy, cfg.env, cfg.policy_kwargs.get("model_path"))
         policy, preprocess = load_policy(cfg, task_set, init_from, own.checkpoint)
     except (ConfigError, ValueError) as exc:  # ValueError: weights that do not fit the configured policy

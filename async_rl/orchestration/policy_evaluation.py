@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from async_rl.errors import ConfigError
 from async_rl.orchestration.runtime import critic_free, obs_spec_of
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.initial_weights import with_initial_weights
@@ -19,15 +21,17 @@ def load_policy(cfg: Any, task_set: Any, init_from: Optional[str] = None, checkp
     newest checkpoint (rebuilt as its trainers built it, from the run's own config), or as built."""
     obs_spec = obs_spec_of(task_set)
     if checkpoint is not None:
-        policy = checkpoint_policy(checkpoint, obs_spec, task_set.action_dim)
+        policy = checkpoint_policy(checkpoint, obs_spec, task_set.action_dim, init_from)
     else:
         policy = with_initial_weights(
             functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs), init_from)()
     return policy.eval().requires_grad_(False), build_preprocessor(cfg.policy, obs_spec, **cfg.policy_kwargs)
 
 
-def checkpoint_policy(path: str, obs_spec: Any, action_dim: int) -> Any:
-    """An RL run's trained policy from its checkpoint (its LoRA adapters, if any, stay on)."""
+def checkpoint_policy(path: str, obs_spec: Any, action_dim: int, init_from: Optional[str] = None) -> Any:
+    """An RL run's trained policy from its checkpoint (its LoRA adapters, if any, stay on). The weights
+    under the adapters come from the export the run started from: the run's ``init_from`` (an absolute
+    path when it ran), or ``init_from`` here where that export has moved."""
     from types import SimpleNamespace  # noqa: PLC0415
 
     from async_rl import checkpoint as ckpt  # noqa: PLC0415
@@ -36,8 +40,12 @@ def checkpoint_policy(path: str, obs_spec: Any, action_dim: int) -> Any:
 
     directory = ckpt.resolve_checkpoint(path)
     config = ckpt.read_meta(directory)["config"]
+    base = init_from or config.get("init_from")
+    if base and not Path(base).exists():
+        raise ConfigError(f"{path}: the run started from the export {base}, which is no longer there; pass "
+                          f"--init-from with where it is now")
     factory = with_initial_weights(functools.partial(build_policy, config["policy"], obs_spec, action_dim,
-                                                     **config["policy_kwargs"]), config.get("init_from"))
+                                                     **config["policy_kwargs"]), base)
     if not advantage_estimator(config["advantage"]).needs_critic:  # as the run's trainers built it
         factory = functools.partial(critic_free, factory)
     model = training_model(SimpleNamespace(**config), factory)
