@@ -33,6 +33,7 @@ from async_rl.policies.initial_weights import model_identity, with_initial_weigh
 # summary, so that a loaded export can be checked to act as the trained policy did.
 PROBE_FRAMES = 8
 CALL_MINIBATCHES = 8  # minibatches per train_supervised call
+PROGRESS_EVERY_S = 60.0  # a line within an epoch this often (a language model's epoch runs for many minutes on CPU)
 
 
 def check_demos(cfg: Any) -> Any:
@@ -153,11 +154,16 @@ def run_supervised(cfg: Any, task_set: Any, frames: TensorDict, console: Console
             rows = []
             # A few minibatches per call, not the whole shard: each call answers within actor_timeout_s
             # however large the epoch (an epoch of a language model's demonstrations takes many minutes).
-            step = CALL_MINIBATCHES * cfg.train_batch_size
-            for first in range(0, shards[0].batch_size[0], step):
+            step, shard_rows = CALL_MINIBATCHES * cfg.train_batch_size, shards[0].batch_size[0]
+            noted = time.monotonic()
+            for first in range(0, shard_rows, step):
                 refs = {name: actor.train_supervised.remote(shard[first:first + step])
                         for (name, actor), shard in zip(trainers.items(), shards)}
                 rows += list(get_named(refs, cfg.actor_timeout_s, f"supervised epoch {epoch}").values())
+                if time.monotonic() - noted >= PROGRESS_EVERY_S and first + step < shard_rows:
+                    noted = time.monotonic()
+                    console.print(f"sft epoch {epoch}/{epochs}: {first + step}/{shard_rows} frames per rank, loss so far "
+                                  f"{mean_metrics(rows)['bc/loss']:.4f}, {noted - started:.0f} s")
             metrics = {**mean_metrics(rows), "global_step": rows[-1]["global_step"], "lr_policy": rows[-1]["lr_policy"],
                        "epoch_seconds": time.monotonic() - started}
             logger.log(metrics, epoch)
