@@ -18,7 +18,10 @@ workers (MetaWorld 1.25 minutes per run, LIBERO 1.5; a log point every 2 s). Ext
 Collection only (``benchmarks/collect_only.py``: workers, inference, replay, no trainers), MetaWorld at
 ``--collect-workers`` workers (default 1,2; run with ``--quick`` or ``--collect-only``, which skips the
 training runs): ``collect_only_env_steps_per_sec_w<N>``, the raw env's with N processes measured right
-after, and ``collect_only_over_raw_w<N>``.
+after, and ``collect_only_over_raw_w<N>``. One worker runs in the shape that suits a worker with a core to
+spare (``ONE_WORKER_SHAPE``: 32 envs in two lock-step groups, one stepping while the other's forward pass
+runs); ``--collect-as-configured`` runs it as the config says. The keys ``collect_only_envs_per_worker_w<N>``
+and ``collect_only_env_groups_w<N>`` record the shape.
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ from benchmarks.bench_env_raw import raw_env_steps_per_sec  # noqa: E402
 from benchmarks.collect_only import collect_only_steps_per_sec  # noqa: E402
 
 CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "libero": common.LIBERO_CONFIG}
+# One worker on 2 cores leaves the inference actor a core: two groups overlap stepping and forward passes, and 16
+# envs per group spread a round's fixed cost (RESULTS.md section 2: 0.71-0.74 of raw, 0.64-0.68 as configured).
+ONE_WORKER_SHAPE = ["--envs-per-worker", "32", "--env-groups", "2", "--inference-batch", "16"]
 
 
 def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root: Path,
@@ -142,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collect-only", action="store_true", help="only the collection-only runs (no training runs)")
     ap.add_argument("--collect-workers", default="1,2", help="worker counts of the collection-only runs (MetaWorld)")
     ap.add_argument("--collect-seconds", type=float, default=20.0, help="measured window of a collection-only run")
+    ap.add_argument("--collect-as-configured", action="store_true",
+                    help="the one-worker collection run as the config says, not in ONE_WORKER_SHAPE")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     minutes = args.minutes or (1.25 if args.quick else 3.0)
@@ -161,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         for workers in (int(w) for w in args.collect_workers.split(",")):
             print(f"=== collection only, metaworld, {workers} workers: {args.collect_seconds:g} s, then "
                   f"{raw_seconds:g} s raw ===", flush=True)
-            figures.update(measure_collect_only(CONFIGS["metaworld"], workers, args.collect_seconds, raw_seconds, extra))
+            shape = ONE_WORKER_SHAPE if workers == 1 and not args.collect_as_configured else []
+            figures.update(measure_collect_only(CONFIGS["metaworld"], workers, args.collect_seconds, raw_seconds,
+                                                [*shape, *extra]))
             print({k: v for k, v in figures.items() if k.endswith(f"_w{workers}")}, flush=True)
     for env in ([] if args.collect_only else wanted):
         skip = common.libero_unavailable(configs[env]) if env == "libero" else None
