@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
 from async_rl.errors import ConfigError
+from async_rl.user_cache import user_cache_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = "policy.safetensors"
@@ -77,13 +79,34 @@ def resolve_export(path: str) -> Path:
     return shipped if not given.exists() and not given.is_absolute() and shipped.exists() else given
 
 
+# A GGUF file's conversion folder (policies/lm_loading.py): "<file stem>-<12 hex digits>", the digits hashed from the
+# file's size and modification time, which a reinstall or another machine changes.
+CONVERTED_GGUF = re.compile(r"(?P<stem>.+)-[0-9a-f]{12}")
+
+
 def model_identity(model_path: str | None) -> Any:
-    """What names a policy's base model across machines: a tiny VLA's spec (its cache folder is
-    machine-local), else the model folder's name; None for a policy that loads no model."""
+    """What names a policy's base model across machines and installs: a tiny VLA's spec (its cache folder
+    is machine-local), a converted GGUF file's name (not its conversion folder's key), else the model
+    folder's name; None for a policy that loads no model."""
     if not model_path:
         return None
-    spec = Path(model_path) / "tiny_vla_spec.json"
-    return json.loads(spec.read_text()) if spec.is_file() else Path(model_path).name
+    path = Path(model_path)
+    spec = path / "tiny_vla_spec.json"
+    if spec.is_file():
+        return json.loads(spec.read_text())
+    converted = CONVERTED_GGUF.fullmatch(path.name)
+    if converted and path.parent == user_cache_dir("lm"):
+        return converted["stem"]
+    return path.name
+
+
+def same_model(saved: Any, current: Any) -> bool:
+    """Whether an export's recorded base model is this run's. Exports written before identities left out
+    the conversion key recorded the folder's whole name: its stem counts."""
+    if saved == current:
+        return True
+    converted = CONVERTED_GGUF.fullmatch(saved) if isinstance(saved, str) else None
+    return converted is not None and converted["stem"] == current
 
 
 def check_init_from(path: str, policy: str, env: str, model_path: str | None = None) -> str:
@@ -91,7 +114,7 @@ def check_init_from(path: str, policy: str, env: str, model_path: str | None = N
     trained from the same base model; returns its absolute path (what the actors load)."""
     path = str(resolve_export(path))
     meta = read_export_meta(path)
-    if "model" in meta and meta["model"] != model_identity(model_path):
+    if "model" in meta and not same_model(meta["model"], model_identity(model_path)):
         raise ConfigError(f"init_from {path} was trained from another base model than this run's {model_path}; pass "
                           f"--init-from null (or an export made from that model)")
     if meta.get("policy") != policy:

@@ -1,0 +1,47 @@
+"""An export's base model is named so that a reinstall or another machine still recognises it: a GGUF
+file's conversion folder carries a key hashed from the file's modification time, which the identity
+leaves out (an export of the same model made before a reinstall once failed as "another base model")."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from async_rl.errors import ConfigError
+from async_rl.policies.initial_weights import FORMAT, META, WEIGHTS, check_init_from, model_identity
+
+
+def _export(directory, model) -> str:
+    directory.mkdir(parents=True)
+    (directory / WEIGHTS).write_bytes(b"")
+    (directory / META).write_text(json.dumps({"format": FORMAT, "policy": "causal_lm", "env": "lm_arithmetic",
+                                              "model": model}))
+    return str(directory)
+
+
+@pytest.fixture
+def lm_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "async_rl" / "lm"
+
+
+def test_a_converted_gguf_is_named_by_its_file_not_its_install(lm_cache, tmp_path):
+    before, after = lm_cache / "SmolLM2-135M-Instruct.Q4_1-11fa1eb9a842", lm_cache / "SmolLM2-135M-Instruct.Q4_1-fb2afd734771"
+    assert model_identity(str(before)) == model_identity(str(after)) == "SmolLM2-135M-Instruct.Q4_1"
+    # a model folder of the user's keeps its whole name, whatever it ends with
+    assert model_identity(str(tmp_path / "my-model-0123456789ab")) == "my-model-0123456789ab"
+    assert model_identity(None) is None
+
+
+@pytest.mark.parametrize("recorded", ["SmolLM2-135M-Instruct.Q4_1", "SmolLM2-135M-Instruct.Q4_1-11fa1eb9a842"],
+                         ids=["identity", "older-export-with-the-install-key"])
+def test_an_export_of_the_same_model_is_accepted_after_a_reinstall(lm_cache, tmp_path, recorded):
+    export = _export(tmp_path / "export", recorded)
+    now = lm_cache / "SmolLM2-135M-Instruct.Q4_1-fb2afd734771"
+    assert check_init_from(export, "causal_lm", "lm_arithmetic", str(now)).endswith("export")
+
+
+def test_an_export_of_another_model_is_still_refused(lm_cache, tmp_path):
+    export = _export(tmp_path / "export", "Qwen2-0.5B.Q4_0-11fa1eb9a842")
+    with pytest.raises(ConfigError, match="trained from another base model"):
+        check_init_from(export, "causal_lm", "lm_arithmetic", str(lm_cache / "SmolLM2-135M-Instruct.Q4_1-fb2afd734771"))
