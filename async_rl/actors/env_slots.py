@@ -148,6 +148,9 @@ class EnvGroup:
                 pass
 
     def cancel_request(self) -> None:
+        """Forget the request in flight without waiting (the run is ending on an error)."""
         if self.request is not None:
+            if self.request.done() and not self.request.cancelled():
+                self.request.exception()  # retrieved: asyncio would log it as never retrieved
             self.request.cancel()
         self.request = self.obs = None
