@@ -311,14 +311,14 @@ class RolloutWorkerActor:
                     frozen = True
                 for group in self.groups:  # the other groups' forward passes run while this one steps
                     await self._step_group(group)
-                    if self.grouped:  # the next members' tickets now: between two steps every slot holds one
-                        await self._reset_envs(group.slots)
+                    # Ended episodes restart now (group members take their tickets: between two steps every
+                    # slot holds one), before the pause check, which may hand out the tickets still missing.
+                    await self._reset_envs(group.slots)
                     if self._pause_at is not None and self.env_steps >= self._pause_at and await self._groups_filled():
                         self._pause_at = None
                         self._resume.clear()
                     if self._stopped or not self._resume.is_set():
                         break
-                    await self._reset_envs(group.slots)
                     self._ask(group)
         except BaseException:  # the answers in flight are not waited for: the error ends the run
             for group in self.groups:
@@ -344,10 +344,10 @@ class RolloutWorkerActor:
         Requests in flight are dropped: their actions came from the policy before the pause."""
         for group in self.groups:
             await group.drop_request()
-        if self.groups and self.groups[0].columns is not None:
-            pieces = [p for p in (group.columns.flush() for group in self.groups) if p is not None]
-        else:
-            pieces = [p for p in (slot.segmenter.flush() for slot in self.slots) if p is not None]
+        flushed = [piece for group in self.groups for piece in
+                   ([group.columns.flush()] if group.columns is not None else
+                    [slot.segmenter.flush() for slot in group.slots])]
+        pieces = [p for p in flushed if p is not None]
         if pieces:
             await self._push_and_count(torch.cat(pieces))
         self._report_collected()
