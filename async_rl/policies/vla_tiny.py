@@ -196,6 +196,11 @@ def tiny_vla_components(seed: int = 0, **spec: Any) -> tuple[nn.Module, Any, dic
 def build_tiny_vla(directory: str | Path, seed: int = 0, **spec: Any) -> Path:
     """Build a tiny VLA (``tiny_vla_components``) and ``save_pretrained`` it (model, processor
     and ``dataset_statistics.json``) into ``directory``; no download. Returns the path."""
+    from transformers.utils import logging as hf_logging
+
+    # save_pretrained's "Writing model shards" bar goes to stderr: a launch that builds a tiny VLA on first use and
+    # then refuses its input must still print one line
+    hf_logging.disable_progress_bar()
     model, processor, stats = tiny_vla_components(seed, **spec)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
