@@ -69,10 +69,20 @@ def stop(setup, timeout_s: float = 60.0) -> None:
         ray.kill(actor)
 
 
-def test_slab_round_trip_misfit_errors_and_either_side_closing():
+def event_loop_factory(kind: str):
+    """asyncio's own loop, or uvloop's: Ray runs async actors on uvloop wherever it is installed, and uvloop
+    once refused to connect to the slab server's abstract socket address (the path fell back to Ray)."""
+    if kind == "asyncio":
+        return asyncio.new_event_loop
+    return pytest.importorskip("uvloop", reason="uvloop is not installed").new_event_loop
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_slab_round_trip_misfit_errors_and_either_side_closing(loop):
     """In one process: answers arrive in place, a batch the slab cannot hold is refused (None), so is an
     answer of another shape (AnswerMisfit), an error reaches the caller, and either side's closing reaches the other; nothing stays in /dev/shm."""
     before = segments()
+    loop_factory = event_loop_factory(loop)
 
     async def serve(obs, deterministic):
         if obs["state"][0, 0] < -100:
@@ -116,7 +126,8 @@ def test_slab_round_trip_misfit_errors_and_either_side_closing():
         await asyncio.sleep(0.5)
         unclaimed.close()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
     assert segments() == before
 
 

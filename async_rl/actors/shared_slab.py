@@ -18,6 +18,7 @@ name: both mappings stay valid, and no exit path, SIGKILL included, can leave a 
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import sys
 import uuid
@@ -39,6 +40,7 @@ ALIGN = 64  # bytes; every array starts on a cache line
 REQUEST = struct.Struct("<IIB")  # worker -> inference: slot, rows, deterministic
 REPLY = struct.Struct("<IBI")  # inference -> worker: slot, status, length of the error text that follows
 TOKEN_BYTES = 16
+_CREATED_HERE: set[str] = set()  # shared-memory names this process created (its resource tracker keeps them)
 OK, ERROR, MISFIT = 0, 1, 2  # MISFIT: the answer does not fit the slab's layout; the worker asks over Ray
 
 
@@ -117,14 +119,18 @@ class Slab:
 
     @classmethod
     def create(cls, spec: SlabSpec) -> "Slab":
-        return cls(SharedMemory(create=True, size=spec.slot_arrays()[1]), spec, owner=True)
+        shm = SharedMemory(create=True, size=spec.slot_arrays()[1])
+        _CREATED_HERE.add(shm._name)  # noqa: SLF001 (the name the resource tracker holds)
+        return cls(shm, spec, owner=True)
 
     @classmethod
     def attach(cls, name: str, spec: SlabSpec) -> "Slab":
         shm = SharedMemory(name=name)
         # Python < 3.13 registers attached segments with this process's resource tracker too, which
         # would unlink the owner's segment when this process exits: only the owner tracks it.
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 (the name it registered)
+        # A segment this process created (one process on both sides: tests) stays registered for its owner.
+        if shm._name not in _CREATED_HERE:  # noqa: SLF001 (the name it registered)
+            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
         return cls(shm, spec, owner=False)
 
     def fits(self, td: TensorDictBase) -> bool:
@@ -169,6 +175,7 @@ class Slab:
                 self.shm.unlink()
             except FileNotFoundError:
                 pass
+            _CREATED_HERE.discard(self.shm._name)  # noqa: SLF001
             self.owner = False
 
     def close(self) -> None:
@@ -303,10 +310,17 @@ class SlabClient:
     @classmethod
     async def connect(cls, offer: SlabOffer, timeout_s: float) -> "SlabClient":
         slab = Slab.attach(offer.segment, offer.spec)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(offer.address), timeout_s)
+            # Connected here, then handed to asyncio: uvloop (Ray's loop for async actors wherever it is
+            # installed) fails to connect to an abstract address given as a path (EINVAL), and the
+            # worker would silently fall back to Ray calls for every request.
+            sock.setblocking(False)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, offer.address), timeout_s)
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
             writer.write(offer.token)
         except BaseException:
+            sock.close()
             slab.close()
             raise
         return cls(slab, reader, writer)
