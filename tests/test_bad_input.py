@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,8 @@ runpy.run_path({launch!r}, run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("case, argv, message", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, argv, message):
+def _launch(tmp_path: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One bad launch in a directory of its own: (the finished process, its log dir, its working dir)."""
     work = tmp_path / "cwd"
     work.mkdir()
     (tmp_path / "bad.yaml").write_text("replay_capcity: 10\n")
@@ -56,6 +57,22 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, argv, mess
     env = {**os.environ, "PYTHONPATH": pythonpath_with(ROOT)}
     proc = subprocess.run([sys.executable, "-c", BLOCKING_RUNNER.format(launch=str(LAUNCH)), *argv],
                           capture_output=True, text=True, timeout=300, cwd=work, env=env)
+    return proc, log_dir, work
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict:
+    """Every case launched once, two at a time: each launch is ~10 s of single-threaded imports before
+    its check refuses the input, so the cases share the machine's two cores (half the wall time)."""
+    dirs = {case: tmp_path_factory.mktemp(case) for case, _, _ in CASES}
+    with ThreadPoolExecutor(2) as pool:
+        futures = {case: pool.submit(_launch, dirs[case], list(argv)) for case, argv, _ in CASES}
+        return {case: (dirs[case], *future.result()) for case, future in futures.items()}
+
+
+@pytest.mark.parametrize("case, message", [(c[0], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(launched, case, message):
+    tmp_path, proc, log_dir, work = launched[case]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines

@@ -35,18 +35,31 @@ def _inspect(runtime):
     trainers = [ray.get(t.weights.remote(), timeout=60) for t in runtime.trainers.values()]
     status = [ray.get(t.status.remote(), timeout=60) for t in runtime.trainers.values()]
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
+    actors = {**runtime.trainers, **runtime.inference}
+    pids = dict(zip(actors, ray.get([a.pid.remote() for a in actors.values()], timeout=60)))
+    # The training group (store, gloo pairs) and the weight-sync group listen on loopback only.
+    listening = {name: [c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
+                 for name, pid in pids.items()}
     before = _replay_versions(runtime)
     runtime.train_epoch()  # one more epoch and broadcast: workers must move to the new version
     after = _replay_versions(runtime, newer_than=runtime.policy_version - 1)
     return {"trainers": trainers, "inference": inference, "status": status, "versions": (before, after),
-            "version": runtime.policy_version}
+            "version": runtime.policy_version, "listening": listening}
 
 
-@pytest.mark.parametrize("launch_config, clip_mode", [("metaworld_mt1_ppo.yaml", "soft_clip"), ("metaworld_mt1_vtrace.yaml", "sapo")])
-def test_real_run(tmp_path, launch_config, clip_mode):
+# Both runs keep a KL to the reference policy (a frozen copy; with LoRA the model with its adapters off),
+# which must leave the broadcast weights alone; the V-trace run trains LoRA adapters (merged for the broadcast).
+KL_REF = ["--kl-ref-coef", "0.1", "--kl-ref-estimator", "k3"]
+LORA = ["--lora-rank", "4", "--lora-trainable", "[log_std]"]
+
+
+@pytest.mark.parametrize("launch_config, clip_mode, extra", [("metaworld_mt1_ppo.yaml", "soft_clip", KL_REF),
+                                                             ("metaworld_mt1_vtrace.yaml", "sapo", [*KL_REF, *LORA])],
+                         ids=["ppo-soft_clip-full", "vtrace-sapo-lora"])
+def test_real_run(tmp_path, launch_config, clip_mode, extra):
     log_dir = tmp_path / "run"
     overrides = [
-        "--clip-mode", clip_mode, "--log-dir", str(log_dir), "--max-epochs", "4", "--swanlab-mode", "offline",
+        *extra, "--clip-mode", clip_mode, "--log-dir", str(log_dir), "--max-epochs", "4", "--swanlab-mode", "offline",
         "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}", "--eval-interval-epochs", "1",
         "--eval-episodes", "1", "--log-interval-seconds", "0.01", "--updates-per-epoch", "1",
     ]
@@ -66,6 +79,15 @@ def test_real_run(tmp_path, launch_config, clip_mode):
     for name in rank0:
         torch.testing.assert_close(rank0[name], rank1[name], rtol=0, atol=0, msg=name)
     assert summary["sync/policy_version"] == 4
+    # The inference actor serves exactly rank 0's (merged) weights after the last broadcast.
+    assert seen["inference"].keys() == rank0.keys()
+    for name in rank0:
+        torch.testing.assert_close(seen["inference"][name], rank0[name], rtol=0, atol=0, msg=name)
+    listening = seen["listening"]
+    assert listening["trainer-0"], "rank 0 hosts the training and weight-sync stores"
+    exposed = {name: ips for name, ips in listening.items()
+               if any(not ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip in ips)}
+    assert not exposed, exposed
     # Experience carries the versions that produced it, and they advance.
     before, after = seen["versions"]
     assert 1 <= int(before.max()) <= 4 and int(after.max()) == seen["version"] == 5
@@ -75,6 +97,8 @@ def test_real_run(tmp_path, launch_config, clip_mode):
     missing = [tag for tag in REQUIRED_TAGS if tag not in events.Tags()["scalars"]]
     assert not missing, missing
     assert list((log_dir / "swanlab").rglob("*")), "SwanLab offline run files"
+    kl_ref = [e.value for e in events.Scalars("train/kl_ref")]  # finite, and leaves 0 as training moves
+    assert kl_ref and all(math.isfinite(v) and v >= 0 for v in kl_ref) and max(kl_ref) > 0, kl_ref
 
     # No Ray process of this run survives it.
     session = (log_dir / "ray_session.txt").read_text().split("\n")[1]
@@ -88,40 +112,6 @@ def test_real_run(tmp_path, launch_config, clip_mode):
         time.sleep(0.5)
     assert not leftovers()
     assert not ray.is_initialized()
-
-
-@pytest.mark.parametrize("lora", [[], ["--lora-rank", "4", "--lora-trainable", "[log_std]"]], ids=["full", "lora"])
-def test_inference_weights_equal_rank0_after_broadcast(tmp_path, lora):
-    """Broadcast, then compare without training in between (with LoRA: the merged weights). With a KL
-    to the reference policy (a frozen copy; with LoRA the model with its adapters off), which must
-    leave the broadcast weights alone and log a finite train/kl_ref that leaves 0 as training moves."""
-    cfg = load_config([*lora, "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled",
-                       "--kl-ref-coef", "0.1", "--kl-ref-estimator", "k3",
-                       "--num-eval-workers", "0", "--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64",
-                       "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}"],
-                      str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
-
-    def inspect(runtime):
-        before = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
-        rank0 = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
-        actors = {**runtime.trainers, **runtime.inference}
-        pids = dict(zip(actors, ray.get([a.pid.remote() for a in actors.values()], timeout=60)))
-        # The training group (store, gloo pairs) and the weight-sync group listen on loopback only.
-        listening = {name: [c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
-                     for name, pid in pids.items()}
-        return before, rank0, listening
-
-    summary = run(cfg, inspect=inspect)
-    inference, rank0, listening = summary["inspect"]
-    assert listening["trainer-0"], "rank 0 hosts the training and weight-sync stores"
-    exposed = {name: ips for name, ips in listening.items()
-               if any(not ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip in ips)}
-    assert not exposed, exposed
-    assert inference.keys() == rank0.keys()
-    for name in rank0:
-        torch.testing.assert_close(inference[name], rank0[name], rtol=0, atol=0, msg=name)
-    kl_ref = [e.value for e in EventAccumulator(str(tmp_path / "run")).Reload().Scalars("train/kl_ref")]
-    assert kl_ref and all(math.isfinite(v) and v >= 0 for v in kl_ref) and max(kl_ref) > 0, kl_ref
 
 
 def test_sync_mode_trains_on_fresh_experience_only(tmp_path):
