@@ -1,9 +1,9 @@
 """Mixed precision (``precision: bf16``, what ``auto`` picks on CUDA) for every policy, on CPU.
 
-Per policy: the bf16 model takes float32 inputs and returns float32 statistics (first, in
-process: cheap); then, for an MLP, BART and the VLA, a real run (local Ray, DeepSpeed with bf16 on, inference actor in bf16,
-real env) trains for two epochs: finite losses, no skipped update, and the inference actor
-holding exactly trainer rank 0's bf16 weights after the last broadcast.
+Per policy: the bf16 model takes float32 inputs and returns float32 statistics (in process: cheap).
+For an MLP, BART and the VLA, a real run (local Ray, DeepSpeed with bf16 on, inference actor in bf16,
+real env) trains for two epochs: finite losses, no skipped update, and the inference actor holding
+exactly trainer rank 0's bf16 weights after the last broadcast.
 """
 import math
 from pathlib import Path
@@ -30,16 +30,17 @@ def _compiler_gym(env_kwargs: str) -> list[str]:
 
 LIBERO = ["--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
                           "settle_steps: 2}", "--rollout-local-buf", "8", "--max-minutes", "null"]
+POLICIES = ["mlp", "categorical_mlp", "passformer", "vla", "vla_discrete"]  # checked in bf16 and fp16 in process
+# Real runs for the three kinds of model: an MLP, BART (float32 buffers beside bf16 parameters) and the VLA
+# (LoRA over a backbone). categorical_mlp and vla_discrete differ from these only in the head, which the
+# in-process test checks in bf16; a real run of each would add ~75 s to the suite, not a new path.
 # policy -> (launch config, overrides, what the env needs)
 RUNS = {
     "mlp": ("metaworld_mt1_ppo.yaml", ["--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}",
                                        "--envs-per-worker", "2", "--rollout-local-buf", "8"], "metaworld"),
-    "categorical_mlp": ("compilergym_mlp.yaml", ["--policy", "categorical_mlp", *_compiler_gym("max_steps: 4")],
-                        "compiler_gym"),
     "passformer": ("compilergym_passformer.yaml", _compiler_gym("mode: sequence, seq_len: 6, ir_tokens: 64"),
                    "compiler_gym"),
     "vla": ("libero_ppo.yaml", LIBERO, "libero"),
-    "vla_discrete": ("libero_ppo_discrete.yaml", LIBERO, "libero"),
 }
 
 
@@ -85,7 +86,7 @@ def _policy_and_obs(name, vla_path, **kwargs):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", POLICIES)
 def test_bf16_policy_returns_float32_statistics(name, vla_path, dtype):
     """fp16 too: on CPU only this in-process check (DeepSpeed trains fp16 on CUDA only, tests/gpu)."""
     torch.manual_seed(0)
@@ -121,13 +122,7 @@ def _inspect(runtime):
     return {"rank0": rank0, "inference": inference, "status": status}
 
 
-# Real runs for the three kinds of model: an MLP, BART (float32 buffers beside bf16 parameters) and the VLA
-# (LoRA over a backbone). categorical_mlp and vla_discrete differ from these only in the head, which the
-# in-process test above checks in bf16; their runs would add ~75 s each to the suite, not a new path.
-REAL_RUNS = ["mlp", "passformer", "vla"]
-
-
-@pytest.mark.parametrize("name", REAL_RUNS)
+@pytest.mark.parametrize("name", list(RUNS))
 def test_bf16_run_trains_and_syncs_weights(tmp_path, name):
     from async_rl.config import load_config  # noqa: PLC0415  (the runtime: only the real runs need it)
     from async_rl.driver import run  # noqa: PLC0415

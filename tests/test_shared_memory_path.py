@@ -71,7 +71,7 @@ def stop(setup, timeout_s: float = 60.0) -> None:
 
 def event_loop_factory(kind: str):
     """asyncio's own loop, or uvloop's: Ray runs async actors on uvloop wherever it is installed, and uvloop
-    once refused to connect to the slab server's abstract socket address (the path fell back to Ray)."""
+    refuses to connect to an abstract socket address given as a path (the client must connect it itself)."""
     if kind == "asyncio":
         return asyncio.new_event_loop
     return pytest.importorskip("uvloop", reason="uvloop is not installed").new_event_loop

@@ -127,9 +127,9 @@ class Slab:
     def attach(cls, name: str, spec: SlabSpec) -> "Slab":
         shm = SharedMemory(name=name)
         # Python < 3.13 registers attached segments with this process's resource tracker too, which
-        # would unlink the owner's segment when this process exits: only the owner tracks it.
-        # A segment this process created (one process on both sides: tests) stays registered for its owner.
-        if shm._name not in _CREATED_HERE:  # noqa: SLF001 (the name it registered)
+        # would unlink the owner's segment when this process exits: only the owner tracks it. A segment
+        # this process created itself (both sides in one process) stays registered for its owner.
+        if shm._name not in _CREATED_HERE:  # noqa: SLF001 (the name the tracker holds)
             resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
         return cls(shm, spec, owner=False)
 
