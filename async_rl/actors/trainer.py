@@ -79,6 +79,7 @@ class TrainerActor:
         self.next_version = 0  # the policy version the next train_epoch will be called with
         self.data_waits, self.data_wait_seconds = 0, 0.0  # epochs that waited for their super-batch, and how long
         self._restored: list[TensorDict] = []  # super-batches from a checkpoint, trained on first
+        self._ready: Optional[TensorDict] = None  # the super-batch ready_batch took, trained on next
 
     # ---- set-up -------------------------------------------------------------------------
     @staticmethod
@@ -201,8 +202,10 @@ class TrainerActor:
         return torch.cat([batch[keep], await self._refill(stale)])
 
     # ---- training -----------------------------------------------------------------------
-    async def train_epoch(self, policy_version: int) -> dict[str, float]:
-        """One epoch on a fresh super-batch; returns mean metrics of this rank."""
+    async def ready_batch(self, policy_version: int) -> float:
+        """Take this epoch's super-batch (waiting for the buffer, up to ``actor_timeout_s``) and hold it
+        for ``train_epoch``; returns the seconds waited. Called on every rank before any rank trains
+        (``epoch_on_every_rank``): the epoch's collectives time out, a wait for data does not."""
         self.next_version = policy_version
         asked = time.perf_counter()
         batch = await self._drop_stale(await self._next_super_batch())
@@ -210,6 +213,15 @@ class TrainerActor:
         self.data_waits += waited > DATA_WAIT_S
         self.data_wait_seconds += waited
         self.next_version = policy_version + 1  # what a prefetch from now on is for
+        self._ready = batch
+        return waited
+
+    async def train_epoch(self, policy_version: int) -> dict[str, float]:
+        """One epoch on the super-batch ``ready_batch`` took (taken now if none is held); returns mean
+        metrics of this rank."""
+        if self._ready is None:
+            await self.ready_batch(policy_version)
+        batch, self._ready = self._ready, None
         metrics = await asyncio.to_thread(self._train_on, batch, policy_version)
         metrics.update(data_waits=self.data_waits, data_wait_seconds=self.data_wait_seconds)
         return metrics
@@ -368,7 +380,8 @@ class TrainerActor:
         return len(self._pending())
 
     def _pending(self) -> list[TensorDict]:
-        return [*self._restored, *(self._prefetch.pending() if self._prefetch is not None else [])]
+        held = [self._ready] if self._ready is not None else []
+        return [*held, *self._restored, *(self._prefetch.pending() if self._prefetch is not None else [])]
 
     async def save_checkpoint(self, directory: str) -> None:
         """Write this rank's part of a checkpoint (rank 0 also the weights); releases the hold."""

@@ -6,7 +6,7 @@ import functools
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
@@ -49,6 +49,18 @@ def critic_free(factory: Any) -> Any:
 
 def obs_spec_of(task_set: Any) -> dict[str, Any]:
     return dict(getattr(task_set, "obs_spec", None) or {"state_dim": task_set.obs_dim})
+
+
+def epoch_on_every_rank(trainers: ActorGroup, version: int, epoch: int,
+                        wait: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """One epoch on every trainer rank: each takes its super-batch first, and only then do they train,
+    so no rank enters the epoch's collectives while another still waits for data (that rank would
+    time out after ``collective_timeout_s`` whenever collection is slower than that; seen on a loaded
+    2-core machine, one worker refilling stale rows for two ranks). ``wait(refs, what=...)`` awaits
+    the ranks' answers by name."""
+    if len(trainers) > 1:
+        wait(trainers.submit("ready_batch", version), what=f"ready_batch {epoch}")
+    return wait(trainers.submit("train_epoch", version), what=f"train_epoch {epoch}")
 
 
 def start_rollout_workers(rt: "Runtime", count: Any) -> ActorGroup:
@@ -150,8 +162,8 @@ class Runtime:
     # ---- the loop's operations ----------------------------------------------------------
     def train_epoch(self) -> dict[str, float]:
         """Every rank trains on a super-batch, then rank 0's weights go to the inference actors."""
-        results = self._supervised(self.trainers.submit("train_epoch", self.policy_version),
-                                   self.cfg.actor_timeout_s + 60, f"train_epoch {self.epoch}")
+        wait = functools.partial(self._supervised, timeout_s=self.cfg.actor_timeout_s + 60)
+        results = epoch_on_every_rank(self.trainers, self.policy_version, self.epoch, wait)
         self.policy_version += 1
         seconds = self.weight_sync.broadcast(self.policy_version)
         self.epoch += 1
