@@ -144,6 +144,9 @@ class ObjectiveSection(_Section):
     ratio_threshold: Optional[pydantic.PositiveFloat] = None
     normalize_advantages: bool = True
     """whiten the advantages over the batch (group estimators: divide by the batch's RMS only, no centring)"""
+    normalize_advantages_per: Literal["batch", "task"] = "batch"
+    """whiten over the whole batch, or over each task's steps apart (multi-task runs: a task whose episodes succeed more
+    no longer makes every step of the others look worse than average)"""
     vtrace_clip_rho: Optional[pydantic.PositiveFloat] = 1.0
     vtrace_clip_c: Optional[pydantic.PositiveFloat] = 1.0
     vtrace_clip_pg_rho: Optional[pydantic.PositiveFloat] = 1.0

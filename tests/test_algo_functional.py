@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from torch.distributions import Categorical, Normal, TanhTransform, TransformedDistribution
 
 from async_rl.algo.functional import (
-    categorical_entropy, distributed_normalize, kl_penalty, kl_reward_penalty, masked_mean, masked_whiten, ratio_guard,
+    categorical_entropy, distributed_normalize, distributed_normalize_by, kl_penalty, kl_reward_penalty, masked_mean, masked_whiten, ratio_guard,
     tanh_gaussian_entropy, tanh_gaussian_log_prob, value_loss,
 )
 
@@ -280,3 +280,39 @@ def test_distributed_normalize_two_processes(tmp_path):
     # and it differs from each rank's local whitening
     local = distributed_normalize(t(RANK_DATA[0][0]), torch.tensor(RANK_DATA[0][1]))
     assert not torch.allclose(local, torch.load(tmp_path / "rank0.pt"))
+
+
+def test_distributed_normalize_by_whitens_each_task_apart():
+    x = t([1.0, 10.0, 3.0, 30.0, 7.0, float("nan"), 20.0])
+    task = torch.tensor([0, 1, 0, 1, 2, 0, 1])
+    out = distributed_normalize_by(x, task)
+    for k, members in enumerate(([0, 2], [1, 3, 6], [4])):
+        m, sd = _whiten_reference([x[i].item() for i in members])
+        torch.testing.assert_close(out[members], (x[members] - m) / sd)
+    assert out[4] == 0.0  # a task with one step: its own mean
+    assert torch.isnan(out[5])  # left out of task 0's statistics, and stays non-finite
+    rms = math.sqrt((10.0**2 + 30.0**2 + 20.0**2) / 3)
+    torch.testing.assert_close(distributed_normalize_by(x, task, center=False)[[1, 3, 6]], x[[1, 3, 6]] / (rms + 1e-8))
+    # one task throughout: the batch's own whitening
+    torch.testing.assert_close(distributed_normalize_by(x[:5], torch.zeros(5)), distributed_normalize(x[:5]))
+
+
+# Rank 0 holds no step of task 2: it must still take part in that task's all-reduce.
+RANK_TASKS = [([1.0, 2.0, 8.0, 4.0], [0, 1, 1, 0]), ([3.0, -6.0, 5.0], [2, 1, 2])]
+
+
+def _normalize_by_worker(rank, world_size, port, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        x, task = RANK_TASKS[rank]
+        torch.save(distributed_normalize_by(torch.tensor(x, dtype=F64), torch.tensor(task)), f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_normalize_by_task_two_processes(tmp_path):
+    mp.spawn(_normalize_by_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    stats = {k: _whiten_reference([v for x, task in RANK_TASKS for v, j in zip(x, task) if j == k]) for k in range(3)}
+    for rank, (x, task) in enumerate(RANK_TASKS):
+        expected = t([(v - stats[j][0]) / stats[j][1] for v, j in zip(x, task)])
+        torch.testing.assert_close(torch.load(tmp_path / f"rank{rank}.pt"), expected, rtol=1e-12, atol=1e-12)

@@ -51,6 +51,8 @@ def test_real_run(tmp_path, launch_config):
     ]
     if discrete:
         overrides += ["--eval-interval-epochs", "1", "--eval-episodes", "1"]
+    else:  # advantages whitened per task: the worker stamps each step with its task
+        overrides += ["--normalize-advantages-per", "task"]
     cfg = load_config(overrides, str(ROOT / "configs" / launch_config))
     summary = run(cfg, inspect=_inspect)
     seen = summary["inspect"]
@@ -72,6 +74,10 @@ def test_real_run(tmp_path, launch_config):
     assert sample["logp"].shape[1:] == (7,) and sample["logp"].dtype == torch.float32
     assert not keys & {"behaviour_logits", "mu", "log_std", "env_action"}
     assert ("action_token" in keys and "action" not in keys) if discrete else "action" in keys
+    if discrete:
+        assert "task" not in keys  # only with normalize_advantages_per: task
+    else:
+        assert sample["task"].dtype == torch.int64 and sample["task"].eq(0).all()  # tasks: [0]
 
     events = EventAccumulator(str(log_dir)).Reload()
     tags = events.Tags()["scalars"]

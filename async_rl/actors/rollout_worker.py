@@ -25,7 +25,7 @@ from async_rl.actors.env_slots import (EnvGroup, EnvPool, EnvSlot, EnvThread, Fa
                                        finite_rows)
 from async_rl.actors.groups import Ticket, stamp_episode
 from async_rl.actors.policy_client import PolicyClient
-from async_rl.experience import env_steps, step_batch
+from async_rl.experience import STEP_FIELDS, env_steps, step_batch
 from async_rl.actors.peers import peer
 from async_rl.process_setup import configure_torch, wait_for
 from envs.base import StartUnavailable, episode_success, success_rule
@@ -375,6 +375,8 @@ class RolloutWorkerActor:
         dones = [bool(r[2] or r[3]) for r in results]
         records = step_batch(obs, out, [r[1] * cfg.reward_scale + cfg.gamma * bootstrap.get(k, 0.0)
                                         for k, r in enumerate(results)], dones)
+        if cfg.normalize_advantages_per == "task":
+            records["task"] = torch.tensor([slot.task for slot in slots], dtype=STEP_FIELDS["task"].dtype)
         if group.columns is not None:
             pieces = [p for p in (group.columns.add(records, dones, broken),) if p is not None]
         else:

@@ -14,6 +14,7 @@ from async_rl.algo.estimators import (
 from async_rl.algo.functional import (
     categorical_entropy,
     distributed_normalize,
+    distributed_normalize_by,
     kl_penalty,
     kl_reward_penalty,
     masked_mean,
@@ -56,6 +57,7 @@ __all__ = [
     "check_objective",
     "compute_policy_loss",
     "distributed_normalize",
+    "distributed_normalize_by",
     "gae",
     "group_relative",
     "grpo_advantages",

@@ -28,7 +28,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.algo.advantages import gae, grpo_advantages, naive_advantages, rloo_advantages, vtrace
-from async_rl.algo.functional import distributed_normalize, kl_reward_penalty
+from async_rl.algo.functional import distributed_normalize, distributed_normalize_by, kl_reward_penalty
 from async_rl.algo.losses import PolicyLoss
 from async_rl.algo.objective import LossInputs
 from async_rl.errors import ConfigError
@@ -88,7 +88,7 @@ class AdvantageEstimator:
         if not cfg.normalize_advantages:
             return batch
         batch = batch.copy()
-        batch["advantage"] = distributed_normalize(batch["advantage"], center=self.center_batch)
+        batch["advantage"] = whiten(batch["advantage"], batch, cfg, self.center_batch)
         return batch
 
     def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: Any) -> LossInputs:
@@ -96,6 +96,14 @@ class AdvantageEstimator:
         logp, entropy, value = model.evaluate(mb["obs"], mb[model.action_key])
         target = mb["value_target"] if self.needs_critic else None
         return LossInputs(logp, mb["logp"], entropy, value, mb["value"], target, mb["advantage"], **batch_fields(mb, model))
+
+
+def whiten(advantage: torch.Tensor, records: TensorDict, cfg: Any, center: bool = True) -> torch.Tensor:
+    """``advantage`` whitened over every rank's batch, or per task (``normalize_advantages_per``: the
+    records' ``task`` field, which the workers then fill)."""
+    if cfg.normalize_advantages_per == "task":
+        return distributed_normalize_by(advantage, records["task"], center=center)
+    return distributed_normalize(advantage, center=center)
 
 
 ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry("advantage estimator")
@@ -263,7 +271,7 @@ class Vtrace(AdvantageEstimator):
         flat_major = lambda x: x.transpose(0, 1).reshape(b * t)  # noqa: E731
         adv = flat_major(pg_adv)
         if cfg.normalize_advantages:  # a collective: every rank calls it once per minibatch
-            adv = distributed_normalize(adv)
+            adv = whiten(adv, flat, cfg)
         return LossInputs(logp, flat["logp"], entropy, value, flat["value"], flat_major(vs), adv, **fields)
 
 

@@ -150,6 +150,34 @@ def distributed_normalize(
     return (x.to(torch.float64) / (math.sqrt(total_sq / count) + eps)).to(x.dtype)
 
 
+@torch.no_grad()
+def distributed_normalize_by(x: Tensor, index: Tensor, group: Optional["dist.ProcessGroup"] = None,
+                             eps: float = 1e-8, center: bool = True) -> Tensor:
+    """``distributed_normalize`` within each value of ``index`` (e.g. the task of each step): every
+    element is whitened with the mean and std of the finite elements sharing its index, over every
+    rank. Two all-reduces (the largest index, then sum, sum of squares and count per index): every
+    rank calls it, also one that holds no element of some index. An index with one element gives 0."""
+    index = index.long().reshape(x.shape)
+    valid = torch.isfinite(x)
+    groups = torch.tensor([float(index.max()) if index.numel() else -1.0], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(groups, op=dist.ReduceOp.MAX, group=group)
+    n = int(groups.item()) + 1
+    x64 = torch.where(valid, x.to(torch.float64), 0.0)
+    totals = torch.zeros(3, max(n, 1), dtype=torch.float64)
+    for row, values in enumerate((x64, x64**2, valid.to(torch.float64))):
+        totals[row].index_add_(0, index.reshape(-1), values.reshape(-1))
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
+    total, total_sq, count = totals.unbind(0)
+    count = count.clamp_min(1.0)
+    mean = total / count
+    if center:
+        scale = (total_sq / count - mean * mean).clamp_min(0.0).sqrt() + eps
+        return ((x.to(torch.float64) - mean[index]) / scale[index]).to(x.dtype)
+    return (x.to(torch.float64) / ((total_sq / count).sqrt() + eps)[index]).to(x.dtype)
+
+
 def per_action(x: Tensor, mask: Optional[Tensor], how: str) -> Tensor:
     """Sum (``how="sum"``) or mean (``"mean"``) of the valid elements of each action (last dim), as ``[..., 1]``."""
     if mask is not None:
