@@ -42,7 +42,8 @@ FORMAT = 1
 # Keys that fix the shapes of what a checkpoint holds, and the seed its RNG streams derive from;
 # a resume must use the same values.
 SHAPE_KEYS = ("env", "env_kwargs", "policy", "policy_kwargs", "lora_rank", "lora_target_modules", "lora_trainable",
-              "advantage", "num_trainers", "rollout_local_buf", "precision", "seed")
+              "advantage", "num_trainers", "rollout_local_buf", "precision", "seed",
+              "normalize_advantages_per")  # "task": stored steps carry a task field
 # policy_kwargs entries a policy's prepare hook fills in before the run (the resolved model
 # directory): a saved config holds them, the command line that resumes it does not.
 RESOLVED_POLICY_KWARGS = ("model_path",)

@@ -77,6 +77,10 @@ def test_resume_refuses_a_checkpoint_of_another_shape(tmp_path):
     path = ckpt.commit(staging, {"format": ckpt.FORMAT, "epoch": 1, "config": saved}, keep=1)
     with pytest.raises(ConfigError, match="written with num_trainers=1 but this run has num_trainers=2; pass --num-trainers"):
         load_config(["--resume", str(path)], DEFAULT)
+    # Steps stored under per-batch whitening carry no task field, which per-task whitening reads
+    with pytest.raises(ConfigError, match="written with normalize_advantages_per='batch' but this run has "
+                                          "normalize_advantages_per='task'; pass --normalize-advantages-per"):
+        load_config(["--resume", str(path), "--num-trainers", "1", "--normalize-advantages-per", "task"], DEFAULT)
 
 
 def _cfg(log_dir, *extra):
