@@ -202,6 +202,7 @@ def check_resumable(path: Path, cfg: Any) -> None:
     if saved.get("model_path") and not current.get("model_path"):  # else the default model would be built
         raise ConfigError(f"--resume {path}: it was written with model_path={saved['model_path']!r}; pass "
                           "--model-path with that model (its directory may have moved)")
+    saved.setdefault("normalize_advantages_per", "batch")  # written before the key existed: batch whitening
     for key in SHAPE_KEYS:
         if key in saved and saved[key] != current.get(key):
             raise ConfigError(f"--resume {path}: it was written with {key}={saved[key]!r} but this run has "
