@@ -205,7 +205,8 @@ class TrainerActor:
     async def ready_batch(self, policy_version: int) -> float:
         """Take this epoch's super-batch (waiting for the buffer, up to ``actor_timeout_s``) and hold it
         for ``train_epoch``; returns the seconds waited. Called on every rank before any rank trains
-        (``epoch_on_every_rank``): the epoch's collectives time out, a wait for data does not."""
+        (``epoch_on_every_rank``): this wait is bounded by ``actor_timeout_s``, the epoch's collectives by the
+        shorter ``collective_timeout_s``."""
         self.next_version = policy_version
         asked = time.perf_counter()
         batch = await self._drop_stale(await self._next_super_batch())
