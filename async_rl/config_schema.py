@@ -262,6 +262,10 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
         if self.envs_per_worker % self.env_groups:
             raise ValueError(f"envs_per_worker ({self.envs_per_worker}) must be a multiple of env_groups "
                              f"({self.env_groups}); each group steps as many envs")
+        if self.normalize_advantages_per == "task" and not self.normalize_advantages:
+            # Per-task whitening is a kind of whitening; with whitening off it would silently do nothing.
+            raise ValueError("normalize_advantages_per task needs normalize_advantages true; "
+                             "drop --normalize-advantages-per or --no-normalize-advantages")
         resolve_policy_loss_params(self.clip_mode, self.clip_params)
         check_group_size(self.advantage, self.group_size)
         check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)

@@ -36,6 +36,8 @@ def test_clip_config_file_feeds_clip_params(tmp_path):
         (["--gamma", "abc"], "'gamma' = 'abc'"),
         (["--super-batch-size", "100"], "super_batch_size (100) must equal train_batch_size x accumulation_steps"),
         (["--envs-per-worker", "16", "--env-groups", "3"], "envs_per_worker (16) must be a multiple of env_groups (3)"),
+        (["--no-normalize-advantages", "--normalize-advantages-per", "task"],
+         "normalize_advantages_per task needs normalize_advantages true"),
         (["--clip-mode", "nope"], "unknown clip mode 'nope'; valid modes and aliases: ce-gppo_clip, cispo"),
         (["--clip-mode", "sapo", "--clip-params", "{dual_clip_c: 3}"], "'dual_clip_c' does not apply to clip mode 'sapo'"),
         (["--clip-params", "{clip_epss: 0.1}"], "unknown clip param 'clip_epss' (did you mean 'clip_eps'?)"),
