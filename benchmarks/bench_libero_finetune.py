@@ -8,10 +8,11 @@
    actions, on the held-out initial states (40-49 of each task; demonstrations and RL use 0-39).
 2. Per seed, ``launch/ds_libero_ppo.py --clip-mode soft_clip`` (``make run``'s command and config) for ``--minutes``
    from that policy, with PPO (GAE, the config's critic warm-up and KL to the supervised policy) and with GRPO
-   (``--advantage grpo --group-size 8``: 8 episodes from one initial state); then the same held-out evaluation of
+   (``--advantage grpo --group-size 8``: 8 episodes from one initial state), and with ``--naive-seeds`` success-filtered
+   (``--advantage naive``: only successful episodes push the policy; flags in ``ESTIMATORS``); then the same held-out evaluation of
    the run's newest weights. Each evaluation runs as two processes over halves of the states
    (``launch/eval_libero.py``), one training run at a time.
-Keys: ``<ppo|grpo>_heldout_seed<S>`` and their mean ``<ppo|grpo>_heldout``, ``<ppo|grpo>_gain`` (mean minus
+Keys: ``<ppo|grpo|naive>_heldout_seed<S>`` and their mean ``<ppo|grpo|naive>_heldout``, ``<ppo|grpo|naive>_gain`` (mean minus
 ``sft_heldout``), the epochs and env steps of each run, and the load before and after each run. With 10 states
 per task and two tasks, one evaluation is 20 episodes: a single rate moves in steps of 0.05 (binomial noise ~±0.1).
 With ``--train-states FIRST-LAST`` the SFT policy and every run are also evaluated on those initial states of the
@@ -35,7 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import ROOT, libero_unavailable, machine, parser, report, scalars  # noqa: E402
 
 PY = sys.executable
-ESTIMATORS = {"ppo": [], "grpo": ["--advantage", "grpo", "--group-size", "8"]}
+# naive: the outcome itself is the advantage (no baseline), so with LIBERO's 0/1 reward only successful episodes
+# push the policy: success-filtered self-imitation under PPO's clipped loss. Groups of 2 are the smallest the
+# group machinery takes (naive makes no use of the comparison); super-batches of 64 steps, since a draw takes as
+# many steps from each member and a short successful episode bounds its group's share.
+ESTIMATORS = {"ppo": [], "grpo": ["--advantage", "grpo", "--group-size", "8"],
+              "naive": ["--advantage", "naive", "--group-size", "2", "--critic-warmup-epochs", "0",
+                        "--super-batch-size", "64", "--train-batch-size", "32", "--accumulation-steps", "2",
+                        "--lr-policy", "2e-5", "--actor-timeout-s", "600"]}
 
 
 def halves(states: list[int]) -> list[str]:
@@ -116,8 +124,10 @@ def run_figures(run_dir: Path) -> dict[str, float]:
 def main() -> None:
     ap = parser(__doc__, "1 PPO seed and 1 GRPO seed of 3 minutes, held-out states 40-44")
     ap.add_argument("--minutes", type=float, default=None, help="training minutes per run (default 30; quick 3)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="PPO seeds (default 0 1 2; quick 0)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=None, help="PPO seeds (default 0 1 2; quick 0; none: skip)")
     ap.add_argument("--grpo-seeds", type=int, nargs="*", default=[0], help="GRPO seeds (default 0; none: skip)")
+    ap.add_argument("--naive-seeds", type=int, nargs="*", default=[],
+                    help="seeds of success-filtered runs (--advantage naive, groups of 2; default none)")
     ap.add_argument("--init-states", default=None, help="held-out states, FIRST-LAST (default 40-49; quick 40-44)")
     ap.add_argument("--train-states", default=None, help="also evaluate on these training states, FIRST-LAST (e.g. 0-19)")
     ap.add_argument("--runs-dir", default="runs/bench/libero_finetune", help="run dirs and evaluations go here")
@@ -139,7 +149,7 @@ def main() -> None:
     figures["sft_heldout"] = evaluated([], states, runs / "sft_heldout.json", args.reuse)["success_rate"]
     if train_states:
         figures["sft_train"] = evaluated([], train_states, runs / "sft_train.json", args.reuse)["success_rate"]
-    for name, name_seeds in (("ppo", seeds), ("grpo", args.grpo_seeds)):
+    for name, name_seeds in (("ppo", seeds), ("grpo", args.grpo_seeds), ("naive", args.naive_seeds)):
         rates, train_rates = [], []
         for seed in name_seeds:
             run_dir, held_json = runs / f"{name}_seed{seed}", runs / f"{name}_seed{seed}_heldout.json"
@@ -167,7 +177,8 @@ def main() -> None:
             figures[f"{name}_train_gain"] = figures[f"{name}_train"] - figures["sft_train"]
     figures["bench_seconds"] = round(time.time() - started, 1)
     report(figures, args, headline=("sft_heldout", "ppo_heldout", "ppo_gain", "grpo_heldout", "grpo_gain",
-                                              "sft_train", "ppo_train", "ppo_train_gain", "grpo_train", "grpo_train_gain"))
+                                              "naive_heldout", "naive_gain", "sft_train", "ppo_train", "ppo_train_gain", "grpo_train",
+                                              "grpo_train_gain"))
 
 
 if __name__ == "__main__":
