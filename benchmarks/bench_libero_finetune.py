@@ -41,7 +41,7 @@ PY = sys.executable
 # group machinery takes (naive makes no use of the comparison); super-batches of 64 steps, since a draw takes as
 # many steps from each member and a short successful episode bounds its group's share.
 ESTIMATORS = {"ppo": [], "grpo": ["--advantage", "grpo", "--group-size", "8"],
-              "naive": ["--advantage", "naive", "--group-size", "2", "--critic-warmup-epochs", "0",
+              "naive": ["--advantage", "naive", "--group-size", "2",
                         "--super-batch-size", "64", "--train-batch-size", "32", "--accumulation-steps", "2",
                         "--lr-policy", "2e-5", "--actor-timeout-s", "600"]}
 
@@ -170,11 +170,12 @@ def main() -> None:
                 print(f"{name} seed {seed}: training states {trained['success_rate']:.2f} (SFT {figures['sft_train']:.2f})",
                       flush=True)
         if rates:
-            figures[f"{name}_heldout"] = statistics.mean(rates)
-            figures[f"{name}_gain"] = figures[f"{name}_heldout"] - figures["sft_heldout"]
+            # rounded: rates are multiples of 1/episodes, and 0.6 - 0.5 must read 0.1, not 0.09999999999999998
+            figures[f"{name}_heldout"] = round(statistics.mean(rates), 6)
+            figures[f"{name}_gain"] = round(figures[f"{name}_heldout"] - figures["sft_heldout"], 6)
         if train_rates:
-            figures[f"{name}_train"] = statistics.mean(train_rates)
-            figures[f"{name}_train_gain"] = figures[f"{name}_train"] - figures["sft_train"]
+            figures[f"{name}_train"] = round(statistics.mean(train_rates), 6)
+            figures[f"{name}_train_gain"] = round(figures[f"{name}_train"] - figures["sft_train"], 6)
     figures["bench_seconds"] = round(time.time() - started, 1)
     report(figures, args, headline=("sft_heldout", "ppo_heldout", "ppo_gain", "grpo_heldout", "grpo_gain",
                                               "naive_heldout", "naive_gain", "sft_train", "ppo_train", "ppo_train_gain", "grpo_train",
