@@ -8,11 +8,11 @@
    actions, on the held-out initial states (40-49 of each task; demonstrations and RL use 0-39).
 2. Per seed, ``launch/ds_libero_ppo.py --clip-mode soft_clip`` (``make run``'s command and config) for ``--minutes``
    from that policy, with PPO (GAE, the config's critic warm-up and KL to the supervised policy) and with GRPO
-   (``--advantage grpo --group-size 8``: 8 episodes from one initial state), and with ``--naive-seeds`` success-filtered
-   (``--advantage naive``: only successful episodes push the policy; flags in ``ESTIMATORS``); then the same held-out evaluation of
-   the run's newest weights. Each evaluation runs as two processes over halves of the states
+   (``--advantage grpo --group-size 8``: 8 episodes from one initial state), and with ``--naive-seeds``
+   success-filtered (``--advantage naive``: only successful episodes push the policy; flags in ``ESTIMATORS``);
+   then the same held-out evaluation of the run's newest weights. Each evaluation runs as two processes over halves of the states
    (``launch/eval_libero.py``), one training run at a time.
-Keys: ``<ppo|grpo|naive>_heldout_seed<S>`` and their mean ``<ppo|grpo|naive>_heldout``, ``<ppo|grpo|naive>_gain`` (mean minus
+Keys (NAME: ppo, grpo, naive): ``NAME_heldout_seed<S>`` and their mean ``NAME_heldout``, ``NAME_gain`` (mean minus
 ``sft_heldout``), the epochs and env steps of each run, and the load before and after each run. With 10 states
 per task and two tasks, one evaluation is 20 episodes: a single rate moves in steps of 0.05 (binomial noise ~±0.1).
 With ``--train-states FIRST-LAST`` the SFT policy and every run are also evaluated on those initial states of the

@@ -331,8 +331,8 @@ def test_group_advantages_are_scaled_but_not_centred_over_the_batch():
     std, rms = adv.std(unbiased=False), adv.square().mean().sqrt()
     for name, want in (("gae", (adv - adv.mean()) / std), ("grpo", adv / rms), ("rloo", adv / rms),
                        ("naive", adv / rms)):
-        got = advantage_estimator(name).prepare(batch, SimpleNamespace(normalize_advantages=True,
-                                                                             normalize_advantages_per="batch"))["advantage"]
+        on = SimpleNamespace(normalize_advantages=True, normalize_advantages_per="batch")
+        got = advantage_estimator(name).prepare(batch, on)["advantage"]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
         off = advantage_estimator(name).prepare(batch, SimpleNamespace(normalize_advantages=False))["advantage"]
         torch.testing.assert_close(off, adv, rtol=0, atol=0, msg=name)
