@@ -86,10 +86,18 @@ def test_a_stale_row_is_refilled_by_whole_groups_so_every_minibatch_keeps_its_gr
     async def sample(n):  # what the replay buffer answers (ReplayBuffer.sample): whole groups for a multiple of G
         return store.sample_groups(n, g, consume=True) if n % g == 0 else store.sample(n, consume=True)
 
-    trainer = SimpleNamespace(cfg=SimpleNamespace(group_size=g), _min_version=lambda: 3, _refill=sample,
+    trainer = SimpleNamespace(cfg=SimpleNamespace(group_size=g), whole_groups=True, _min_version=lambda: 3, _refill=sample,
                               replay=SimpleNamespace(count_dropped_stale=SimpleNamespace(remote=lambda n: None)))
     fresh = asyncio.run(TrainerActor.__ray_metadata__.modified_class._drop_stale(trainer, batch))
     assert fresh.batch_size[0] == size and int(fresh["policy_version"].min()) == 5
     for gid in fresh["group_id"].unique().tolist():
         counts = torch.bincount(fresh["group_member"][fresh["group_id"] == gid], minlength=g)
         assert counts.min() == counts.max() > 0, (gid, counts)  # every group whole, all members alike
+
+
+def test_only_a_loss_comparing_group_members_draws_whole_groups():
+    from async_rl.algo import draws_whole_groups
+
+    assert draws_whole_groups("pacs", {}, 4)
+    assert not draws_whole_groups("pacs", {}, 1)  # no groups
+    assert not any(draws_whole_groups(mode, {}, 4) for mode in ("clip", "soft_clip", "cispo"))

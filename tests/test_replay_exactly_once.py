@@ -121,11 +121,11 @@ def test_the_log_stays_bounded_without_a_checkpoint_and_recovers_through_its_sna
     asyncio.run(main())
 
 
-def _group_buffer(tmp_path, restarted=False):
+def _group_buffer(tmp_path, restarted=False, group_size=4, whole_group_draws=True):
     from async_rl.actors.groups import GroupSpec
     from async_rl.actors.replay_buffer import ReplayBuffer
 
-    spec = GroupSpec("grpo", 4, 4, 2, None, SimpleNamespace(grpo_scale_by_std=True))
+    spec = GroupSpec("grpo", group_size, 4, 2, None, SimpleNamespace(grpo_scale_by_std=True), whole_group_draws)
     return ReplayBuffer(4096, 0, str(tmp_path / "checkpoints"), spec, restarted=restarted)
 
 
@@ -154,6 +154,30 @@ def test_episodes_held_for_their_group_survive_a_restart(tmp_path):
         # A ticket after the restart continues the ledger: a new group, not an id handed out before.
         assert (await again.tickets("worker-0", [0]))[0][0] != gid
         again.close()
+
+    asyncio.run(main())
+
+
+def test_group_steps_are_drawn_to_the_last_unless_the_loss_needs_whole_groups(tmp_path):
+    """A group of a 3-step and a 9-step episode: drawn step by step (any loss but PACS's) every step
+    is trained on; drawn by whole groups (equal steps per member) the long episode's last 6 steps
+    are stranded once the short one is used up: the cost only a loss comparing members pays."""
+    async def drawn(whole: bool) -> tuple[int, int]:
+        buffer = _group_buffer(tmp_path / str(whole), group_size=2, whole_group_draws=whole)
+        gid = (await buffer.tickets("worker-0", [0, 0]))[0][0]
+        assert await buffer.add_episodes([_episode(gid, 3, 1.0), _episode(gid, 9, 0.0)], "worker-0/x/0") == 12
+        taken = 0
+        while (batch := await buffer.sample(2, consume=True)) is not None:
+            taken += batch.batch_size[0]
+            if whole:  # every draw holds both members, equally
+                assert sorted(batch["group_member"].tolist()) == [0, 1]
+        left = buffer.size()
+        buffer.close()
+        return taken, left
+
+    async def main():
+        assert await drawn(whole=False) == (12, 0)
+        assert await drawn(whole=True) == (6, 6)
 
     asyncio.run(main())
 

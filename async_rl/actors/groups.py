@@ -227,6 +227,7 @@ class GroupSpec(NamedTuple):
     num_workers: int
     stats_name: Optional[str]  # the stats actor, told groups_completed / groups_dropped (health/)
     cfg: Any  # the estimator's episode_advantages may read its options
+    whole_group_draws: bool = True  # draw batches by whole groups (a loss comparing members: algo.draws_whole_groups)
 
 
 class GroupPool:
@@ -241,6 +242,7 @@ class GroupPool:
         self.assembler = GroupAssembler(spec.group_size, spec.max_spread, spec.num_workers,
                                         lambda returns: estimator.episode_advantages(returns, spec.cfg), seed,
                                         id_base)
+        self.whole_group_draws = spec.whole_group_draws
         self.stats_name, self._stats = spec.stats_name, None
         self._reported = dict.fromkeys(self.REPORTED, 0)
 

@@ -229,8 +229,8 @@ class ReplayBuffer:
     async def sample(self, n: int, consume: bool = False, min_version: Optional[int] = None,
                      max_draws_per_item: Optional[float] = None,
                      request: Optional[tuple[str, str]] = None) -> Optional[TensorDict]:
-        """``n`` items, or None while fewer than ``n`` are stored (with group rollouts: drawn by whole
-        groups, None while the whole groups stored cannot supply them); with ``min_version`` items
+        """``n`` items, or None while fewer than ``n`` are stored (for a loss comparing a group's members:
+        drawn by whole groups, None while the whole groups stored cannot supply them); with ``min_version`` items
         made by an older policy are dropped first (counted in ``dropped_stale``). With
         ``max_draws_per_item`` also None while drawing them would take the draws so far past that
         many per item ever added (a bounded update-to-data ratio; counted in ``reuse_refusals``).
@@ -249,8 +249,9 @@ class ReplayBuffer:
             self._store.counters["reuse_refusals"] = self._store.counters.get("reuse_refusals", 0) + 1
             self._append({"op": "count", "key": "reuse_refusals", "n": 1})
             return None
-        group_size = self._groups.assembler.group_size if self._groups is not None else 1
-        if group_size > 1 and n % group_size == 0:  # a trainer's super-batch: whole groups, every member
+        whole = self._groups is not None and self._groups.whole_group_draws
+        group_size = self._groups.assembler.group_size if whole else 1
+        if group_size > 1 and n % group_size == 0:  # a trainer's super-batch for PACS: whole groups, every member
             batch = self._store.sample_groups(n, group_size, consume)
         else:  # without groups, or a draw that is not a multiple of the group (no whole groups then)
             batch = self._store.sample(n, consume) if self._store.size() >= n else None

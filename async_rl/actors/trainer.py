@@ -19,7 +19,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator
+from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator, draws_whole_groups
 from async_rl import checkpoint as ckpt
 from async_rl.actors.groups import group_minibatch_order, keep_whole_groups
 from async_rl.actors.prefetch import Prefetcher, RequestIds, poll, sample_once
@@ -57,6 +57,7 @@ class TrainerActor:
         self.name = f"trainer-{rank}"
         self.policy_factory, self.replay = policy_factory, replay
         self.objective = Objective.from_config(cfg)  # clip params resolved here, once
+        self.whole_groups = draws_whole_groups(cfg.clip_mode, cfg.clip_params, cfg.group_size)  # PACS's batches
         self.estimator = advantage_estimator(cfg.advantage)
         # No critic, nothing to warm up: a config with a warm-up for PPO serves a GRPO comparison unchanged.
         self.critic_warmup_epochs = cfg.critic_warmup_epochs if self.estimator.needs_critic else 0
@@ -193,7 +194,7 @@ class TrainerActor:
         versions = policy_versions(batch)
         oldest = versions.reshape(batch.batch_size[0], -1).min(dim=1).values
         keep = oldest >= min_version
-        if self.cfg.group_size > 1 and "group_id" in batch.keys():  # refill by whole groups (PACS's minibatches)
+        if self.whole_groups and "group_id" in batch.keys():  # refill by whole groups (PACS's minibatches)
             keep = keep_whole_groups(keep, batch["group_id"])
         stale = int((~keep).sum())
         if stale == 0:
@@ -263,9 +264,9 @@ class TrainerActor:
         return metrics
 
     def _minibatch_order(self, batch: TensorDict) -> torch.Tensor:
-        """Rows in random order; with group rollouts whole groups stay together, members taking turns
-        (a minibatch of a multiple of group_size rows then holds every member of its groups)."""
-        if self.cfg.group_size > 1 and "group_member" in batch.keys():
+        """Rows in random order; for a loss comparing a group's members whole groups stay together, members
+        taking turns (a minibatch of a multiple of group_size rows then holds every member of its groups)."""
+        if self.whole_groups and "group_member" in batch.keys():
             return group_minibatch_order(batch["group_id"], batch["group_member"]).to(self.device)
         return torch.randperm(batch.batch_size[0], device=self.device)
 

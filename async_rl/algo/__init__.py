@@ -10,6 +10,7 @@ from async_rl.algo.estimators import (
     check_group_minibatch,
     check_group_size,
     check_objective,
+    draws_whole_groups,
 )
 from async_rl.algo.functional import (
     categorical_entropy,
@@ -58,6 +59,7 @@ __all__ = [
     "compute_policy_loss",
     "distributed_normalize",
     "distributed_normalize_by",
+    "draws_whole_groups",
     "gae",
     "group_relative",
     "grpo_advantages",

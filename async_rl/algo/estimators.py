@@ -17,7 +17,9 @@ naive    replay   step     no      the raw outcome, no baseline (PACS)
 grpo and rloo need group rollouts (``group_size`` >= 2, ``check_group_size``): the rollout workers take
 tickets (group, task, start) at episode start and push whole episodes; the replay buffer's group
 assembler (async_rl/actors/groups.py) releases a group into the sampling pool once all its episodes
-are in, with ``episode_advantages`` on every step of each episode.
+are in, with ``episode_advantages`` on every step of each episode. Trainers then draw its steps like
+any others, except for a loss that compares a group's members inside a minibatch (PACS,
+``draws_whole_groups``): its batches are drawn, and cut into minibatches, by whole groups.
 """
 from __future__ import annotations
 
@@ -162,10 +164,18 @@ def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: fl
                           f"advantage '{name}' computes them on the workers: use --kl-ref-as loss")
 
 
+def draws_whole_groups(clip_mode: str, clip_params: Any, group_size: int) -> bool:
+    """Whether batches must be drawn by whole groups: only for a loss that compares the members of a
+    group inside a minibatch (PACS). The group estimators' advantages are on every step already (the
+    group assembler puts them there), so their batches are drawn step by step, uniformly: a draw of
+    equal steps per member would strand a long episode's steps once its group's shortest member is used up."""
+    return group_size > 1 and "group_id" in PolicyLoss(clip_mode, clip_params).reads
+
+
 def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, train_batch_size: int) -> None:
     """A loss that compares the members of a group inside a minibatch (PACS) needs whole groups
     in every minibatch: ``train_batch_size`` a multiple of ``group_size``; else a one-line ConfigError."""
-    if group_size > 1 and "group_id" in PolicyLoss(clip_mode, clip_params).reads and train_batch_size % group_size:
+    if draws_whole_groups(clip_mode, clip_params, group_size) and train_batch_size % group_size:
         lower = train_batch_size // group_size * group_size
         raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group within a minibatch: "
                           f"train_batch_size {train_batch_size} must be a multiple of group_size {group_size} "
