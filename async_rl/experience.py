@@ -46,7 +46,7 @@ STEP_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("value_target", torch.float32, "[]", "advantage", ("trainer",), "only from estimators that run on the worker"),
     Field("task", torch.int64, "[]", "worker", ("advantage",), "the episode's task in the task set; only with "
                                                                  "normalize_advantages_per: task"),
-    # Group rollouts only (group_size >= 2; async_rl/actors/groups.py):
+    # Group rollouts only (the group estimators; async_rl/actors/groups.py):
     Field("group_id", torch.int64, "[]", "worker", ("advantage", "trainer"), "the group of episodes sharing one start"),
     Field("success", torch.bool, "[]", "worker", ("trainer",), "the episode (not the step) succeeded"),
     Field("episode_return", torch.float32, "[]", "worker", ("advantage",), "sum of the episode's (scaled) rewards"),

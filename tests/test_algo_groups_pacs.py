@@ -281,6 +281,9 @@ def test_config_keys_and_what_each_estimator_allows():
         load_config(["--kl-ref-coef", "0.1", "--kl-ref-as", "reward"])
     with pytest.raises(ConfigError, match="^clip mode 'pacs' compares the episodes of a group"):
         load_config(["--clip-mode", "pacs"])
+    with pytest.raises(ConfigError, match="^clip mode 'pacs' compares the members of a group: pass --group-size 2 or "
+                                          r"more \(e.g. --group-size 8\), got 1$"):
+        load_config(["--clip-mode", "pacs", "--advantage", "naive"])  # naive alone takes groups of 1; PACS cannot
     cfg = load_config(["--clip-mode", "pacs", "--advantage", "naive", "--group-size", "4", "--no-grpo-scale-by-std"])
     assert cfg.clip_mode == "pacs" and not cfg.grpo_scale_by_std
     # PACS's group statistics run over a minibatch: a minibatch that cannot hold whole groups is refused.

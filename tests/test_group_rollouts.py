@@ -94,3 +94,22 @@ def test_grpo_groups_stay_whole_and_same_start_in_sync_mode_and_when_a_rollout_w
     # No critic: the inference actor served value 0, and the value head is not broadcast.
     assert not seen["pool"]["value"].any()
     assert seen["signature"] and not any(name.startswith("value_net") for name in seen["signature"])
+
+
+def test_naive_alone_trains_on_episodes_that_are_groups_of_their_own(tmp_path):
+    """Success-filtered RL (``--advantage naive --group-size 1``): each episode enters the pool as soon as it
+    ends, with its own return as the advantage of every step."""
+    seen = {}
+
+    def inject(runtime):
+        seen["pool"] = ray.get(runtime.replay.snapshot.remote(), timeout=60)
+        seen["counters"] = runtime.replay_supervisor.counters()
+
+    summary = run(_config(tmp_path, "--sync", "--advantage", "naive", "--group-size", "1"), inspect=inject)
+    pool, counters = seen["pool"], seen["counters"]
+    assert summary["epochs"] >= 2 and counters["groups_completed"] >= 2 and counters["groups_dropped"] == 0, counters
+    for gid in pool["group_id"].unique().tolist():
+        (member,) = _episodes(pool[pool["group_id"] == gid])  # one episode per group
+        torch.testing.assert_close(member["advantage"], member["episode_return"].float())
+        torch.testing.assert_close(member["episode_return"][0].float(), member["reward"].sum().float())
+    assert not pool["group_member"].any()

@@ -65,6 +65,20 @@ def test_a_group_is_released_whole_with_the_estimators_outcome_advantage_on_ever
     assert a.counters["groups_completed"] == 1 and a.counters["groups_dropped"] == 0 and a.open_groups() == 0
 
 
+def test_naive_alone_each_episode_is_its_own_group_with_its_outcome_on_every_step():
+    """Success-filtered RL (``--advantage naive --group-size 1``): no comparison, so no partner to wait for."""
+    from async_rl.config import load_config
+
+    assert load_config(["--advantage", "naive"]).group_size == 1
+    a = assembler(group_size=1, num_workers=2, name="naive")
+    tickets = [a.ticket("worker-0", 1), a.ticket("worker-0", 1)]
+    assert tickets[0].group_id != tickets[1].group_id  # one worker, two slots: two groups, each complete alone
+    released = a.add_episode(episode(tickets[1].group_id, [0.0, 1.0], success=True))
+    assert len(released) == 1 and released[0]["advantage"].tolist() == [1.0, 1.0]
+    assert a.add_episode(episode(tickets[0].group_id, [0.0, 0.0, 0.0]))[0]["advantage"].tolist() == [0.0] * 3
+    assert a.counters["groups_completed"] == 2 and a.open_groups() == 0
+
+
 def test_a_group_straddling_too_many_policy_versions_is_dropped_and_counted():
     a = assembler(max_spread=1)
     a.latest_version = 3  # the ledger has seen policy 3 when it opens the group

@@ -1,4 +1,4 @@
-"""Group rollouts: tickets out, whole groups in (``group_size`` >= 2, the group estimators).
+"""Group rollouts: tickets out, whole groups in (the group estimators; naive also with ``group_size`` 1).
 
 A rollout worker's env slot asks for a **ticket** ``(group_id, task, start)`` at each episode start
 and resets its env with ``start`` (same start, same initial state: envs/base.py). The G tickets of

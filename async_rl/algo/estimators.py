@@ -11,10 +11,10 @@ vtrace   trainer  segment  yes     the worker ships segments of rollout_local_bu
                                    corrects them off-policy with its current weights (``loss_inputs``)
 grpo     replay   step     no      group-relative advantages over n rollouts of one start state
 rloo     replay   step     no      leave-one-out baseline over the same groups
-naive    replay   step     no      the raw outcome, no baseline (PACS)
+naive    replay   step     no      the raw outcome, no baseline (PACS; alone, success-filtered RL)
 =======  =======  =======  ======  ==================================================================
 
-grpo and rloo need group rollouts (``group_size`` >= 2, ``check_group_size``): the rollout workers take
+grpo, rloo and naive need group rollouts (``group_size`` >= 2; naive also 1: ``check_group_size``): the rollout workers take
 tickets (group, task, start) at episode start and push whole episodes; the replay buffer's group
 assembler (async_rl/actors/groups.py) releases a group into the sampling pool once all its episodes
 are in, with ``episode_advantages`` on every step of each episode. Trainers then draw its steps like
@@ -79,6 +79,7 @@ class AdvantageEstimator:
     unit: str = "step"  # a replay item: "step" (one step record) | "segment" (rollout_local_buf steps)
     needs_critic: bool = True
     needs_group_rollouts: bool = False
+    min_group_size: int = 1  # group estimators that compare a group's members need 2 or more
     rewards_on_trainer: bool = False  # reads the rewards on the trainer: a KL-to-reference reward penalty applies
     center_batch: bool = True  # normalize_advantages subtracts the batch mean (group estimators: their group's is the baseline)
 
@@ -128,9 +129,11 @@ def check_advantage(name: str) -> str:
 
 
 def check_group_size(name: str, group_size: int) -> None:
-    """Group estimators need groups (``group_size`` >= 2); the others need none (``group_size`` 1)."""
-    grouped = advantage_estimator(name).needs_group_rollouts
-    if grouped and group_size < 2:
+    """Group estimators need groups (``group_size`` >= their ``min_group_size``); the others need none
+    (``group_size`` 1)."""
+    estimator = advantage_estimator(name)
+    grouped = estimator.needs_group_rollouts
+    if grouped and group_size < estimator.min_group_size:
         raise ConfigError(f"advantage '{name}' compares the episodes of a group: pass --group-size 2 or more "
                           f"(e.g. --group-size 8), got {group_size}")
     if not grouped and group_size != 1:
@@ -173,8 +176,11 @@ def draws_whole_groups(clip_mode: str, clip_params: Any, group_size: int) -> boo
 
 
 def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, train_batch_size: int) -> None:
-    """A loss that compares the members of a group inside a minibatch (PACS) needs whole groups
-    in every minibatch: ``train_batch_size`` a multiple of ``group_size``; else a one-line ConfigError."""
+    """A loss that compares the members of a group inside a minibatch (PACS) needs groups of 2 or more,
+    whole in every minibatch: ``train_batch_size`` a multiple of ``group_size``; else a one-line ConfigError."""
+    if group_size < 2 and "group_id" in PolicyLoss(clip_mode, clip_params).reads:
+        raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group: pass --group-size 2 or more "
+                          f"(e.g. --group-size 8), got {group_size}")
     if draws_whole_groups(clip_mode, clip_params, group_size) and train_batch_size % group_size:
         lower = train_batch_size // group_size * group_size
         raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group within a minibatch: "
@@ -312,6 +318,7 @@ class GroupEstimator(AdvantageEstimator):
     where = "replay"
     needs_critic = False
     needs_group_rollouts = True
+    min_group_size = 2
     # Batch normalisation only scales: centering over the batch would add a baseline that naive leaves out
     # on purpose (grpo's and rloo's advantages already have mean 0 in every group).
     center_batch = False
@@ -349,4 +356,5 @@ class Rloo(GroupEstimator):
 @register_estimator
 class Naive(GroupEstimator):
     name = "naive"
+    min_group_size = 1  # the outcome alone, no comparison: episodes of their own (success-filtered RL) or groups (PACS)
     group_advantages = staticmethod(naive_advantages)

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from async_rl import checkpoint as ckpt
 from async_rl.actors.replay_buffer import GroupSpec, ReplayBufferActor
-from async_rl.algo import draws_whole_groups
+from async_rl.algo import advantage_estimator, draws_whole_groups
 from async_rl.errors import ActorFailedError
 from async_rl.orchestration.placement import on_driver_node
 
@@ -29,7 +29,7 @@ class ReplaySupervisor:
         self.cfg, self.record_health = cfg, record_health
         groups = GroupSpec(cfg.advantage, cfg.group_size, cfg.max_group_version_spread, cfg.num_rollout_workers,
                            stats_name, cfg, draws_whole_groups(cfg.clip_mode, cfg.clip_params, cfg.group_size)) \
-            if cfg.group_size > 1 else None
+            if advantage_estimator(cfg.advantage).needs_group_rollouts else None
         self.actor = ReplayBufferActor.options(num_cpus=0, name=name, max_restarts=cfg.actor_max_restarts,
                                                max_task_retries=0, **on_driver_node()).remote(
             cfg.replay_capacity, cfg.seed, str(ckpt.checkpoint_root(cfg.log_dir)), groups)
