@@ -227,7 +227,7 @@ class GroupSpec(NamedTuple):
     num_workers: int
     stats_name: Optional[str]  # the stats actor, told groups_completed / groups_dropped (health/)
     cfg: Any  # the estimator's episode_advantages may read its options
-    whole_group_draws: bool = True  # draw batches by whole groups (a loss comparing members: algo.draws_whole_groups)
+    whole_group_draws: bool  # draw batches by whole groups (a loss comparing members: algo.draws_whole_groups)
 
 
 class GroupPool:

@@ -251,7 +251,7 @@ class ReplayBuffer:
             return None
         whole = self._groups is not None and self._groups.whole_group_draws
         group_size = self._groups.assembler.group_size if whole else 1
-        if group_size > 1 and n % group_size == 0:  # a trainer's super-batch for PACS: whole groups, every member
+        if whole and n % group_size == 0:  # a trainer's super-batch for PACS: whole groups, every member
             batch = self._store.sample_groups(n, group_size, consume)
         else:  # without groups, or a draw that is not a multiple of the group (no whole groups then)
             batch = self._store.sample(n, consume) if self._store.size() >= n else None

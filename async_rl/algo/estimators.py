@@ -134,7 +134,8 @@ def check_group_size(name: str, group_size: int) -> None:
     estimator = advantage_estimator(name)
     grouped = estimator.needs_group_rollouts
     if grouped and group_size < estimator.min_group_size:
-        raise ConfigError(f"advantage '{name}' compares the episodes of a group: pass --group-size 2 or more "
+        raise ConfigError(f"advantage '{name}' compares the episodes of a group: pass --group-size "
+                          f"{estimator.min_group_size} or more "
                           f"(e.g. --group-size 8), got {group_size}")
     if not grouped and group_size != 1:
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_group_rollouts)
@@ -172,16 +173,22 @@ def draws_whole_groups(clip_mode: str, clip_params: Any, group_size: int) -> boo
     group inside a minibatch (PACS). The group estimators' advantages are on every step already (the
     group assembler puts them there), so their batches are drawn step by step, uniformly: a draw of
     equal steps per member would strand a long episode's steps once its group's shortest member is used up."""
-    return group_size > 1 and "group_id" in PolicyLoss(clip_mode, clip_params).reads
+    return group_size > 1 and _compares_group_members(clip_mode, clip_params)
+
+
+def _compares_group_members(clip_mode: str, clip_params: Any) -> bool:
+    return "group_id" in PolicyLoss(clip_mode, clip_params).reads
 
 
 def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, train_batch_size: int) -> None:
     """A loss that compares the members of a group inside a minibatch (PACS) needs groups of 2 or more,
     whole in every minibatch: ``train_batch_size`` a multiple of ``group_size``; else a one-line ConfigError."""
-    if group_size < 2 and "group_id" in PolicyLoss(clip_mode, clip_params).reads:
+    if not _compares_group_members(clip_mode, clip_params):
+        return
+    if group_size < 2:
         raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group: pass --group-size 2 or more "
                           f"(e.g. --group-size 8), got {group_size}")
-    if draws_whole_groups(clip_mode, clip_params, group_size) and train_batch_size % group_size:
+    if train_batch_size % group_size:
         lower = train_batch_size // group_size * group_size
         raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group within a minibatch: "
                           f"train_batch_size {train_batch_size} must be a multiple of group_size {group_size} "
