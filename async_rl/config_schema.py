@@ -187,7 +187,10 @@ class ScaleSection(_Section):
     train_batch_size: Positive = 256
     accumulation_steps: Positive = 2
     super_batch_size: Positive = 512
+    """steps a trainer rank draws per epoch; advantages are whitened over them. A multiple of
+    train_batch_size x accumulation_steps: each such slice is one optimiser step (PPO's minibatches)"""
     updates_per_epoch: Positive = 4
+    """passes over the super-batch per epoch"""
     replay_sampling: Literal["consume", "reuse"] = "consume"
     """consume: sampled experience leaves the buffer (each step trains in one epoch); reuse: it stays
     and may be drawn again (as in the original ds_libero_ppo.py framework), so trainers never wait for data"""
@@ -235,6 +238,11 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
 
     model_config = pydantic.ConfigDict(frozen=False, validate_assignment=True)
 
+    @property
+    def optimizer_steps_per_update(self) -> int:
+        """Optimiser steps in one pass over a super-batch (its train_batch_size x accumulation_steps slices)."""
+        return self.super_batch_size // (self.train_batch_size * self.accumulation_steps)
+
     def section(self, name: str) -> _Section:
         """A frozen copy of section ``name`` (run, env, policy, objective, scale, timeouts, supervised)."""
         if name not in SECTIONS:
@@ -249,10 +257,11 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
-        if self.super_batch_size != self.train_batch_size * self.accumulation_steps:
+        if self.super_batch_size % (self.train_batch_size * self.accumulation_steps):
             raise ValueError(
-                f"super_batch_size ({self.super_batch_size}) must equal train_batch_size x accumulation_steps "
-                f"({self.train_batch_size} x {self.accumulation_steps} = {self.train_batch_size * self.accumulation_steps})"
+                f"super_batch_size ({self.super_batch_size}) must be a multiple of train_batch_size x accumulation_steps "
+                f"({self.train_batch_size} x {self.accumulation_steps} = {self.train_batch_size * self.accumulation_steps}), "
+                "one optimiser step each"
             )
         if self.super_batch_size > self.replay_capacity:
             raise ValueError(

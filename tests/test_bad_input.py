@@ -17,7 +17,7 @@ CASES = [
     ("unknown_key", ["--config", "{tmp}/bad.yaml"], "unknown config key 'replay_capcity' (did you mean 'replay_capacity'?)"),
     ("wrong_type", ["--num-trainers", "two"], "'num_trainers' = 'two': Input should be a valid integer"),
     ("out_of_range", ["--gamma", "1.5"], "'gamma' = 1.5: Input should be less than or equal to 1"),
-    ("inconsistent_sizes", ["--super-batch-size", "100"], "super_batch_size (100) must equal train_batch_size x accumulation_steps"),
+    ("inconsistent_sizes", ["--super-batch-size", "100"], "super_batch_size (100) must be a multiple of train_batch_size x accumulation_steps"),
     ("resume_missing", ["--resume", "{tmp}/nope"], "--resume {tmp}/nope: no such directory"),
     ("resume_not_a_checkpoint", ["--resume", "{tmp}/empty"], "--resume {tmp}/empty: not a checkpoint"),
     ("log_dir_is_a_file", ["--log-dir", "{tmp}/bad.yaml"], "is a file; pass a directory"),

@@ -34,7 +34,7 @@ def test_clip_config_file_feeds_clip_params(tmp_path):
         (["--num-trainer", "2"], "unknown flag '--num-trainer' (did you mean '--num-trainers'?)"),
         (["--num-trainers", "0"], "'num_trainers' = 0: Input should be greater than 0"),
         (["--gamma", "abc"], "'gamma' = 'abc'"),
-        (["--super-batch-size", "100"], "super_batch_size (100) must equal train_batch_size x accumulation_steps"),
+        (["--super-batch-size", "100"], "super_batch_size (100) must be a multiple of train_batch_size x accumulation_steps"),
         (["--envs-per-worker", "16", "--env-groups", "3"], "envs_per_worker (16) must be a multiple of env_groups (3)"),
         (["--no-normalize-advantages", "--normalize-advantages-per", "task"],
          "normalize_advantages_per task needs normalize_advantages true"),

@@ -35,13 +35,16 @@ def _adam_steps(trainer):
     return ray.get(trainer.__ray_call__.remote(read), timeout=60)
 
 
-def test_warmup_epoch_steps_only_the_critic_then_the_policy_starts_fresh(ray_local):
+@pytest.mark.parametrize("cfg", [CFG, CFG.model_copy(update={"train_batch_size": 2})],
+                         ids=["one_step_per_pass", "two_minibatches_per_pass"])
+def test_warmup_epoch_steps_only_the_critic_then_the_policy_starts_fresh(ray_local, cfg):
+    steps = cfg.updates_per_epoch * cfg.optimizer_steps_per_update  # optimiser steps per epoch: 2, then 4
     factory = functools.partial(build_policy, "mlp", SPEC, ACTIONS)
     policy = factory()
     value_ids = {id(p) for p in policy.value_parameters()}
     value_names = {n for n, p in policy.named_parameters() if id(p) in value_ids}
     port = find_free_port("127.0.0.1")
-    trainers = [TrainerActor.options(num_cpus=CFG.trainer_num_cpus).remote(r, 2, "127.0.0.1", port, CFG, factory, None)
+    trainers = [TrainerActor.options(num_cpus=cfg.trainer_num_cpus).remote(r, 2, "127.0.0.1", port, cfg, factory, None)
                 for r in range(2)]
     trainer = trainers[0]
 
@@ -58,18 +61,18 @@ def test_warmup_epoch_steps_only_the_critic_then_the_policy_starts_fresh(ray_loc
         for name in before.keys() - value_names:
             assert torch.equal(after[name], before[name]), name
         assert any(not torch.equal(after[n], before[n]) for n in value_names)
-        for t in trainers:  # two updates; the policy's AdamW untouched on every rank
-            assert _adam_steps(t) == {"policy": None, "value": 2.0}
+        for t in trainers:  # the policy's AdamW untouched on every rank
+            assert _adam_steps(t) == {"policy": None, "value": float(steps)}
         assert warm["lr_policy"] == pytest.approx(CFG.lr_policy / 3)  # its schedule has not started
 
         trained = train(after, 3, 1)
         final = ray.get(trainer.weights.remote(), timeout=60)
         assert trained["critic_warmup"] == 0.0 and trained["loss"] != pytest.approx(CFG.value_coef * trained["value_loss"])
         assert all(not torch.equal(final[n], after[n]) for n in before.keys() - value_names)
-        assert [_adam_steps(t) for t in trainers] == [{"policy": 2.0, "value": 4.0}] * 2
+        assert [_adam_steps(t) for t in trainers] == [{"policy": float(steps), "value": 2.0 * steps}] * 2
         schedule = warmup_cosine(CFG.warmup_steps, CFG.lr_decay_steps, CFG.min_lr_ratio)
-        assert trained["lr_policy"] == pytest.approx(CFG.lr_policy * schedule(2))  # two steps into its own schedule
-        assert trained["lr_value"] == pytest.approx(CFG.lr_value * schedule(4))
+        assert trained["lr_policy"] == pytest.approx(CFG.lr_policy * schedule(steps))  # one epoch into its own schedule
+        assert trained["lr_value"] == pytest.approx(CFG.lr_value * schedule(2 * steps))
     finally:
         ray.get([t.shutdown.remote() for t in trainers], timeout=60)
         for t in trainers:

@@ -121,8 +121,9 @@ class TrainerActor:
         trainable = [p for g in groups for p in g["params"]]
         self.optimizer = optimizer = HoldingAdamW(groups, weight_decay=self.cfg.weight_decay)
         schedule = warmup_cosine(self.cfg.warmup_steps, self.cfg.lr_decay_steps, self.cfg.min_lr_ratio)
-        # One optimiser step per update (super_batch_size = train_batch_size x accumulation_steps).
-        policy_schedule = delayed(schedule, self.critic_warmup_epochs * self.cfg.updates_per_epoch)
+        # The policy's schedule starts when the critic warm-up's optimiser steps are over.
+        warmup_optimizer_steps = self.critic_warmup_epochs * self.cfg.updates_per_epoch * self.cfg.optimizer_steps_per_update
+        policy_schedule = delayed(schedule, warmup_optimizer_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, [policy_schedule if g["name"] == "policy" else schedule for g in groups])
         self.engine, _, _, self.scheduler = deepspeed.initialize(
