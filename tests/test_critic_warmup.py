@@ -35,7 +35,7 @@ def _adam_steps(trainer):
     return ray.get(trainer.__ray_call__.remote(read), timeout=60)
 
 
-@pytest.mark.parametrize("cfg", [CFG, CFG.model_copy(update={"train_batch_size": 2})],
+@pytest.mark.parametrize("cfg", [CFG, RunConfig.model_validate({**CFG.model_dump(), "train_batch_size": 2})],
                          ids=["one_step_per_pass", "two_minibatches_per_pass"])
 def test_warmup_epoch_steps_only_the_critic_then_the_policy_starts_fresh(ray_local, cfg):
     steps = cfg.updates_per_epoch * cfg.optimizer_steps_per_update  # optimiser steps per epoch: 2, then 4
@@ -102,3 +102,9 @@ def test_config_key_and_its_checks():
         load_config(["--critic-warmup-epochs", "-1"])
     # A critic-free estimator has nothing to warm up: the key is accepted (the PPO config serves a GRPO comparison).
     assert load_config(["--critic-warmup-epochs", "5", "--advantage", "grpo", "--group-size", "4"]).advantage == "grpo"
+
+
+def test_a_super_batch_of_several_minibatches_is_accepted():
+    cfg = load_config(["--super-batch-size", "64", "--train-batch-size", "16", "--accumulation-steps", "2"])
+    assert cfg.optimizer_steps_per_update == 2
+    assert load_config(["--super-batch-size", "32", "--train-batch-size", "16"]).optimizer_steps_per_update == 1
