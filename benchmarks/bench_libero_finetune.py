@@ -188,8 +188,8 @@ def main() -> None:
             figures[f"{name}_train_gain"] = round(figures[f"{name}_train"] - figures["sft_train"], 6)
     figures["bench_seconds"] = round(time.time() - started, 1)
     report(figures, args, headline=("sft_heldout", "ppo_heldout", "ppo_gain", "grpo_heldout", "grpo_gain",
-                                              "naive_heldout", "naive_gain", "ppo512_heldout", "ppo512_gain", "sft_train", "ppo_train", "ppo_train_gain", "grpo_train",
-                                              "grpo_train_gain"))
+                                    "naive_heldout", "naive_gain", "ppo512_heldout", "ppo512_gain", "sft_train",
+                                    "ppo_train", "ppo_train_gain", "grpo_train", "grpo_train_gain"))
 
 
 if __name__ == "__main__":

@@ -36,11 +36,13 @@ def test_reuse_assembles_per_seed_means_and_gains_from_the_evaluations(tmp_path)
         (runs / f"{name}.json").write_text(json.dumps(_held(rates)))
     for name, rates in {"sft_train": [1, 0], "ppo_seed0_train": [1, 1], "ppo_seed1_train": [1, 0],
                         "grpo_seed0_train": [0, 0],
-                        "naive_seed3_train": [0, 1], "ppo512_seed2_train": [1, 1]}.items():  # --train-states 0-1: two training states
+                        "naive_seed3_train": [0, 1],
+                        "ppo512_seed2_train": [1, 1]}.items():  # --train-states 0-1: two training states
         (runs / f"{name}.json").write_text(json.dumps(_held(rates, [0, 1])))
     out = tmp_path / "figures.json"
     proc = subprocess.run([sys.executable, "benchmarks/bench_libero_finetune.py", "--reuse", "--seeds", "0", "1",
-                           "--naive-seeds", "3", "--ppo512-seeds", "2", "--train-states", "0-1", "--runs-dir", str(runs), "--out", str(out)],
+                           "--naive-seeds", "3", "--ppo512-seeds", "2", "--train-states", "0-1", "--runs-dir", str(runs),
+                           "--out", str(out)],
                           cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -59,7 +59,7 @@ def test_grpo_on_arithmetic_with_the_real_model(tmp_path):
     # of a group, never more than all of it.
     for group in batch["group_id"].unique():
         members = batch["group_id"] == group
-        assert 1 <= int(members.sum()) <= GROUP
+        assert int(members.sum()) <= GROUP
         prompts = batch["obs", "input_ids"][members]
         assert bool((prompts == prompts[0]).all()), int(group)
 
