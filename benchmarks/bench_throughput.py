@@ -18,9 +18,12 @@ workers (MetaWorld 1.25 minutes per run, LIBERO 1.5; a log point every 2 s). Ext
 Collection only (``benchmarks/collect_only.py``: workers, inference, replay, no trainers), MetaWorld at
 ``--collect-workers`` workers (default 1,2; run with ``--quick`` or ``--collect-only``, which skips the
 training runs): ``collect_only_env_steps_per_sec_w<N>``, the raw env's with N processes measured right
-after, and ``collect_only_over_raw_w<N>``. One worker runs in the shape that suits a worker with a core to
-spare (``ONE_WORKER_SHAPE``: 32 envs in two lock-step groups, one stepping while the other's forward pass
-runs); ``--collect-as-configured`` runs it as the config says. The keys ``collect_only_envs_per_worker_w<N>``
+after, and ``collect_only_over_raw_w<N>``. The workers run in the collection shape (``--collect-envs-per-worker``
+envs in ``--collect-env-groups`` lock-step groups, default 64 in 2, and an inference batch of one group's rows):
+a round's fixed cost (stack, checks, the request and its signal, the forward's overhead) is spread over a
+group's envs, and one group steps while the other's forward pass runs (RESULTS.md section 2 has the sweep:
+16 envs per worker as configured, 0.57 of raw at 2 workers; 64 in two groups, 0.72).
+``--collect-as-configured`` runs the config's own shape. The keys ``collect_only_envs_per_worker_w<N>``
 and ``collect_only_env_groups_w<N>`` record the shape.
 """
 from __future__ import annotations
@@ -38,9 +41,15 @@ from benchmarks.bench_env_raw import raw_env_steps_per_sec  # noqa: E402
 from benchmarks.collect_only import collect_only_steps_per_sec  # noqa: E402
 
 CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "libero": common.LIBERO_CONFIG}
-# One worker on 2 cores leaves the inference actor a core: two groups overlap stepping and forward passes, and 16
-# envs per group spread a round's fixed cost (RESULTS.md section 2: 0.71-0.74 of raw, 0.64-0.68 as configured).
-ONE_WORKER_SHAPE = ["--envs-per-worker", "32", "--env-groups", "2", "--inference-batch", "16"]
+
+
+def collect_shape(envs_per_worker: int, env_groups: int) -> list[str]:
+    """Launch flags of the collection shape: ``env_groups`` lock-step groups, each answered by one forward pass."""
+    if envs_per_worker < 1 or env_groups < 1 or envs_per_worker % env_groups:
+        raise SystemExit(f"--collect-envs-per-worker {envs_per_worker} must be a positive multiple of "
+                         f"--collect-env-groups {env_groups}")
+    return ["--envs-per-worker", str(envs_per_worker), "--env-groups", str(env_groups),
+            "--inference-batch", str(envs_per_worker // env_groups)]
 
 
 def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root: Path,
@@ -148,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collect-only", action="store_true", help="only the collection-only runs (no training runs)")
     ap.add_argument("--collect-workers", default="1,2", help="worker counts of the collection-only runs (MetaWorld)")
     ap.add_argument("--collect-seconds", type=float, default=20.0, help="measured window of a collection-only run")
+    ap.add_argument("--collect-envs-per-worker", type=int, default=64, help="envs per worker of the collection shape")
+    ap.add_argument("--collect-env-groups", type=int, default=2, help="lock-step groups of the collection shape")
     ap.add_argument("--collect-as-configured", action="store_true",
-                    help="the one-worker collection run as the config says, not in ONE_WORKER_SHAPE")
+                    help="the collection runs in the config's shape, not the collection shape")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
+    shape = [] if args.collect_as_configured else collect_shape(args.collect_envs_per_worker, args.collect_env_groups)
     minutes = args.minutes or (1.25 if args.quick else 3.0)
     raw_seconds = args.raw_seconds or (5.0 if args.quick else 20.0)
     wanted = [e.strip() for e in (args.envs or "metaworld,libero").split(",")]
@@ -169,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
         for workers in (int(w) for w in args.collect_workers.split(",")):
             print(f"=== collection only, metaworld, {workers} workers: {args.collect_seconds:g} s, then "
                   f"{raw_seconds:g} s raw ===", flush=True)
-            shape = ONE_WORKER_SHAPE if workers == 1 and not args.collect_as_configured else []
             figures.update(measure_collect_only(CONFIGS["metaworld"], workers, args.collect_seconds, raw_seconds,
                                                 [*shape, *extra]))
             print({k: v for k, v in figures.items() if k.endswith(f"_w{workers}")}, flush=True)
