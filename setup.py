@@ -31,6 +31,10 @@ INSTALL_REQUIRES = [
     "imageio-ffmpeg>=0.5",
     # Causal-LM policies read GGUF files (the default SmolLM2-135M-Instruct) through transformers.
     "gguf==0.19.0",
+    # Text envs on a user's data (envs/prompts.py): `datasets` reads save_to_disk folders (its pyarrow reads
+    # Parquet); math-verify is the built-in `math` reward's answer checker (LaTeX, \boxed{}, fractions).
+    "datasets==5.2.0",
+    "math-verify==0.9.0",
 ]
 
 EXTRAS_REQUIRE = {
