@@ -1,6 +1,11 @@
 """Weight broadcast time: the dedicated weight-sync group vs the Ray object store.
 
     python benchmarks/bench_weight_sync.py [--quick] [--reps 10] [--out weight_sync.json] [--plot weight_sync.png]
+    python benchmarks/bench_weight_sync.py --quick --device cuda --out weight_sync_gpu.json   # GPU tensors
+
+``--device cuda`` (run by ``scripts/gpu_check.sh``) keeps both members' tensors on GPUs: rank r on GPU r where two
+are visible (the group picks NCCL), both on GPU 0 where one is (gloo through host memory: two processes cannot
+share one GPU in an NCCL group); the object-store path then pickles CUDA tensors (or copies them to host numpy).
 
 Starts a local Ray (2 CPUs, bound to 127.0.0.1) and two async actors, a sender (rank 0) and a
 receiver (rank 1) of one ``async_rl.weight_sync_group.WeightSyncGroup`` (gloo on CPU). For 1, 10 and
@@ -54,22 +59,25 @@ NAMES = ["sender (rank 0)", "receiver (rank 1)"]
 class _Member:
     """One rank of the group; also one end of the object-store path."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, gpu: int | None = None) -> None:
+        if gpu is not None:  # before CUDA initialises in this process, as the inference actor does
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
         torch.set_num_threads(1)
         self.rank = rank
+        self.device = torch.device("cuda", 0) if gpu is not None else torch.device("cpu")
         self.group: WeightSyncGroup | None = None
         self.tensors: list[torch.Tensor] = []
 
     async def join(self, port: int, timeout_s: float) -> str:
         self.group = await WeightSyncGroup.create_async(self.rank, 2, "127.0.0.1", port, timeout_s=timeout_s,
-                                                        group_name="bench", member_names=NAMES)
-        return self.group.backend
+                                                        group_name="bench", member_names=NAMES, device=self.device)
+        return f"{self.group.backend} ({self.group.transport})"
 
     def prepare(self, shapes: list[tuple[int, ...]]) -> int:
         """Sender: tensors of ones; receiver: zeros (both allocated and touched once, here)."""
         self.tensors = []  # free the previous case first
         fill = 1.0 if self.rank == 0 else 0.0
-        self.tensors = [torch.full(shape, fill, dtype=torch.float32) for shape in shapes]
+        self.tensors = [torch.full(shape, fill, dtype=torch.float32, device=self.device) for shape in shapes]
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
     def zero(self) -> None:
@@ -83,6 +91,8 @@ class _Member:
         """(start, end, receiver holds the sender's values) of one group broadcast."""
         t0 = time.monotonic()
         await self.group.broadcast_async(self.tensors)
+        if self.device.type == "cuda":  # NCCL returns once the kernel is queued: count until it is done
+            torch.cuda.synchronize()
         t1 = time.monotonic()
         return t0, t1, self.rank == 0 or self._check()
 
@@ -91,7 +101,7 @@ class _Member:
         put numpy views instead (Ray stores numpy out of band and ``get`` maps it without a copy;
         torch tensors go through pickle unless RAY_ENABLE_ZERO_COPY_TORCH_TENSORS is set)."""
         t0 = time.monotonic()
-        return t0, [ray.put([t.numpy() for t in self.tensors] if as_numpy else self.tensors)]
+        return t0, [ray.put([t.cpu().numpy() for t in self.tensors] if as_numpy else self.tensors)]
 
     async def get(self, sent: tuple[float, list[ray.ObjectRef]]) -> tuple[float, float, bool]:
         """Receiver side: fetch the list, copy it into the preallocated tensors. (start, end, ok)."""
@@ -99,10 +109,14 @@ class _Member:
         received = await ref
         with torch.no_grad():
             for dst, src in zip(self.tensors, received):
-                if isinstance(src, np.ndarray):  # a read-only view of the object store's memory
+                if isinstance(src, np.ndarray) and dst.is_cuda:
+                    dst.copy_(torch.from_numpy(src))
+                elif isinstance(src, np.ndarray):  # a read-only view of the object store's memory
                     np.copyto(dst.numpy(), src)
                 else:
                     dst.copy_(src)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         t1 = time.monotonic()
         del received, ref
         return t0, t1, self._check()
@@ -205,7 +219,15 @@ def main(argv: list[str] | None = None) -> int:
                     "1,10,100; '' for none), each one float32 tensor: figures broadcast_<N>m_params_seconds "
                     "(weight-broadcast time vs model size)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="the group's timeout")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where both members' tensors live: cuda puts rank r on GPU r (NCCL) where two GPUs are "
+                         "visible, both on GPU 0 (gloo through host memory) where one is")
     args = ap.parse_args(argv)
+    gpus = None
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: no CUDA GPU on this machine")
+        gpus = [0, 1] if torch.cuda.device_count() > 1 else [0, 0]
     reps = args.reps or (5 if args.quick else 10)
     sizes = [int(x) for x in args.sizes_mib.split(",") if x.strip()]
     params_m = [float(x) for x in args.params_m.split(",") if x.strip()]
@@ -217,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     members: list[Any] = []
     try:
         common.start_local_ray(num_cpus=2)
-        members = [_Member.remote(r) for r in range(2)]
+        members = [_Member.remote(r, None if gpus is None else gpus[r]) for r in range(2)]
         port = find_free_port()
         backend = ray.get([m.join.remote(port, args.timeout_s) for m in members], timeout=args.timeout_s + 120)[0]
         sender, receiver = members
@@ -273,10 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"object_store_max_{name}_seconds"] = round(r["store_max_s"], 6)
     figures.update({
         "all_received_correctly": all(r["ok"] for r in rows.values()),
-        "reps": reps,
+        "reps": reps, "device": args.device, "backend": backend,
         **common.run_facts(args.quick, load_before, load_after, elapsed),
     })
-    title = (f"weight sync, sender -> 1 receiver (2 Ray actors, gloo over loopback) vs Ray object store; "
+    title = (f"weight sync, sender -> 1 receiver (2 Ray actors, {backend}, {args.device}) vs Ray object store; "
              f"median of {reps}, load {load_before[0]:.1f}->{load_after[0]:.1f} on {os.cpu_count()} cores")
     common.report(figures, args, lambda path: plot(rows, figures, path, title),
                   headline=("broadcast_1mib_seconds", "broadcast_10mib_seconds", "broadcast_100mib_seconds",
