@@ -1,47 +1,75 @@
 """A sandbox for generated (hostile) Python code, and a pool that runs a worker's candidates in parallel.
 
-``run_tests(code, tests)`` runs ``code``, then each test statement on its own (a failing assert does
-not stop the others), all in ONE fresh subprocess per candidate, and returns
-``SandboxResult(passed, total, reason)``. The program inside is ``async_rl/sandbox_child.py``.
+``run_tests(code, tests, prefix=..., entry_point=...)`` runs ``prefix + code`` in ONE fresh sandboxed
+process per candidate, and each test statement in a separate trusted process, the judge; it returns
+``SandboxResult(passed, total, reason)``. The candidate's side is ``async_rl/sandbox_child.py``, the
+judge ``async_rl/sandbox_judge.py``, what passes between them ``async_rl/sandbox_wire.py``.
+
+Who decides a verdict
+---------------------
+The judge runs the prompt's helpers (``prefix``) and the tests; the candidate's process never receives
+a test, nor anything a test expects. When a test reads a name the prompt does not define and the tests
+do not bind (the entry point, or any function or value of the candidate's code), the judge asks the
+candidate's process for it: a value comes back as plain data, a function becomes a stand-in whose calls
+send their (plain-data) arguments and get back a plain-data result or the name of the exception raised.
+The comparison, the ``abs(...) < eps``, the ``check(candidate)`` function, every assert runs in the
+judge on values it rebuilt from JSON itself, so none of it can be patched, introspected or faked from
+the candidate's interpreter. ``passed`` counts distinct tests, at most ``total``; a test the judge did
+not finish (the candidate's process died, hung or broke its channel) fails.
+
+Judged this way: ``assert f(x) == y``, ``assert abs(f(x) - y) < eps``, ``assert f(x)`` / ``not f(x)``,
+``try: f(x) ... except ValueError``, HumanEval's statements and ``check(candidate)`` functions,
+free-form asserts over the candidate's functions and plain module-level values, arguments computed
+by earlier calls or by the prompt's helpers. Not supported, and scored as failures (fail closed): a
+result or an argument that is not plain data (None, bool, int, float, str, bytes, complex and lists,
+tuples, sets, frozensets, dicts of them: an object of the candidate's class, a generator, a function),
+a test that checks how a call mutated its argument, or that uses a name the candidate defines only at
+run time when no ``entry_point`` is given. Names the prompt defines (``prefix``) are always the
+prompt's: a candidate that redefines a helper (HumanEval/38's ``encode_cyclic``) changes only its own
+calls. A caller that passes the prompt inside ``code`` (no ``prefix``) gets the same verdicts, but the
+helpers then come from the candidate.
 
 What a candidate gets, and cannot do
 ------------------------------------
-Mode ``namespaces`` (``unshare --user --map-root-user --net --pid --mount``; needs Linux >= 5.12 and
-user namespaces, root or not; probed once per process):
+Mode ``namespaces`` (``unshare`` with network, PID and mount namespaces; a user namespace too when the
+caller is not root; Linux >= 5.12; probed once per process):
 
-- no network: its own network namespace has only a loopback that is down ("Network is unreachable");
-  Unix sockets under /tmp, /run and /var/run are hidden behind empty mounts;
-- no writes outside a fresh tmpfs on /tmp (its cwd, HOME and TMPDIR; 64 MiB): every other mount is
-  read-only, /dev holds only null, zero, random, urandom, and it holds no capability, so it cannot
-  remount anything (a new user namespace of its own only sees locked copies);
-- no new processes (seccomp: fork, vfork, clone of a process fail with EAGAIN; threads work) and
-  RLIMIT_NPROC besides (the kernel does not enforce it when the caller is root outside);
-- no signals to anyone but itself (seccomp; kill(0) is its own one-process session), no ptrace, and
-  the processes that run it are outside its PID namespace anyway;
+- a new root holding only what Python needs: read-only /usr (and /bin, /lib links), /etc/ld.so.cache,
+  the standard library, a minimal /dev (null, zero, random, urandom), its own /proc and a fresh 64 MiB
+  tmpfs on /tmp (its cwd, HOME and TMPDIR; the only writable place). No home directory, no project
+  tree, no host /tmp (Ray's session directory), no /run (host sockets), no /etc/shadow;
+- an unprivileged uid of its own (a fixed high uid per concurrent slot) when the caller is root, the
+  caller's own (unprivileged) uid otherwise; no capabilities, so file permissions and RLIMIT_NPROC
+  apply (threads count: a ``clone(CLONE_THREAD)`` bomb stops at ``max_procs``);
+- no network (its own namespace, loopback down), no new processes (seccomp: fork, vfork, clone of a
+  process fail), no signals to anyone but itself, no ptrace; PID namespace: when its first process
+  ends, the kernel kills every process it left;
 - RLIMIT_CPU (timeout + 1 s), RLIMIT_AS (1 GiB), RLIMIT_FSIZE, a wall timeout (default 3 s, counted
-  from the moment the candidate starts; the whole process group is SIGKILLed and the PID namespace
-  dies with its first process), stdout and stderr each capped at 64 KiB (the rest is drained and
-  dropped).
+  from the moment the candidate starts), and every channel capped: stdout and stderr at
+  ``output_limit`` (64 KiB), its answers to the judge at ``result_limit`` (1 MiB): over a cap it is
+  killed and scores 0 (reasons ``output_limit``, ``result_limit``); a malformed answer scores 0 too
+  (``bad_result``). The caller buffers at most these caps per candidate;
+- a cgroup v2 (``pids.max``, ``memory.max``) where the machine delegates one with those controllers;
+  elsewhere one line says so once, and the rlimits above are the bound.
 
-Mode ``weak`` (no usable ``unshare``; said once on stderr): the same rlimits, seccomp filter and
-timeouts (the candidate stays in the harness-made process group, so that the timeout kills it), but the network, shell-outs, ``os.kill`` and writes outside a fresh temporary directory
-are only refused by patching Python in the child (ctypes gets past that) and the file system is the
-caller's.
+Fail closed: when no namespace variant works, ``run_tests`` raises ``SandboxUnavailable`` (one line:
+why, and how to allow the weak mode) instead of running the code. The weak mode (``sandbox_mode: weak``
+in a run's config, ``--sandbox-mode weak`` on the command line, or ``ASYNC_RL_SANDBOX_MODE=weak``) runs
+the candidate as the caller's user with the same rlimits, seccomp filter, caps and judge, but protects
+NOTHING of the machine beyond that: it can read and write the caller's files, reach the network, and
+read the judge's memory. Use it only on a machine that holds nothing to protect.
 
-Results cannot be forged by printing or exiting: each test's outcome is written by the harness code in
-the child to a pipe at a random high descriptor, tagged with a random nonce; stdout is never parsed; a
-candidate that exits early loses the tests that had not run. Code that introspects the interpreter
-(reads the nonce from memory) or returns objects whose ``__eq__`` is always true can still cheat: the
-sandbox protects the machine, not the reward from a determined adversary.
+Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it
+learns of a test's inputs (the arguments of its own calls), and a reward that a correct function
+earns honestly. Side channels between concurrent candidates are not considered.
 
-Reasons (``SandboxResult.reason``): ok (code and every test ran; ``passed`` says how many passed),
-no_code (nothing to run), syntax_error, crash (the code raised; tests still ran), exit (the process
-ended before the tests finished: sys.exit is caught, os._exit is not), timeout (wall clock or CPU),
-memory (a MemoryError), killed (ended by a signal), error (the sandbox itself failed to start).
+Reasons (``SandboxResult.reason``): ok, no_code, syntax_error, crash (the code raised; tests still ran),
+exit (the candidate's process ended before the tests finished), timeout (wall clock or CPU), memory,
+killed (ended by a signal), output_limit, result_limit, bad_result, error (the sandbox itself failed).
 
-Command line: ``python -m async_rl.sandbox CODE_FILE TESTS_FILE [--timeout S]`` prints
-``{"passed": P, "total": T, "reason": ...}`` (one test statement per line of TESTS_FILE) and exits 0
-whatever the code did; bad arguments: one line on stderr, exit 2.
+Command line: ``python -m async_rl.sandbox CODE_FILE TESTS_FILE [--timeout S] [--sandbox-mode strict|weak]``
+prints ``{"passed": P, "total": T, "reason": ...}`` (one test statement per line of TESTS_FILE) and
+exits 0 whatever the code did; bad arguments or no usable sandbox: one line on stderr, exit 2.
 """
 from __future__ import annotations
 
@@ -49,194 +77,87 @@ import argparse
 import concurrent.futures
 import json
 import os
-import secrets
-import selectors
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["REASONS", "SandboxPool", "SandboxResult", "isolation_mode", "run_tests"]
+from async_rl.sandbox_run import REASONS, SandboxResult, run_candidate
 
-REASONS = ("ok", "no_code", "syntax_error", "crash", "exit", "timeout", "memory", "killed", "error")
-_CHILD_SOURCE = (Path(__file__).with_name("sandbox_child.py")).read_text()
-_UNSHARE = ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
-            "--mount-proc", "--")
-_STARTUP_S = 20.0  # interpreter start on a loaded machine; not part of the candidate's timeout
-_mode: Optional[str] = None
+__all__ = ["REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable", "isolation_mode",
+           "run_tests", "set_sandbox_mode"]
+
+SANDBOX_MODES = ("strict", "weak")
+_mode: Optional[str] = None  # namespaces | weak, once probed
+_variant: Optional[str] = None  # root | userns | weak: how run_candidate starts the candidate
 _mode_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class SandboxResult:
-    passed: int
-    total: int
-    reason: str
-    stdout: str = ""
-    stderr: str = ""
-    seconds: float = 0.0
+class SandboxUnavailable(RuntimeError):
+    """No usable isolation, and the weak mode was not allowed: generated code is not run."""
 
-    @property
-    def fraction(self) -> float:
-        """passed / total (0 without tests)."""
-        return self.passed / self.total if self.total else 0.0
 
-    @property
-    def all_passed(self) -> bool:
-        """Whether the code passed every one of its (at least one) tests."""
-        return self.total > 0 and self.passed == self.total
+def set_sandbox_mode(mode: str) -> None:
+    """``strict`` (default: refuse to run without namespaces) or ``weak`` (allow the weak mode). Also
+    read from ``ASYNC_RL_SANDBOX_MODE``, which a run's driver hands to every Ray worker."""
+    if mode not in SANDBOX_MODES:
+        raise ValueError(f"sandbox mode must be one of {SANDBOX_MODES}, got {mode!r}")
+    os.environ["ASYNC_RL_SANDBOX_MODE"] = mode
 
-    def to_json(self) -> dict:
-        return {"passed": self.passed, "total": self.total, "reason": self.reason}
+
+def _weak_allowed() -> bool:
+    return os.environ.get("ASYNC_RL_SANDBOX_MODE", "strict") == "weak"
 
 
 def isolation_mode() -> str:
-    """``namespaces`` or ``weak``, probed once per process (the first call costs one sandbox run)."""
-    global _mode
+    """``namespaces`` or ``weak``, probed once per process (the first call costs a sandbox run or two).
+    Raises ``SandboxUnavailable`` when namespaces do not work and the weak mode is not allowed."""
+    global _mode, _variant
     with _mode_lock:
         if _mode is None:
-            _mode = "namespaces"
-            why = ""
-            if shutil.which("unshare") is None:
-                why = "the unshare command (util-linux) is not installed"
-            else:
-                probe = _run("x = 1", ["assert x == 1"], 10.0, 256, 16, 64 * 1024, "namespaces")
-                if (probe.passed, probe.reason) != (1, "ok"):
+            why = "the unshare command (util-linux) is not installed"
+            if shutil.which("unshare") is not None:
+                for variant in (("root", "userns") if os.geteuid() == 0 else ("userns",)):
+                    probe = run_candidate("x = 1\n", ["assert x == 1"], "", None, 10.0, 256, 16, 64 * 1024, 1 << 16,
+                                          variant)
+                    if (probe.passed, probe.reason) == (1, "ok"):
+                        _mode, _variant = "namespaces", variant
+                        break
                     why = f"unshare did not work here ({(probe.stderr.strip().splitlines() or [probe.reason])[-1]})"
-            if why:
-                _mode = "weak"
-                print(f"[sandbox] {why}: running candidates in the weak mode (no namespaces: network, "
-                      "shell-outs and writes outside the temporary directory are only refused inside Python); "
-                      "see async_rl/sandbox.py", file=sys.stderr)
+            if _mode is None:
+                if not _weak_allowed():
+                    raise SandboxUnavailable(
+                        f"[sandbox] refusing to run generated code: {why}. To run it anyway WITHOUT isolation "
+                        "(it can read and write your files and reach the network), allow the weak mode: "
+                        "sandbox_mode: weak in the config, --sandbox-mode weak, or ASYNC_RL_SANDBOX_MODE=weak")
+                _mode = _variant = "weak"
+                print(f"[sandbox] {why}: running candidates in the weak mode, as allowed (no isolation of the "
+                      "machine; see async_rl/sandbox.py)", file=sys.stderr)
         return _mode
 
 
 def run_tests(code: Optional[str], tests: Sequence[str], timeout_s: float = 3.0, memory_mb: int = 1024,
-              max_procs: int = 32, output_limit: int = 64 * 1024) -> SandboxResult:
-    """Run ``code`` then each of ``tests`` (Python snippets, typically one assert) in a fresh sandbox.
+              max_procs: int = 32, output_limit: int = 64 * 1024, *, prefix: str = "",
+              entry_point: Optional[str] = None, result_limit: int = 1 << 20) -> SandboxResult:
+    """Run ``prefix + code``, then judge each of ``tests`` (Python snippets, typically one assert) on the
+    trusted side (see the module docstring).
 
-    A test passes when it runs without raising. ``timeout_s`` is the wall time of the code and all
-    tests together; ``memory_mb`` the address-space limit; ``output_limit`` the bytes of stdout and of
-    stderr kept. Never raises for anything the code does."""
+    A test passes when the judge runs it without an exception. ``prefix``: the prompt's imports and
+    helpers (run on both sides; the tests see the prompt's own). ``entry_point``: the function under
+    test, asked of the candidate whatever the tests bind. ``timeout_s`` is the wall time of the code and
+    all tests together; ``memory_mb`` the address-space limit; ``output_limit`` the bytes of stdout and
+    of stderr allowed, ``result_limit`` those of its answers. Never raises for anything the code does;
+    raises ``SandboxUnavailable`` when there is no usable sandbox and the weak mode is not allowed."""
     tests = [str(t) for t in tests]
     if code is None or not str(code).strip():
         return SandboxResult(0, len(tests), "no_code")
     if timeout_s <= 0 or memory_mb <= 0:
         raise ValueError(f"sandbox limits must be positive, got timeout_s={timeout_s}, memory_mb={memory_mb}")
-    return _run(str(code), tests, float(timeout_s), int(memory_mb), int(max_procs), int(output_limit),
-                isolation_mode())
-
-
-def _run(code: str, tests: list[str], timeout_s: float, memory_mb: int, max_procs: int, output_limit: int,
-         mode: str) -> SandboxResult:
-    t0 = time.monotonic()
-    nonce = secrets.token_hex(16)
-    isolated = mode == "namespaces"
-    workdir = None if isolated else tempfile.mkdtemp(prefix="sandbox-")
-    read_fd, write_fd = os.pipe()
-    orders = {"code": code, "tests": tests, "nonce": nonce, "fd": write_fd, "hide_fd": 100 + secrets.randbelow(150),
-              "isolated": isolated, "workdir": workdir, "tmpfs_mb": 64, "file_mb": 16, "memory_mb": memory_mb,
-              "max_procs": max_procs, "cpu_s": int(timeout_s) + 1}
-    argv = [sys.executable, "-I", "-S", "-B", "-c", _CHILD_SOURCE]
-    try:
-        proc = subprocess.Popen(list(_UNSHARE) + argv if isolated else argv, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
-                                start_new_session=True, cwd=workdir or "/", env={"PATH": os.environ.get("PATH", "")})
-    except OSError as exc:
-        os.close(read_fd)
-        os.close(write_fd)
-        _remove(workdir)
-        return SandboxResult(0, len(tests), "error", stderr=f"could not start the sandbox: {exc}")
-    os.close(write_fd)
-    try:
-        return _collect(proc, read_fd, json.dumps(orders).encode(), nonce, len(tests), timeout_s, output_limit, t0)
-    finally:
-        _kill(proc)
-        os.close(read_fd)
-        _remove(workdir)
-
-
-def _collect(proc: subprocess.Popen, read_fd: int, orders: bytes, nonce: str, total: int, timeout_s: float,
-             output_limit: int, t0: float) -> SandboxResult:
-    try:  # the child reads all of it first thing; a child that died at once leaves a broken pipe
-        proc.stdin.write(orders)
-        proc.stdin.close()
-    except OSError:
-        pass
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    streams = {out_fd: bytearray(), err_fd: bytearray(), read_fd: bytearray()}
-    sel = selectors.DefaultSelector()
-    for fd in streams:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
-    deadline, started, timed_out = t0 + _STARTUP_S, False, False
-    while sel.get_map():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
-            break
-        for key, _ in sel.select(timeout=min(left, 0.5)):
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                sel.unregister(key.fd)
-                continue
-            buf = streams[key.fd]
-            if key.fd == read_fd or len(buf) < output_limit:  # output past the cap is drained and dropped
-                buf += chunk if key.fd == read_fd else chunk[: output_limit - len(buf)]
-            if key.fd == read_fd and not started and f"{nonce} start ".encode() in buf:
-                started, deadline = True, time.monotonic() + timeout_s
-    sel.close()
-    if timed_out:
-        _kill(proc)
-    returncode = proc.wait()
-    lines = [ln.split(" ")[1:] for ln in streams[read_fd].decode(errors="replace").splitlines()
-             if ln.startswith(nonce + " ")]
-    passed = sum(1 for p in lines if p[:1] == ["test"] and len(p) == 3 and p[2] == "1")
-    code_status = next((p[1] for p in lines if p[:1] == ["code"] and len(p) == 2), None)
-    memory = code_status == "memory" or any(p[:1] == ["test"] and p[-1:] == ["m"] for p in lines)
-    done = ["done"] in lines
-    if not started:
-        reason = "error"  # the candidate never ran: unshare or the interpreter failed (see stderr)
-    elif timed_out:
-        reason = "timeout"
-    elif code_status == "syntax":
-        reason = "syntax_error"
-    elif memory:
-        reason = "memory"
-    elif not done:
-        sig = returncode - 128 if returncode > 128 else 0
-        reason = "timeout" if sig == signal.SIGXCPU else "killed" if sig else "exit"
-    elif code_status == "crash":
-        reason = "crash"
-    else:
-        reason = "ok"
-    text = lambda b: bytes(b).decode(errors="replace")  # noqa: E731
-    return SandboxResult(passed, total, reason, text(streams[out_fd]), text(streams[err_fd]), time.monotonic() - t0)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the sandbox's process group (unshare and the namespace's first process: the kernel then
-    kills every process of the PID namespace)."""
-    if proc.poll() is None:  # once reaped, its group id may belong to someone else
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    proc.wait()
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        if stream is not None and not stream.closed:
-            stream.close()
-
-
-def _remove(workdir: Optional[str]) -> None:
-    if workdir is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
+    mode = isolation_mode()
+    prefix = f"{prefix}\n\n" if prefix and prefix.strip() else ""
+    return run_candidate(str(code), tests, prefix, entry_point, float(timeout_s), int(memory_mb), int(max_procs),
+                         int(output_limit), int(result_limit), _variant if mode == "namespaces" else "weak")
 
 
 class SandboxPool:
@@ -283,8 +204,12 @@ def _main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("code_file")
     parser.add_argument("tests_file")
     parser.add_argument("--timeout", type=float, default=3.0, help="wall seconds for the code and all tests")
+    parser.add_argument("--sandbox-mode", choices=SANDBOX_MODES, default=None,
+                        help="weak: allow running WITHOUT isolation where namespaces do not work (default strict)")
+
     def usage_error(message: str) -> None:  # one line, not argparse's usage block
-        print(f"python -m async_rl.sandbox: {message}; usage: CODE_FILE TESTS_FILE [--timeout S]", file=sys.stderr)
+        print(f"python -m async_rl.sandbox: {message}; usage: CODE_FILE TESTS_FILE [--timeout S] "
+              "[--sandbox-mode strict|weak]", file=sys.stderr)
         sys.exit(2)
 
     parser.error = usage_error  # type: ignore[method-assign]
@@ -299,7 +224,14 @@ def _main(argv: Optional[list[str]] = None) -> int:
         print(f"cannot read {getattr(exc, 'filename', None) or 'input'}: {exc}; pass readable UTF-8 files",
               file=sys.stderr)
         return 2
-    print(json.dumps(run_tests(code, tests, timeout_s=args.timeout).to_json()))
+    if args.sandbox_mode:
+        set_sandbox_mode(args.sandbox_mode)
+    try:
+        result = run_tests(code, tests, timeout_s=args.timeout)
+    except SandboxUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_json()))
     return 0
 
 

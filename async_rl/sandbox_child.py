@@ -1,17 +1,18 @@
-"""The program that runs inside the sandbox (``async_rl/sandbox.py`` starts it; nothing imports it).
+"""The candidate's side of the sandbox (``async_rl/sandbox.py`` starts it; nothing imports it).
 
-It is started as ``python -I -S -B -c <this file's text>`` (inside ``unshare`` when namespaces are
-available), reads its orders as JSON on stdin, then:
+It is started as ``python -I -S -B -c <sandbox_wire.py + this file>`` (inside ``unshare`` when
+namespaces are available), reads its orders as JSON on stdin (the code and the prompt's prefix; never
+the tests nor what they expect), then:
 
-1. (namespaces) as root of its own user namespace: a size-limited tmpfs on /tmp (the only writable
-   place), a minimal /dev, empty tmpfs over /run and /dev/shm (their Unix sockets), and every other
-   mount made read-only, recursively;
+1. (namespaces) builds a new root holding only what Python needs (``private_root``: read-only /usr,
+   the standard library, a minimal /dev, its own /proc, a size-limited tmpfs on /tmp as the only
+   writable place) and pivots into it: no home directory, project tree, Ray session or host socket;
 2. forks. The parent (pid 1 of the PID namespace) only reaps and exits with the candidate's status:
    when it exits, the kernel kills whatever the candidate left behind;
-3. the child confines itself (own session, rlimits, no capabilities, a seccomp filter: no new
-   processes, signals only to itself) and runs the candidate code, then each test in its own
-   try/except, reporting on a pipe the harness opened: lines tagged with a random nonce, so text the
-   candidate prints, or an early exit, cannot count as a passed test.
+3. the child confines itself (own session, rlimits, an unprivileged uid of its own when the caller is
+   root, no capabilities, a seccomp filter: no new processes, signals only to itself), runs the code,
+   then answers the judge's requests (``sandbox_judge.py``) with plain data: the values its functions
+   return. It reports no verdict; whatever it writes on its channel is only ever an answer to check.
 
 Only the standard library: it runs without site-packages.
 """
@@ -53,23 +54,57 @@ def _mount_setattr(path, recursive, set_ro):
     _check(ret, f"mount_setattr {path}")
 
 
-def private_mounts(tmpfs_mb):
-    """The file system view of the sandbox (we are root of a fresh user + mount namespace)."""
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(tmpfs_mb)}m,mode=1777")
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+
+
+def _bind(src, target, is_dir=True):
+    if is_dir:
+        os.makedirs(target, exist_ok=True)
+    else:
+        open(target, "w").close()
+    _mount(src, target, None, MS_BIND | MS_REC)
+
+
+def private_root(tmpfs_mb, python_dirs):
+    """A new root holding only what Python needs (we are root of fresh mount and PID namespaces):
+    /usr and its top-level links or binds (/bin, /lib, ...), /etc/ld.so.cache, the interpreter's
+    standard library where it lives outside /usr, a minimal /dev, the namespace's /proc and a
+    size-limited tmpfs on /tmp (the only writable place). Every other path of the host (home
+    directories, the project's tree, /tmp with Ray's session directory, /run's sockets) is not there."""
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=700")  # scratch for the new root
+    root = "/tmp/root"
+    os.mkdir(root)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = "/" + top
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), root + host)
+        elif os.path.isdir(host):
+            _bind(host, root + host)
+    os.mkdir(root + "/etc")
+    for name in ("ld.so.cache", "localtime"):  # the dynamic loader's cache (hashlib's libcrypto), time zone
+        if os.path.isfile("/etc/" + name):
+            _bind(os.path.realpath("/etc/" + name), f"{root}/etc/{name}", is_dir=False)
+    for path in python_dirs:
+        if os.path.isdir(path) and not os.path.exists(root + path):
+            _bind(path, root + path)
     # A minimal /dev: host device nodes stay reachable through a mount of /dev even when it is read-only
     # (device writes ignore the read-only flag), so only null, zero, random and urandom are kept.
-    os.mkdir("/tmp/.hostdev")
-    _mount("/dev", "/tmp/.hostdev", None, MS_BIND | MS_REC)
-    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
+    os.mkdir(root + "/dev")
+    _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
     for name in ("null", "zero", "random", "urandom"):
-        open(f"/dev/{name}", "w").close()
-        _mount(f"/tmp/.hostdev/{name}", f"/dev/{name}", None, MS_BIND)
-    _check(_LIBC.umount2(b"/tmp/.hostdev", MNT_DETACH), "umount /tmp/.hostdev")
-    os.rmdir("/tmp/.hostdev")
-    # Unix sockets on the host (docker, dbus, a Ray session's) live under /run; hide them.
-    for path in ("/run", "/var/run"):
-        if os.path.isdir(path) and not os.path.islink(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k")
+        _bind(f"/dev/{name}", f"{root}/dev/{name}", is_dir=False)
+    _bind("/proc", root + "/proc")  # the PID namespace's own /proc (unshare --mount-proc)
+    os.mkdir(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(tmpfs_mb)}m,mode=1777")
+    os.mkdir(root + "/.old")
+    nr = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if nr is None:
+        _fail(f"no pivot_root number for {os.uname().machine}")
+    _check(_LIBC.syscall(ctypes.c_long(nr), root.encode(), (root + "/.old").encode()), "pivot_root")
+    os.chdir("/")
+    _check(_LIBC.umount2(b"/.old", MNT_DETACH), "umount the old root")
+    os.rmdir("/.old")
     _mount_setattr("/", recursive=True, set_ro=True)
     _mount_setattr("/tmp", recursive=False, set_ro=False)
     os.mkdir("/tmp/work")
@@ -89,18 +124,25 @@ def _reap(child):
             os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
-def _drop_capabilities():
-    """No capability in the namespace: the candidate cannot remount /, mount over /tmp, or regain them."""
+def _drop_privileges(uid):
+    """No capability left, and (when the caller is root on the host) an unprivileged uid of its own:
+    file permissions and RLIMIT_NPROC then apply to it, and it cannot remount anything."""
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
         _check(_LIBC.prctl(24, cap, 0, 0, 0), "PR_CAPBSET_DROP")  # bounding set: execve cannot regain
     _check(_LIBC.prctl(28, 0x3, 0, 0, 0), "PR_SET_SECUREBITS")  # SECBIT_NOROOT, locked
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # clears every capability set (no SECBIT_KEEP_CAPS)
     header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     data = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable} words, all zero
     _check(_LIBC.capset(ctypes.create_string_buffer(header, 8), data), "capset")
     status = open("/proc/self/status").read()
     if "CapEff:\t0000000000000000" not in status or "CapPrm:\t0000000000000000" not in status:
         _fail("capabilities still held after capset")
+    if uid is not None and os.getresuid() != (uid, uid, uid):
+        _fail("still root after setresuid")
 
 
 # seccomp: syscall numbers per audit arch.
@@ -214,6 +256,8 @@ def _weaken_python():
 def _confine(orders, workdir, isolated):
     if isolated:  # its own session: kill(0, ...) reaches only itself (weak mode: the harness kills its group)
         os.setsid()
+        if orders["uid"] is not None:
+            os.chown(workdir, orders["uid"], orders["uid"])
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update(HOME=workdir, TMPDIR=workdir, PATH="/usr/bin:/bin", LANG="C.UTF-8", PYTHONHASHSEED="0")
@@ -221,28 +265,30 @@ def _confine(orders, workdir, isolated):
     cpu = int(orders["cpu_s"])
     for limit, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),  # soft: SIGXCPU, then SIGKILL
                          (resource.RLIMIT_AS, (orders["memory_mb"] * mb,) * 2),
-                         (resource.RLIMIT_NPROC, (orders["max_procs"],) * 2),  # not enforced for uid 0 outside
+                         (resource.RLIMIT_NPROC, (orders["max_procs"],) * 2),  # threads count too
                          (resource.RLIMIT_FSIZE, (orders["file_mb"] * mb,) * 2),
                          (resource.RLIMIT_NOFILE, (256, 256)),
                          (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(limit, value)
     if isolated:
-        _drop_capabilities()
+        _drop_privileges(orders["uid"])
     if not _seccomp(own_group=isolated):
         sys.stderr.write(f"sandbox: no seccomp filter for {os.uname().machine}: new processes are not blocked\n")
     if not isolated:
         _weaken_python()
 
 
-def _run(code, tests, report):
+def _serve(code, send, requests):
+    """Run the code, then answer the judge's requests (``get`` a name, ``call`` a function with plain
+    arguments) with plain data until the judge closes its end. Nothing here decides a verdict: the
+    judge checks every answer, so what the candidate does to this loop only changes its own answers."""
     import builtins
     run, build = exec, compile  # captured before the candidate can replace builtins.exec / compile
-    report("start", str(os.getpid()))
+    send({"start": os.getpid()})
     try:
         compiled = build(code, "<candidate>", "exec")
     except BaseException:  # SyntaxError, ValueError (NUL bytes), MemoryError on absurd nesting
-        report("code", "syntax")
-        report("done")
+        send({"code": "syntax"})
         return
     env = {"__name__": "__candidate__", "__builtins__": builtins}  # __main__ blocks do not run
     try:
@@ -252,17 +298,42 @@ def _run(code, tests, report):
         status = "memory"
     except BaseException:  # SystemExit, KeyboardInterrupt included: the tests still run
         status = "crash"
-    report("code", status)
-    for i, test in enumerate(tests):
+    send({"code": status})
+    for request in requests:
+        answer = {"id": request["id"]}
+        target = env.get(request["name"], _MISSING)
         try:
-            run(build(test, f"<test {i}>", "exec"), env)
-            outcome = "1"
-        except MemoryError:
-            outcome = "m"
-        except BaseException:
-            outcome = "0"
-        report("test", str(i), outcome)
-    report("done")
+            if target is _MISSING:
+                answer["missing"] = True
+            elif request["op"] == "get" and callable(target):
+                answer["callable"] = True
+            else:
+                if request["op"] == "call":
+                    args = from_plain(request["args"])  # noqa: F821 (sandbox_wire.py's text runs first)
+                    kwargs = {k: from_plain(v) for k, v in request["kwargs"].items()}  # noqa: F821
+                    target = target(*args, **kwargs)
+                answer["value"] = to_plain(target)  # noqa: F821
+        except NotPlain as exc:  # noqa: F821
+            answer["not_plain"] = str(exc)[:200]
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt included: an answer, not an exit
+            answer["raised"] = type(exc).__name__
+        send(answer)
+
+
+_MISSING = object()
+
+
+def _requests(fd):
+    """The judge's requests, one JSON line each, until it closes its end."""
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        yield json.loads(line)
 
 
 def main():
@@ -270,25 +341,28 @@ def main():
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    # The result pipe moves to a high, random descriptor; its lines carry the nonce.
-    fd = orders["fd"]
-    if orders["hide_fd"] != fd:
-        fd = os.dup2(fd, orders["hide_fd"])
-        os.close(orders["fd"])
-    nonce, write = orders["nonce"], os.write
-    del orders["nonce"]
+    answer_fd, write = orders["answer_fd"], os.write
 
-    def report(*parts, _write=write, _fd=fd, _tag=nonce):
-        _write(_fd, (" ".join((_tag,) + parts) + "\n").encode())
+    def send(message, _write=write, _fd=answer_fd, _dump=dump_line):  # noqa: F821
+        data = _dump(message)
+        while data:
+            data = data[_write(_fd, data):]
 
+    if orders["cgroup"]:  # before the fork: the reaper and all the candidate starts are counted there
+        with open(os.path.join(orders["cgroup"], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
     isolated = orders["isolated"]
-    workdir = private_mounts(orders["tmpfs_mb"]) if isolated else orders["workdir"]
+    workdir = private_root(orders["tmpfs_mb"], orders["python_dirs"]) if isolated else orders["workdir"]
     child = os.fork()
     if child:
-        os.close(fd)
+        os.close(answer_fd)
+        os.close(orders["request_fd"])
         _reap(child)
     _confine(orders, workdir, isolated)
-    _run(orders.pop("code"), orders.pop("tests"), report)
+    try:
+        _serve(orders["prefix"] + orders["code"], send, _requests(orders["request_fd"]))
+    except OSError:  # the judge is gone: nothing left to answer
+        pass
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -56,7 +56,8 @@ def outcomes(pool, listener, tmp_path_factory):
         "subprocess": (f"import subprocess\nsubprocess.run(['touch', '{host}/by_subprocess'])\n", ADD_TESTS),
         "network": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n" + ADD, ADD_TESTS),
         "write_outside": (f"open('{host}/by_open', 'w').write('x')\n" + ADD, ADD_TESTS),
-        "write_cwd_ok": ("open('mine.txt', 'w').write('x')\n" + ADD, ["assert open('mine.txt').read() == 'x'"]),
+        "write_cwd_ok": ("open('mine.txt', 'w').write('x')\nread_back = open('mine.txt').read()\n" + ADD,
+                         ["assert read_back == 'x'"]),  # the tests run in the judge: they see the code's values
         "kill_parent": ("import os, signal\nfor target in (os.getppid(), 1, -1, 0 - os.getppid()):\n"
                         "    try:\n        os.kill(target, signal.SIGKILL)\n    except OSError:\n        pass\n" + ADD,
                         ADD_TESTS),
@@ -139,7 +140,7 @@ def test_syntax_error(outcomes):
 
 
 def test_printed_or_written_fake_results_do_not_count(outcomes):
-    _check(outcomes, "fake_results", 0, "exit")
+    _check(outcomes, "fake_results", 0, "bad_result")  # its lines reached the judge: not answers, scored 0
 
 
 def test_exits(outcomes):
@@ -148,7 +149,7 @@ def test_exits(outcomes):
 
 
 def test_output_is_capped(outcomes):
-    result = _check(outcomes, "print_flood", 0, "timeout")
+    result = _check(outcomes, "print_flood", 0, "output_limit")  # killed at the cap, not at the timeout
     assert 0 < len(result.stdout) <= 64 * 1024
 
 
