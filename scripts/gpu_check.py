@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "weight_sync", "lm_grpo")
 # Each step's share of the budget (the rest is start-up slack); a step is killed at its share.
-SHARES = {"tests": 0.4, "weight_sync": 0.15, "lm_grpo": 0.4}
+SHARES = {"tests": 0.35, "weight_sync": 0.2, "lm_grpo": 0.4}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -102,7 +102,7 @@ def step_commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[
     return {
         "tests": ([py, "-m", "pytest", *args.tests, "-q", "-p", "no:cacheprovider", "--timeout=300", "-rs"],
                   lambda code, out: {**pytest_counts(out), "ok": code == 0}),
-        "weight_sync": ([py, "benchmarks/bench_weight_sync.py", "--quick", "--device", "cuda",
+        "weight_sync": ([py, "benchmarks/bench_weight_sync.py", "--quick", "--device", "cuda", "--params-m", "",
                          "--out", str(work / "weight_sync.json")],
                         lambda code, out: {**read_json(work / "weight_sync.json"), "ok": code == 0}),
         "lm_grpo": ([py, "benchmarks/gpu_lm_grpo.py", "--out", str(work / "lm_grpo.json"), *lm_model],
