@@ -177,9 +177,10 @@ class SandboxPool:
     def run(self, code: Optional[str], tests: Sequence[str], **limits) -> SandboxResult:
         return self.submit(code, tests, **limits).result()
 
-    def map(self, jobs: Iterable[tuple[Optional[str], Sequence[str]]], **limits) -> list[SandboxResult]:
-        """``[run_tests(code, tests) for code, tests in jobs]``, in parallel, in order."""
-        futures = [self.submit(code, tests, **limits) for code, tests in jobs]
+    def map(self, jobs: Iterable[tuple], **limits) -> list[SandboxResult]:
+        """``[run_tests(code, tests, **options) for code, tests[, options] in jobs]``, in parallel, in order
+        (``options``: a job's own keyword arguments, e.g. ``{"prefix": prompt_helpers}``)."""
+        futures = [self.submit(job[0], job[1], **{**limits, **(job[2] if len(job) > 2 else {})}) for job in jobs]
         return [f.result() for f in futures]
 
     def close(self) -> None:

@@ -88,6 +88,10 @@ def private_root(tmpfs_mb, python_dirs):
     for path in python_dirs:
         if os.path.isdir(path) and not os.path.exists(root + path):
             _bind(path, root + path)
+            parent = os.path.dirname(path)
+            while parent != "/" and not os.path.ismount(root + parent):  # /root/.pyenv/...: pass through, not list
+                os.chmod(root + parent, 0o711)
+                parent = os.path.dirname(parent)
     # A minimal /dev: host device nodes stay reachable through a mount of /dev even when it is read-only
     # (device writes ignore the read-only flag), so only null, zero, random and urandom are kept.
     os.mkdir(root + "/dev")

@@ -39,7 +39,9 @@ _JUDGE_SOURCE = _WIRE + (_HERE / "sandbox_judge.py").read_text()
 _NAMESPACES = ("--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--")
 VARIANTS = {"root": ("unshare",) + _NAMESPACES,  # root caller: no user namespace, the candidate gets a uid
             "userns": ("unshare", "--user", "--map-root-user") + _NAMESPACES}
-_UID_BASE = 2_000_000_000  # + slot: one unprivileged uid per concurrent candidate (RLIMIT_NPROC is per uid)
+# One unprivileged uid per concurrent candidate of this process (RLIMIT_NPROC counts per uid): a block of
+# _UIDS_PER_PROCESS uids per process id, so that candidates of different processes do not share one either.
+_UID_BASE, _UIDS_PER_PROCESS = 2_000_000_000, 256
 _STARTUP_S = 20.0  # interpreter start on a loaded machine; not part of the candidate's timeout
 _JUDGE_RUNS = 1000  # a judge is replaced after this many runs (bounded drift of its memory)
 _PYTHON_DIRS = sorted({os.path.realpath(p) for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib")})
@@ -154,6 +156,12 @@ _slots = _Slots()
 _judges = _JudgePool()
 
 
+def candidate_uids() -> tuple[int, int]:
+    """[low, high): the uids this process gives its candidates (when it is root)."""
+    low = _UID_BASE + (os.getpid() % 4_000_000) * _UIDS_PER_PROCESS
+    return low, low + _UIDS_PER_PROCESS
+
+
 def run_candidate(code: str, tests: list[str], prefix: str, entry_point: Optional[str], timeout_s: float,
                   memory_mb: int, max_procs: int, output_limit: int, result_limit: int, variant: str) -> SandboxResult:
     """``prefix + code`` in a sandbox started as ``variant`` (root | userns | weak), ``tests`` judged."""
@@ -167,7 +175,7 @@ def run_candidate(code: str, tests: list[str], prefix: str, entry_point: Optiona
     child_orders = {"code": code, "prefix": prefix, "request_fd": request_r, "answer_fd": answer_w,
                     "isolated": isolated, "workdir": workdir, "tmpfs_mb": 64, "file_mb": 16, "memory_mb": memory_mb,
                     "max_procs": max_procs, "cpu_s": int(timeout_s) + 1,
-                    "uid": None if slot is None else _UID_BASE + slot, "python_dirs": _PYTHON_DIRS, "cgroup": cgroup}
+                    "uid": None if slot is None else candidate_uids()[0] + slot % _UIDS_PER_PROCESS, "python_dirs": _PYTHON_DIRS, "cgroup": cgroup}
     judge_orders = {"prefix": prefix, "tests": tests, "entry_point": entry_point or "", "result_limit": result_limit}
     child = judge = None
     clean = ready = False
@@ -194,7 +202,7 @@ def run_candidate(code: str, tests: list[str], prefix: str, entry_point: Optiona
         result, clean = _collect(child, judge, run, child_orders, len(tests), timeout_s, output_limit, t0)
         return result
     finally:
-        _kill(child)
+        _end_candidate(child, isolated)
         _judges.give(judge, clean)
         _cleanup(workdir, slot, cgroup)
 
@@ -264,7 +272,7 @@ def _collect(child: subprocess.Popen, judge: _Judge, run: int, child_orders: dic
             child.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
-    _kill(child)
+    _end_candidate(child, bool(child_orders["isolated"]))
     returncode = child.returncode
     passed = sum(1 for v in verdicts.values() if v == "1")
     memory = code_status == "memory" or "m" in verdicts.values()
@@ -295,6 +303,27 @@ def _collect(child: subprocess.Popen, judge: _Judge, run: int, child_orders: dic
     result = SandboxResult(min(passed, total), total, reason, text(streams[out_fd]), text(streams[err_fd]),
                            time.monotonic() - t0)
     return result, done and not judge.pending
+
+
+def _end_candidate(proc: subprocess.Popen, isolated: bool) -> None:
+    """Kill the candidate's PID namespace and return once every process of it is gone: SIGKILL its
+    first process (unshare's child), whose exit makes the kernel kill and reap the rest, and which
+    unshare waits for before it exits itself."""
+    if isolated and proc.poll() is None:
+        try:
+            firsts = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+        except OSError:  # a kernel without CONFIG_PROC_CHILDREN: the whole group at once instead
+            firsts = []
+        for pid in firsts:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            pass
+    _kill(proc)
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -141,7 +141,7 @@ class ResultCache:
                 self.hits += 1
                 self._results.move_to_end(key)
                 return known, True
-            future = _run(pool, f"{prefix}\n\n{code}" if prefix else code, list(tests), timeout_s)
+            future = _run(pool, code, prefix, list(tests), timeout_s)
             self._results[key] = future
             while len(self._results) > self.capacity:
                 self._results.popitem(last=False)
@@ -159,13 +159,15 @@ class ResultCache:
         return self.hits / self.lookups if self.lookups else 0.0
 
 
-def _run(pool: Optional[SandboxPool], code: str, tests: list[str], timeout_s: float) -> "Future[SandboxResult]":
+def _run(pool: Optional[SandboxPool], code: str, prefix: str, tests: list[str], timeout_s: float) -> "Future[SandboxResult]":
+    # The prefix goes apart from the code: the sandbox's judge then takes the prompt's helpers from the
+    # prompt, so a revision that redefines one (HumanEval/38's encode_cyclic) changes only its own calls.
     if pool is not None:
-        return pool.submit(code, tests, timeout_s=timeout_s)
+        return pool.submit(code, tests, timeout_s=timeout_s, prefix=prefix)
     from async_rl.sandbox import run_tests  # noqa: PLC0415
 
     future: Future = Future()
-    future.set_result(run_tests(code, tests, timeout_s=timeout_s))
+    future.set_result(run_tests(code, tests, timeout_s=timeout_s, prefix=prefix))
     return future
 
 
