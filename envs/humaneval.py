@@ -121,10 +121,9 @@ def code_reward(text: str, tests: Sequence[str], sandbox: Optional[SandboxPool] 
     code = extract_code(text)
     if code is None:
         return SandboxResult(0, len(tests), "no_code")
-    full = f"{prefix}\n\n{code}" if prefix else code
-    if sandbox is None:
-        return run_tests(full, list(tests), timeout_s=timeout_s)
-    return sandbox.run(full, list(tests), timeout_s=timeout_s)
+    if sandbox is None:  # the prefix apart from the code: the tests see the prompt's helpers, not the code's
+        return run_tests(code, list(tests), timeout_s=timeout_s, prefix=prefix)
+    return sandbox.run(code, list(tests), timeout_s=timeout_s, prefix=prefix)
 
 
 @register_env("humaneval", final_evaluation=heldout_evaluation)
@@ -181,8 +180,8 @@ class HumanEvalEnv(PreparedStepEnv):
         if extract_code(text) is None:
             future.set_result(SandboxResult(0, len(self.problem["tests"]), "no_code"))
         else:
-            future = shared_pool().submit(f"{self.problem['prefix']}\n\n{extract_code(text)}", self.problem["tests"],
-                                          timeout_s=self.timeout_s)
+            future = shared_pool().submit(extract_code(text), self.problem["tests"], timeout_s=self.timeout_s,
+                                          prefix=self.problem["prefix"])
         self._pending = (action_key(action), future)
 
     def score(self, text: str) -> tuple[float, dict[str, Any]]:
