@@ -1,4 +1,5 @@
-"""What the text tasks (``arithmetic``, ``humaneval``) share: one-step episodes over a prompt.
+"""What the text envs (``prompts``, over which ``arithmetic`` and ``humaneval`` run, and ``ctrl_humaneval``) share:
+one-step episodes over a prompt.
 
 An episode is one question: ``reset`` returns ``{"prompt": str}`` (the user message; the policy's
 worker-side preprocessor applies the chat template and tokenizes it), ``step`` receives the response
@@ -85,6 +86,10 @@ class TextEnvBase:
         """A problem drawn by the env's seeded RNG, or (group rollouts) the problem of ``start``:
         the same start, the same problem, whatever the env's seed."""
         self.problem = self._problem(start)
+        return self.observation()
+
+    def observation(self) -> dict[str, str]:
+        """What the policy's preprocessor receives: the current problem's prompt (a user message)."""
         return {"prompt": self.problem["prompt"]}
 
     def step(self, action: Union[str, np.ndarray]) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
@@ -92,7 +97,7 @@ class TextEnvBase:
             raise RuntimeError(f"{self.task_name} env: call reset() before step() (an episode is one step)")
         reward, info = self.score(response_text(action, self.tokenizer_path, self.task_name))
         self.reasons[info["reason"]] += 1
-        obs, self.problem = {"prompt": self.problem["prompt"]}, None
+        obs, self.problem = self.observation(), None
         return obs, float(reward), True, False, info
 
     def counters(self) -> dict[str, int]:
@@ -131,36 +136,4 @@ class PreparedStepEnv(TextEnvBase):
         return super().step(action)
 
 
-EVAL_BATCH = 16  # prompts per inference request of the held-out evaluation
-
-
-def heldout_evaluation(task_set: Any, act: Any, preprocess: Any, seed: int) -> dict[str, Any]:
-    """The final evaluation of a text env (registered with ``final_evaluation=``): every held-out problem
-    answered greedily by the final weights, in batches. Reports the mean reward (``eval/heldout_reward``:
-    accuracy for arithmetic, mean pass fraction for HumanEval) and the fraction fully solved
-    (``eval/heldout_success``), per-problem rows in ``eval_problems.json``."""
-    import dataclasses  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415  (the evaluation stacks the policy's inputs)
-
-    heldout = dataclasses.replace(task_set, split="heldout")
-    env = heldout.make_env(0, seed)
-    count = heldout.heldout_count()
-    rows: list[dict[str, Any]] = []
-    for first in range(0, count, EVAL_BATCH):
-        starts = list(range(first, min(first + EVAL_BATCH, count)))
-        prompts = [env.reset(start=s)["prompt"] for s in starts]
-        actions = act(torch.stack([preprocess({"prompt": p}, env.task_name) for p in prompts]), True)
-        for start, prompt, action in zip(starts, prompts, actions):
-            env.reset(start=start)
-            text = response_text(action, heldout.tokenizer_path, env.task_name)
-            reward, info = env.score(text)
-            rows.append({"prompt": prompt, "response": text, "reward": float(reward), "success": bool(info["success"]),
-                         "reason": info["reason"]})
-    env.close()
-    reward = sum(r["reward"] for r in rows) / max(len(rows), 1)
-    success = sum(r["success"] for r in rows) / max(len(rows), 1)
-    name = task_set.task_names[0]
-    return {"scalars": {"eval/heldout_reward": reward, "eval/heldout_success": success},
-            "text": f"{name}: {len(rows)} held-out problems, greedy: mean reward {reward:.3f}, solved {success:.3f}",
-            "files": {"eval_problems.json": rows}, "heldout_reward": reward, "heldout_success": success}
+EVAL_BATCH = 16  # prompts per inference request of a held-out evaluation

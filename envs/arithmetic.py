@@ -2,8 +2,9 @@
 
 A problem is an integer expression (``"63 - 88"``, ``"7 * 12 + 40"``); the difficulty knob sets how
 many operands, how large and which operators (``LEVELS``). The model is asked for the number only;
-the checker takes the LAST number of the answer (so "17 + 25 = 42" is read as 42) and rewards 1 for
-the exact value, 0 otherwise.
+the built-in ``math`` reward (math-verify) checks the answer ("17 + 25 = 42" reads 42, "= - 25" reads -25,
+"The answer is 42. Check: 40 + 2." reads 42) and rewards 1 for the exact value, 0 otherwise. The env is
+the ``prompts`` env over generated rows (``ArithmeticRows``).
 
 Train and held-out problems never mix, whatever the difficulty, seed or number asked for: a
 problem's split is a hash of its expression (one in ``HELDOUT_BUCKETS`` is held out). The training
@@ -13,16 +14,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
-from dataclasses import dataclass, field
-from fractions import Fraction
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import numpy as np
 
 from async_rl.errors import ConfigError
+from async_rl.rewards.functions import parse_reward_specs
+from async_rl.rewards.math_answer import answer_matches
 from envs import register_env
-from envs._text import TextEnvBase, TextTaskSetBase, check_split, heldout_evaluation
+from envs._text import check_split
+from envs.prompts import PromptTaskSet, heldout_evaluation
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,6 @@ LEVELS = {
 HELDOUT_BUCKETS = 10  # one expression in ten is held out
 HELDOUT_SEED = 20261125
 PROMPT = "What is {expr}? Answer with the number only."
-_NUMBER = re.compile(r"[-\u2212]?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 def is_heldout(expr: str) -> bool:
@@ -90,71 +91,47 @@ def heldout_problems(n: int = 200, difficulty: int = 2) -> list[dict[str, Any]]:
     return [dict(p) for p in _heldout(int(n), int(difficulty))]
 
 
-def final_number(text: str) -> Optional[Fraction]:
-    """The last number written in ``text`` (thousands commas and a unicode minus allowed), or None."""
-    found = _NUMBER.findall(text or "")
-    if not found:
-        return None
-    return Fraction(found[-1].replace(",", "").replace("\u2212", "-"))
-
-
 def arithmetic_reward(text: str, answer: Union[int, str, float]) -> float:
-    """1.0 when the last number of ``text`` equals ``answer`` exactly, else 0.0 (TRL-style reward)."""
-    got = final_number(text)
-    return float(got is not None and got == Fraction(str(answer)))
+    """1.0 when ``text`` answers ``answer`` (the built-in ``math`` reward's check: math-verify), else 0.0."""
+    return float(answer_matches(text, answer)[1])
+
+
+@dataclass(frozen=True)
+class ArithmeticRows:
+    """Generated rows ``{"prompt", "answer", "expr"}`` for the prompts env: held-out, the fixed list of
+    ``heldout_size`` problems (row ``i % heldout_size``); training, endless (row ``i`` drawn from a generator
+    seeded by ``i`` alone, so that a group's members get the same problem)."""
+
+    difficulty: int
+    heldout: bool
+    heldout_size: int = 200
+
+    @property
+    def size(self) -> Optional[int]:
+        return self.heldout_size if self.heldout else None
+
+    def row(self, index: int) -> dict:
+        if self.heldout:
+            return dict(_heldout(self.heldout_size, self.difficulty)[index % self.heldout_size])
+        return draw_problem(np.random.default_rng([HELDOUT_SEED + 1, self.difficulty, int(index)]), self.difficulty,
+                            heldout=False)
+
+    def label(self, index: int) -> str:
+        return f"arithmetic {'held-out' if self.heldout else 'training'} problem {index}"
 
 
 @register_env("arithmetic", final_evaluation=heldout_evaluation)
 def arithmetic_task_set(difficulty: int = 2, split: str = "train", tokenizer_path: Optional[str] = None,
-                        seed: int = 0, heldout_size: int = 200) -> "ArithmeticTaskSet":
+                        seed: int = 0, heldout_size: int = 200) -> PromptTaskSet:
     """Arithmetic questions. difficulty: a key of ``LEVELS`` (1: a +- b up to 50 ... 5: three operands
     up to 999 with *). split: ``train`` (generated, held-out expressions rejected) or ``heldout``
     (the fixed list of ``heldout_size`` problems). tokenizer_path: the model's folder (filled by the
-    driver from --model-path), to decode responses."""
+    driver from --model-path), to decode responses. The prompts env over these rows, scored by ``math``."""
     _level(difficulty)
-    return ArithmeticTaskSet(difficulty=difficulty, split=check_split(split, "arithmetic"),
-                             tokenizer_path=tokenizer_path, seed=int(seed), heldout_size=int(heldout_size))
-
-
-@dataclass
-class ArithmeticTaskSet(TextTaskSetBase):
-    """Picklable and small: problems are generated in the env."""
-
-    difficulty: int = 2
-    heldout_size: int = 200
-    task_names: list[str] = field(default_factory=lambda: ["arithmetic"])
-
-    def heldout_count(self) -> int:
-        """How many held-out problems the final evaluation answers."""
-        return self.heldout_size
-
-    def make_env(self, task_index: int, seed: int) -> "ArithmeticEnv":
-        if task_index != 0:
-            raise IndexError(f"task_index {task_index} out of range: arithmetic has one task")
-        return ArithmeticEnv(self.difficulty, self.split, self.tokenizer_path, seed=int(seed) + 1_000_003 * self.seed,
-                             heldout_size=self.heldout_size)
-
-
-class ArithmeticEnv(TextEnvBase):
-    task_name = "arithmetic"
-    reason_names = ("correct", "wrong", "no_number")
-
-    def __init__(self, difficulty: int, split: str, tokenizer_path: Optional[str], seed: int,
-                 heldout_size: int = 200) -> None:
-        super().__init__(tokenizer_path, seed)
-        self.difficulty, self.split, self.heldout_size = difficulty, split, heldout_size
-
-    def _problem(self, start: Optional[int]) -> dict:
-        if self.split == "heldout":
-            problems = _heldout(self.heldout_size, self.difficulty)
-            return dict(problems[int(self.rng.integers(len(problems))) if start is None else start % len(problems)])
-        # A training problem per start (group rollouts): seeded by the start alone.
-        rng = self.rng if start is None else np.random.default_rng([HELDOUT_SEED + 1, self.difficulty, int(start)])
-        return draw_problem(rng, self.difficulty, heldout=False)
-
-    def score(self, text: str) -> tuple[float, dict[str, Any]]:
-        """(reward, info) of a response to the current problem (``reset`` first)."""
-        got = final_number(text)
-        reward = arithmetic_reward(text, self.problem["answer"]) if got is not None else 0.0
-        reason = "no_number" if got is None else "correct" if reward == 1.0 else "wrong"
-        return reward, {"success": reward == 1.0, "reason": reason}
+    if heldout_size < 1:
+        raise ConfigError(f"arithmetic heldout_size must be >= 1, got {heldout_size}")
+    return PromptTaskSet(split=check_split(split, "arithmetic"), tokenizer_path=tokenizer_path, seed=int(seed),
+                         train=ArithmeticRows(difficulty, heldout=False),
+                         heldout=ArithmeticRows(difficulty, heldout=True, heldout_size=int(heldout_size)),
+                         rewards=tuple(parse_reward_specs(["math"])), success_reward="math",
+                         task_names=["arithmetic"])

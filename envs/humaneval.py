@@ -5,8 +5,9 @@ gzip + json; its execution module is not a sandbox and is never imported). Each 
 ``check(candidate)`` is split with ``ast`` into its statements: every assert (or loop of asserts)
 that exercises the candidate becomes one test, renamed to call the entry point, with the plain
 statements before it (imports, assignments) prepended; asserts that test nothing (``assert True``)
-are dropped. The tests run one by one, in ONE sandbox per response (``async_rl/sandbox.py``), after
-the prompt's imports and helper functions (``prefix``) and the model's code block.
+are dropped. The env is the ``prompts`` env over these problems as rows, scored by the built-in
+``code_tests`` reward: the tests run one by one, in ONE sandbox per response (``async_rl/sandbox.py``),
+after the prompt's imports and helper functions (``prefix``) and the model's code block.
 
 Held-out: every 5th task id (``HELDOUT_TASK_IDS``, 33 problems), never seen in training.
 """
@@ -17,18 +18,18 @@ import functools
 import gzip
 import importlib.util
 import json
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
-
-import numpy as np
+from typing import Any, Optional, Sequence
 
 from async_rl.code_blocks import extract_code
 from async_rl.errors import ConfigError
-from async_rl.sandbox import REASONS, SandboxPool, SandboxResult, run_tests
+from async_rl.rewards.code_tests import shared_pool  # noqa: F401  (ctrl_humaneval imports it from here)
+from async_rl.rewards.functions import parse_reward_specs
+from async_rl.sandbox import SandboxPool, SandboxResult, run_tests
 from envs import register_env
-from envs._text import PreparedStepEnv, TextTaskSetBase, action_key, check_split, heldout_evaluation, response_text
+from envs._text import check_split
+from envs.prompts import PromptTaskSet, heldout_evaluation
 
 HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, 164, 5))  # 0, 5, ..., 160: 33 problems
 PROMPT = ("Complete the following Python function. Reply with the whole function, with its imports, "
@@ -102,22 +103,11 @@ def humaneval_problems(split: str = "heldout") -> list[dict[str, Any]]:
     return [dict(p, tests=list(p["tests"])) for p in _problems() if (p["task_id"] in held) == (split == "heldout")]
 
 
-_POOL: Optional[SandboxPool] = None
-
-
-def shared_pool() -> SandboxPool:
-    """One sandbox pool per process (CPU-count threads), shared by the envs of a rollout worker."""
-    global _POOL
-    if _POOL is None:
-        _POOL = SandboxPool()
-    return _POOL
-
-
 def code_reward(text: str, tests: Sequence[str], sandbox: Optional[SandboxPool] = None, prefix: str = "",
                 timeout_s: float = 3.0) -> SandboxResult:
-    """Score a model's answer (TRL style): its first code block, after ``prefix``, against each test in
-    the sandbox (``sandbox``: a SandboxPool, or None to run in this thread). No block: reason no_code.
-    The reward is ``result.fraction``."""
+    """Score a model's answer: its first code block, after ``prefix``, against each test in the sandbox
+    (``sandbox``: a SandboxPool, or None to run in this thread). No block: reason no_code. The reward is
+    ``result.fraction`` (what the built-in ``code_tests`` reward computes for a batch)."""
     code = extract_code(text)
     if code is None:
         return SandboxResult(0, len(tests), "no_code")
@@ -126,71 +116,40 @@ def code_reward(text: str, tests: Sequence[str], sandbox: Optional[SandboxPool] 
     return sandbox.run(code, list(tests), timeout_s=timeout_s, prefix=prefix)
 
 
+@dataclass(frozen=True)
+class HumanEvalRows:
+    """The problems of a split as rows for the prompts env (row ``i % size``): ``prompt``, ``tests``,
+    ``prefix`` (what ``code_tests`` reads) and the problem's other fields."""
+
+    split: str
+
+    @property
+    def size(self) -> int:
+        return len(HELDOUT_TASK_IDS) if self.split == "heldout" else len(_problems()) - len(HELDOUT_TASK_IDS)
+
+    def row(self, index: int) -> dict:
+        return dict(_split_problems(self.split)[index % self.size])
+
+    def label(self, index: int) -> str:
+        return f"HumanEval {self.split} problem {_split_problems(self.split)[index % self.size]['task_id']}"
+
+
+@functools.lru_cache(maxsize=2)
+def _split_problems(split: str) -> tuple:
+    return tuple(humaneval_problems(split))
+
+
 @register_env("humaneval", final_evaluation=heldout_evaluation)
 def humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0,
-                       timeout_s: float = 3.0) -> "HumanEvalTaskSet":
+                       timeout_s: float = 3.0) -> PromptTaskSet:
     """HumanEval. split: ``train`` (131 problems) or ``heldout`` (``HELDOUT_TASK_IDS``). tokenizer_path:
-    the model's folder (filled by the driver from --model-path). timeout_s: wall seconds per response."""
+    the model's folder (filled by the driver from --model-path). timeout_s: wall seconds per response.
+    The prompts env over the problems, scored by ``code_tests``."""
     check_split(split, "humaneval")
     if not timeout_s > 0:
         raise ConfigError(f"humaneval timeout_s must be positive, got {timeout_s}")
     _data_file()
-    return HumanEvalTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), timeout_s=float(timeout_s))
-
-
-@dataclass
-class HumanEvalTaskSet(TextTaskSetBase):
-    """Picklable and small: the problems are read in each process from the installed package."""
-
-    timeout_s: float = 3.0
-    task_names: list[str] = field(default_factory=lambda: ["humaneval"])
-
-    def heldout_count(self) -> int:
-        """How many held-out problems the final evaluation answers."""
-        return len(HELDOUT_TASK_IDS)
-
-    def make_env(self, task_index: int, seed: int) -> "HumanEvalEnv":
-        if task_index != 0:
-            raise IndexError(f"task_index {task_index} out of range: humaneval has one task")
-        return HumanEvalEnv(self.split, self.tokenizer_path, seed=int(seed) + 1_000_003 * self.seed,
-                            timeout_s=self.timeout_s)
-
-
-class HumanEvalEnv(PreparedStepEnv):
-    task_name = "humaneval"
-    reason_names = REASONS
-
-    def __init__(self, split: str, tokenizer_path: Optional[str], seed: int, timeout_s: float = 3.0) -> None:
-        super().__init__(tokenizer_path, seed)
-        self.problems = humaneval_problems(split)
-        self.timeout_s = timeout_s
-        self._pending: Optional[tuple[Any, "Future[SandboxResult]"]] = None
-
-    def _problem(self, start: Optional[int]) -> dict:
-        self._pending = None
-        return self.problems[int(self.rng.integers(len(self.problems))) if start is None else start % len(self.problems)]
-
-    def prepare_step(self, action: Union[str, np.ndarray]) -> None:
-        """Start scoring ``action`` in the shared sandbox pool; the rollout worker calls it for every
-        env before stepping them, so a worker's candidates run in parallel. ``step`` collects it."""
-        if self.problem is None:
-            return
-        text = response_text(action, self.tokenizer_path, self.task_name)
-        future: Future = Future()
-        if extract_code(text) is None:
-            future.set_result(SandboxResult(0, len(self.problem["tests"]), "no_code"))
-        else:
-            future = shared_pool().submit(extract_code(text), self.problem["tests"], timeout_s=self.timeout_s,
-                                          prefix=self.problem["prefix"])
-        self._pending = (action_key(action), future)
-
-    def score(self, text: str) -> tuple[float, dict[str, Any]]:
-        """(reward, info) of a response to the current problem (``reset`` first): reward = the
-        fraction of its tests passed; info: success (all passed), reason, passed, total."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            result = pending[1].result()
-        else:
-            result = code_reward(text, self.problem["tests"], shared_pool(), self.problem["prefix"], self.timeout_s)
-        return result.fraction, {"success": result.all_passed, "reason": result.reason, "passed": result.passed,
-                                 "total": result.total}
+    rewards = parse_reward_specs(["code_tests"], {"code_tests": {"timeout_s": float(timeout_s)}})
+    return PromptTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), train=HumanEvalRows("train"),
+                         heldout=HumanEvalRows("heldout"), rewards=tuple(rewards), success_reward="code_tests",
+                         task_names=["humaneval"])

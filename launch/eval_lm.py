@@ -2,15 +2,19 @@
 
     python launch/eval_lm.py --problems problems.jsonl --out eval.json                 # the default model
     python launch/eval_lm.py --checkpoint runs/lm_arithmetic --problems p.jsonl --out eval.json --samples 4
+    python launch/eval_lm.py --model-path DIR --data heldout.parquet --reward math --reward my_rewards:brevity=0.2 --out e.json
 
-Each line of --problems is ``{"prompt": ..., "answer": ...}`` (the last number of the response must equal
-the answer exactly, as the arithmetic env checks) or ``{"prompt": ..., "tests": [...]}`` (code: the
-response's first code block, after the optional ``"prefix"``, runs in the sandbox, each test statement
-on its own; the score is the fraction that pass). One kind per file. ``--samples 1`` answers greedily;
-``K > 1`` samples K answers per problem at the model's temperature. --out gets ``accuracy`` (answers)
-or ``pass_rate`` (code; also ``solved``: the fraction of answers passing every test), ``n`` (problems)
-and per-problem results. Runs in this process, no Ray. Bad input is one line on stderr and exit code 2,
-before the model loads.
+Without --reward, each line of --problems is ``{"prompt": ..., "answer": ...}`` (scored by the built-in ``math``
+reward, as the arithmetic env is) or ``{"prompt": ..., "tests": [...]}`` (``code_tests``: the response's first
+code block, after the optional ``"prefix"``, runs in the sandbox, each test statement on its own; the score is
+the fraction that pass). One kind per file. With --reward (the names of launch/ds_lm_grpo.py: built-ins or
+module:function, each NAME_OR_PATH[=WEIGHT]) the file is any data the prompts env reads (--data is the same
+flag: JSONL, Parquet, a datasets folder; --split for a DatasetDict) and its columns go to the rewards.
+``--samples 1`` answers greedily; ``K > 1`` samples K answers per problem at the model's temperature.
+--out gets ``accuracy`` (answers) or ``pass_rate`` (code; also ``solved``: the fraction of answers passing every
+test) or, with --reward, ``reward`` (the weighted sum's mean); always ``rewards`` (each reward's mean and std),
+``n`` (problems) and per-problem results. Runs in this process, no Ray. Bad input is one line on stderr and
+exit code 2, before the model loads.
 """
 from __future__ import annotations
 
@@ -28,6 +32,11 @@ import torch  # noqa: E402
 
 from async_rl.errors import ConfigError  # noqa: E402
 from async_rl.jsonl import jsonl_values  # noqa: E402
+from async_rl.rewards.functions import parse_reward_specs  # noqa: E402
+from async_rl.rewards.scoring import RewardSet, dry_run  # noqa: E402
+from envs._prompt_rows import is_split_folder, prompt_text, read_rows  # noqa: E402
+
+DEFAULT_REWARD = {"answer": "math", "tests": "code_tests"}  # a file's kind -> its reward when --reward is not given
 
 
 def read_problems(path: str) -> tuple[list[dict[str, Any]], str]:
@@ -54,7 +63,12 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", help="a run's log dir (its newest checkpoint), its checkpoints/ dir or one epoch-* dir")
     parser.add_argument("--model-path", help="a Hugging Face folder or a .gguf file (neither flag: the default model)")
-    parser.add_argument("--problems", required=True, help="JSONL of {prompt, answer} or {prompt, tests[, prefix]}")
+    parser.add_argument("--problems", "--data", dest="problems", required=True,
+                        help="JSONL of {prompt, answer} or {prompt, tests[, prefix]}; with --reward any data the prompts "
+                             "env reads (JSONL, Parquet, a datasets folder)")
+    parser.add_argument("--reward", action="append", help="NAME_OR_PATH[=WEIGHT] as for launch/ds_lm_grpo.py; repeat "
+                        "for several (default: math for answer files, code_tests for tests files)")
+    parser.add_argument("--split", default="test", help="the split of a saved DatasetDict folder (default: test)")
     parser.add_argument("--out", required=True, help="JSON file for the results")
     parser.add_argument("--samples", type=int, default=1, help="answers per problem (1: greedy; K > 1: sampled)")
     parser.add_argument("--max-new-tokens", type=int, help="longest answer (default: the run's or the policy's)")
@@ -76,19 +90,40 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--out {args.out}: not a writable file path (a directory, or its folder does not exist)")
 
 
-def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+def load_problems(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], str, RewardSet]:
+    """The problems, how messages name each, their kind (``answer``, ``tests`` or ``rows``: --reward given) and
+    the rewards, every reward checked on them (its columns, a dry run on the first rows)."""
+    if args.reward:
+        loaded = read_rows(args.problems, args.split if is_split_folder(args.problems) else None, "--problems")
+        problems, labels, kind = list(loaded.rows), list(loaded.labels), "rows"
+        specs = parse_reward_specs(args.reward, {"code_tests": {"timeout_s": args.timeout}} if any(
+            r.partition("=")[0] == "code_tests" for r in args.reward) else None)
+    else:
+        problems, kind = read_problems(args.problems)
+        labels = [f"{args.problems} problem {i + 1}" for i in range(len(problems))]
+        options = {"code_tests": {"timeout_s": args.timeout}} if kind == "tests" else None
+        specs = parse_reward_specs([DEFAULT_REWARD[kind]], options)
+    rewards = RewardSet(specs)
+    for row, label in zip(problems, labels):
+        missing = rewards.missing_columns(list(row))
+        if missing:
+            name, columns = next(iter(missing.items()))
+            raise ConfigError(f"reward {name} needs column(s) {', '.join(columns)}, which {label} lacks")
+    dry_run(rewards, problems[:4], labels[:4])
+    return problems, labels, kind, rewards
+
+
+def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], labels: list[str], kind: str,
+             rewards: RewardSet) -> dict[str, Any]:
     from async_rl.policies.causal_lm import load_tokenizer
     from async_rl.policies.lm_checkpoint import answer, load_lm_policy
-    from async_rl.sandbox import SandboxPool
-    from envs.arithmetic import arithmetic_reward
-    from envs.humaneval import code_reward
 
     overrides = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
     policy, preprocess, source = load_lm_policy(args.checkpoint, args.model_path, overrides)
     # The prompt width only pads a batch to one shape: widened to the longest prompt, not a refusal
     # (the default model's width is 256 tokens; HumanEval's prompts reach 334 with the chat template).
     width, preprocess.max_prompt_tokens = preprocess.max_prompt_tokens, 1 << 30
-    longest = max(len(preprocess.prompt_ids(item["prompt"])) for item in problems)
+    longest = max(len(preprocess.prompt_ids(prompt_text(item["prompt"]))) for item in problems)
     preprocess.max_prompt_tokens = max(width, longest)
     context = getattr(policy.lm.config, "max_position_embeddings", None)
     if context is not None and longest + policy.max_new_tokens > context:
@@ -98,45 +133,59 @@ def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], kind: str
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    prompts = [item["prompt"] for item in problems for _ in range(args.samples)]
+    prompts = [prompt_text(item["prompt"]) for item in problems for _ in range(args.samples)]
     responses = [tokenizer.decode(ids, skip_special_tokens=True)
                  for ids in answer(policy, preprocess, prompts, greedy=args.samples == 1, batch_size=args.batch_size)]
     generated = time.perf_counter() - started
+    # Every answer scored in one call per reward (code tests run in parallel), in TRL's form for chat prompts.
+    k = args.samples
+    repeated = [item for item in problems for _ in range(k)]
+    completions = [t if isinstance(item["prompt"], str) else [{"role": "assistant", "content": t}]
+                   for item, t in zip(repeated, responses)]
+    totals, values = rewards.score([item["prompt"] for item in repeated], completions, repeated,
+                                   [label for label in labels for _ in range(k)])
     rows = []
-    with SandboxPool() as pool:
-        for i, item in enumerate(problems):
-            texts = responses[i * args.samples:(i + 1) * args.samples]
-            if kind == "answer":
-                scores, solved = [arithmetic_reward(t, item["answer"]) for t in texts], None
-            else:
-                results = [code_reward(t, item["tests"], pool, item.get("prefix", ""), args.timeout) for t in texts]
-                scores = [r.fraction for r in results]
-                solved = [r.all_passed for r in results]
-            rows.append({**{k: item[k] for k in ("prompt", "answer", "tests") if k in item}, "responses": texts,
-                         "scores": scores, "score": sum(scores) / len(scores),
-                         **({} if solved is None else {"solved": sum(solved) / len(solved)})})
+    for i, item in enumerate(problems):
+        scores = totals[i * k:(i + 1) * k]
+        per_reward = {name: v[i * k:(i + 1) * k] for name, v in values.items()}
+        row = {**{c: item[c] for c in ("prompt", "answer", "tests") if c in item}, "responses": responses[i * k:(i + 1) * k],
+               "scores": scores, "score": sum(scores) / k, "rewards": per_reward}
+        if kind == "tests":
+            row["solved"] = sum(v >= 1.0 for v in per_reward["code_tests"]) / k  # a fraction of 1: every test passed
+        rows.append(row)
     mean = sum(r["score"] for r in rows) / len(rows)
-    report: dict[str, Any] = {"accuracy" if kind == "answer" else "pass_rate": mean, "n": len(rows),
-                              "samples": args.samples, "source": source, "generation_seconds": generated,
+    key = {"answer": "accuracy", "tests": "pass_rate", "rows": "reward"}[kind]
+    report: dict[str, Any] = {key: mean, "rewards": {name: {"mean": _mean(v), "std": _std(v)} for name, v in values.items()},
+                              "n": len(rows), "samples": args.samples, "source": source, "generation_seconds": generated,
                               "problems": rows}
     if kind == "tests":
         report["solved"] = sum(r["solved"] for r in rows) / len(rows)
     return report
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    mean = _mean(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     try:
         check_args(args)
-        problems, kind = read_problems(args.problems)  # bad files fail before anything loads
-        report = evaluate(args, problems, kind)
+        problems, labels, kind, rewards = load_problems(args)  # bad files and rewards fail before anything loads
+        report = evaluate(args, problems, labels, kind, rewards)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     Path(args.out).write_text(json.dumps(report, indent=1))
-    metric = "accuracy" if "accuracy" in report else "pass_rate"
+    metric = next(k for k in ("accuracy", "pass_rate", "reward") if k in report)
+    each = ", ".join(f"{name} {row['mean']:.3f}" for name, row in report["rewards"].items())
     print(f"{metric} {report[metric]:.3f} over {report['n']} problems x {report['samples']} sample(s) "
-          f"({report['source']}); results: {args.out}")
+          f"({report['source']}); rewards: {each}; results: {args.out}")
     return 0
 
 

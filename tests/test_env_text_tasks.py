@@ -1,4 +1,5 @@
-"""The text tasks: arithmetic and humaneval (splits, seeding, group starts, scoring, counters)."""
+"""The built-in text tasks, arithmetic and humaneval (the prompts env over generated rows): splits, seeding,
+group starts, scoring, counters."""
 import pickle
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 
 from async_rl.errors import ConfigError
 from envs import available_envs, make_task_set
-from envs.arithmetic import arithmetic_reward, final_number, heldout_problems, is_heldout
+from envs.arithmetic import arithmetic_reward, heldout_problems, is_heldout
 from envs.humaneval import HELDOUT_TASK_IDS, code_reward, humaneval_problems, shared_pool
 
 
@@ -74,10 +75,13 @@ def test_arithmetic_seeding_and_group_starts():
 
 
 def test_arithmetic_scoring_by_text_and_by_token_ids(tokenizer_dir):
-    assert final_number("17 + 25 = 42.") == 42 and final_number("-8") == -8 and final_number("1,234") == 1234
-    assert final_number("no digits") is None and final_number("63 - 88 = \u221225") == -25
+    assert arithmetic_reward("17 + 25 = 42.", 42) == 1.0 and arithmetic_reward("-8", -8) == 1.0
+    assert arithmetic_reward("1,234", 1234) == 1.0 and arithmetic_reward("63 - 88 = \u221225", -25) == 1.0
     assert arithmetic_reward("17 + 25 = 42", 42) == 1.0 and arithmetic_reward("42.0", "42") == 1.0
     assert arithmetic_reward("17 + 25 = 32", 42) == 0.0 and arithmetic_reward("forty-two", 42) == 0.0
+    # Issue 48 item 8: a sign detached from its number; an answer followed by a check of it.
+    assert arithmetic_reward("63 - 88 = - 25", -25) == 1.0 and arithmetic_reward("63 - 88 = - 25", 25) == 0.0
+    assert arithmetic_reward("The answer is 42. Check: 40 + 2.", 42) == 1.0
 
     env = make_task_set("arithmetic", tokenizer_path=tokenizer_dir).make_env(0, seed=0)
     env.reset()
@@ -89,8 +93,8 @@ def test_arithmetic_scoring_by_text_and_by_token_ids(tokenizer_dir):
     env.problem.update(answer=42)
     assert env.step("17 + 25 = 32")[1] == 0.0
     env.reset()
-    assert env.step("I do not know")[4]["reason"] == "no_number"
-    assert env.counters() == {"arithmetic_correct": 1, "arithmetic_wrong": 1, "arithmetic_no_number": 1}
+    assert env.step("I do not know")[4]["reason"] == "no_answer"
+    assert env.counters() == {"arithmetic_correct": 1, "arithmetic_wrong": 1, "arithmetic_no_answer": 1}
     with pytest.raises(RuntimeError, match="reset"):
         env.step("1")
     no_tok = make_task_set("arithmetic").make_env(0, seed=0)
@@ -134,7 +138,7 @@ def test_humaneval_scoring(tokenizer_dir):
     assert env.step(_ids(tokenizer_dir, right))[1:3] == (1.0, True)
     env.reset(start=0)
     _, reward, _, _, info = env.step(wrong)
-    assert 0.0 <= reward < 1.0 and not info["success"] and info["total"] == len(problem["tests"])
+    assert 0.0 <= reward < 1.0 and not info["success"] and info["rewards"] == {"code_tests": reward}
     env.reset(start=0)
     assert env.step("I would write a loop.")[4]["reason"] == "no_code"
     env.reset(start=0)

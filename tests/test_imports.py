@@ -19,6 +19,7 @@ LAYERS = {
     "async_rl.rendezvous": 0, "async_rl.weight_signature": 0, "async_rl.weight_transport": 0,
     "async_rl.sandbox": 0, "async_rl.sandbox_child": 0, "async_rl.code_blocks": 0,  # verifiable rewards
     "async_rl.jsonl": 0,  # the evaluation commands' problem files
+    "async_rl.rewards": 0,  # reward functions of the text envs (TRL's convention; the code_tests one runs the sandbox)
     "async_rl.user_cache": 0,
     "async_rl.media": 0, "async_rl.experience": 0,  # the record's schema and wire format; estimators (algo) build records
     "async_rl.algo": 1,

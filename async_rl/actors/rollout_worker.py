@@ -207,6 +207,10 @@ class RolloutWorkerActor:
         if deltas:
             self._env_counts[id(env)] = now
             self.stats.record_env_counters.remote(deltas)
+        components = getattr(env, "reward_components", None)  # text envs: each reward function's values
+        values = components() if components is not None else None
+        if values:
+            self.stats.record_reward_components.remote(values)
 
     def _drop_episode(self, slot: EnvSlot) -> None:
         slot.segmenter = self._segmenter()

@@ -25,6 +25,8 @@ class StatsAggregator:
         self.health: dict[str, int] = defaultdict(int)
         # Running totals an environment counts itself (e.g. CompilerGym's skipped programs).
         self.env_counters: dict[str, int] = defaultdict(int)
+        # Each reward function's values since the last snapshot (text envs: reward/<name> mean and std).
+        self._reward_components: dict[str, list[float]] = defaultdict(list)
 
     def record_health(self, key: str, n: int = 1) -> None:
         self.health[key] += n
@@ -33,6 +35,11 @@ class StatsAggregator:
         """Add what an environment counted since its last report."""
         for key, n in deltas.items():
             self.env_counters[key] += n
+
+    def record_reward_components(self, values: dict[str, list[float]]) -> None:
+        """Add an env's per-reward values (``{reward name: [value per episode]}``) since its last report."""
+        for name, got in values.items():
+            self._reward_components[name].extend(float(v) for v in got)
 
     def state_dict(self) -> dict:
         """Running totals (what a checkpoint keeps; per-snapshot means restart empty)."""
@@ -86,10 +93,14 @@ class StatsAggregator:
             out["episode_return"] = float(np.mean([e[0] for e in all_eps]))
             out["episode_length"] = float(np.mean([e[1] for e in all_eps]))
             out["success_rate"] = float(np.mean([e[2] for e in all_eps]))
+        if self._reward_components:
+            out["reward_components"] = {name: {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v)}
+                                        for name, v in self._reward_components.items()}
         if self._recent_success:  # kept across snapshots: the last RECENT_EPISODES episodes, all tasks
             out["success_rate_recent"] = float(np.mean(self._recent_success))
             out["recent_episodes"] = len(self._recent_success)
         self._episodes.clear()
+        self._reward_components.clear()
         self._steps_since, self._since = 0, now
         return out
 

@@ -40,7 +40,7 @@ def training_scalars(metrics: Mapping[str, Any], policy_version: int) -> dict[st
 
 
 def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
-    """Rollout statistics, replay counters, health, env counters and inference batching as tags."""
+    """Rollout statistics, replay counters, health, env counters, reward components and inference batching as tags."""
     stats, out = snap["stats"], {}
     out["rollout/env_steps_per_sec"] = stats["env_steps_per_sec"]
     out["rollout/total_env_steps"] = stats["total_env_steps"]
@@ -54,6 +54,8 @@ def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
     health = {**dict.fromkeys(HEALTH_KEYS, 0), **stats.get("health", {})}
     out.update({f"health/{k}": v for k, v in health.items()})
     out.update({f"env/{k}": v for k, v in stats.get("env_counters", {}).items()})
+    for name, row in stats.get("reward_components", {}).items():  # text envs: each reward function, and the total
+        out[f"reward/{name}"], out[f"reward/{name}_std"] = row["mean"], row["std"]
     out.update({f"inference/{k}": v for k, v in snap["inference"].items()})
     return out
 

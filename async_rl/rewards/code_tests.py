@@ -1,0 +1,59 @@
+"""``code_tests``: the fraction of a row's tests that the completion's first code block passes, each test
+statement run in the sandbox after the block (and after the row's ``prefix``: imports and helpers the
+tests need). Columns: ``tests`` (a list of Python statements, or one string: a single test), optional
+``prefix``. A batch runs in parallel, one sandbox per completion (``async_rl/sandbox.py``)."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from async_rl.code_blocks import extract_code
+from async_rl.rewards import completion_text, register_reward
+from async_rl.sandbox import REASONS, SandboxPool, SandboxResult
+
+_POOL: Optional[SandboxPool] = None
+
+
+def shared_pool() -> SandboxPool:
+    """One sandbox pool per process (CPU-count threads), shared by every env and reward of that process."""
+    global _POOL
+    if _POOL is None:
+        _POOL = SandboxPool()
+    return _POOL
+
+
+def _tests(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if value is None or not all(isinstance(t, str) for t in value):
+        raise TypeError(f"the tests column must hold a list of Python statements, got {value!r:.80}")
+    return list(value)
+
+
+def run_code_tests(texts: Sequence[str], tests: Sequence[Any], prefixes: Sequence[Optional[str]],
+                   timeout_s: float = 3.0) -> list[SandboxResult]:
+    """Each text's first code block against its tests, in parallel; a text without a block is ``no_code``."""
+    jobs, results = [], []
+    for text, row_tests, prefix in zip(texts, tests, prefixes):
+        code, row_tests = extract_code(text), _tests(row_tests)
+        results.append(SandboxResult(0, len(row_tests), "no_code") if code is None else None)
+        if code is not None:
+            jobs.append((code, row_tests, {"prefix": prefix or ""}))  # helpers apart: the judge takes the prompt's
+    done = iter(shared_pool().map(jobs, timeout_s=timeout_s))
+    return [r if r is not None else next(done) for r in results]
+
+
+@register_reward("code_tests")
+def make_code_tests(timeout_s: float = 3.0) -> Any:
+    """timeout_s: wall seconds per completion (its code and all its tests together)."""
+    if not timeout_s > 0:
+        raise TypeError(f"timeout_s must be positive, got {timeout_s}")
+
+    def code_tests(prompts: list, completions: list, tests: list, prefix: Optional[list] = None, **_: Any) -> list[float]:
+        results = run_code_tests([completion_text(c) for c in completions], tests, prefix or [None] * len(completions),
+                                 timeout_s)
+        code_tests.last_reasons = [r.reason for r in results]
+        code_tests.last_solved = [r.all_passed for r in results]
+        return [r.fraction for r in results]
+
+    code_tests.reason_names = REASONS
+    return code_tests

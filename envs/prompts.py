@@ -1,0 +1,291 @@
+"""Bring your own prompts and rewards (``--env prompts``): one-step episodes over the rows of a data set,
+scored by reward functions in TRL's convention (``async_rl/rewards``).
+
+    --env prompts --env-kwargs "{data: train.jsonl, heldout_data: heldout.jsonl, rewards: [math]}"
+    (launch/ds_lm_grpo.py --data train.jsonl --heldout-data heldout.jsonl --reward math says the same)
+
+A row is one prompt plus any columns (``answer``, ``tests``, ...), read from JSONL, Parquet or a ``datasets``
+``save_to_disk`` folder (``envs/_prompt_rows.py``). Held-out prompts come from ``heldout_data`` or, for a saved
+``DatasetDict``, its ``heldout_split``; they never mix with training: a prompt in both is refused up front.
+The built-in ``arithmetic`` and ``humaneval`` envs are this env over generated rows (``RowSource``).
+
+Scoring: the rollout worker calls ``prepare_step`` on all its envs, then ``step`` on each; the first step
+scores every prepared completion of the process in one call per reward function (``ScoringBatch``), so
+rewards see batches as in TRL and sandboxed code tests run in parallel. Each reward's values are logged as
+``reward/<name>`` (mean, and ``reward/<name>_std``) besides ``reward/total``, the weighted sum that trains.
+An episode succeeds when the first reward (or ``success_reward``) reaches ``success_threshold``.
+
+Checked in the driver before Ray starts (one ConfigError line each): the files exist and parse, every
+reward's required columns are in every row, train and held-out share no prompt, and every reward runs on
+the first rows (a dry run with stand-in completions) returning one finite float per completion.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Protocol, Sequence, Union
+
+import numpy as np
+
+from async_rl.errors import ConfigError
+from async_rl.rewards.functions import TOTAL, RewardSpec, parse_reward_specs
+from async_rl.rewards.scoring import RewardSet, dry_run
+from envs import register_env
+from envs._prompt_rows import is_split_folder, prompt_text, read_rows, shared_prompts
+from envs._text import EVAL_BATCH, PreparedStepEnv, TextTaskSetBase, action_key, check_split, response_text
+
+DRY_RUN_ROWS = 4  # training rows every reward is called on before the run starts
+
+
+class RowSource(Protocol):
+    """Where an env's rows come from: a file, or a generator (``size`` None: every index its own row)."""
+
+    size: Optional[int]
+
+    def row(self, index: int) -> dict: ...
+
+    def label(self, index: int) -> str: ...
+
+
+@dataclass(frozen=True)
+class FileRows:
+    """The rows of a file (or one split of a saved DatasetDict); read once per process, row ``i % size``."""
+
+    path: str
+    split: Optional[str] = None
+    flag: str = "--data"
+
+    @property
+    def size(self) -> int:
+        return len(read_rows(self.path, self.split, self.flag).rows)
+
+    def row(self, index: int) -> dict:
+        return dict(read_rows(self.path, self.split, self.flag).rows[index % self.size])
+
+    def label(self, index: int) -> str:
+        return read_rows(self.path, self.split, self.flag).labels[index % self.size]
+
+
+def prompts_task_set(data: Optional[str] = None, heldout_data: Optional[str] = None,
+                     rewards: Union[str, Sequence[str]] = ("math",), reward_options: Optional[dict] = None,
+                     train_split: str = "train", heldout_split: str = "test", heldout_size: Optional[int] = None,
+                     success_reward: Optional[str] = None, success_threshold: float = 1.0, task_name: str = "prompts",
+                     split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0) -> "PromptTaskSet":
+    """data: the training rows (--data); heldout_data: the held-out rows (--heldout-data), or none when data is
+    a saved DatasetDict (its heldout_split). rewards: NAME_OR_PATH[=WEIGHT] each (--reward); reward_options:
+    {built-in: {option: value}}. heldout_size: evaluate only the first N held-out rows. success_reward: the
+    reward whose value >= success_threshold counts as solved (default: the first). task_name: how logs name it."""
+    if data is None:
+        raise ConfigError("env prompts needs its training rows: --data FILE (JSONL, Parquet or a datasets folder)")
+    check_split(split, "prompts")
+    dict_folder = is_split_folder(str(data))
+    train = FileRows(str(data), train_split if dict_folder else None, "--data")
+    if heldout_data is not None:
+        heldout = FileRows(str(heldout_data), heldout_split if is_split_folder(str(heldout_data)) else None,
+                           "--heldout-data")
+    elif dict_folder:
+        heldout = FileRows(str(data), heldout_split, "--data")
+    else:
+        raise ConfigError(f"--data {data}: no held-out rows; pass --heldout-data FILE (prompts never seen in training), "
+                          "or a datasets folder with a held-out split")
+    if heldout_size is not None and heldout_size < 1:
+        raise ConfigError(f"prompts heldout_size must be >= 1, got {heldout_size}")
+    specs = parse_reward_specs(rewards, reward_options)
+    task_set = PromptTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), train=train, heldout=heldout,
+                             rewards=tuple(specs), success_reward=_success_name(specs, success_reward),
+                             success_threshold=float(success_threshold), heldout_size=heldout_size,
+                             task_names=[task_name])
+    shared = shared_prompts(read_rows(train.path, train.split, train.flag).rows,
+                            read_rows(heldout.path, heldout.split, heldout.flag).rows)
+    if shared:
+        raise ConfigError(f"--data {data} and the held-out rows share {len(shared)} prompt(s), e.g. {shared[0][:80]!r}; "
+                          "held-out prompts must never be trained on: remove them from one side")
+    check_task_set(task_set)
+    return task_set
+
+
+def _success_name(specs: Sequence[RewardSpec], chosen: Optional[str]) -> str:
+    names = [s.name for s in specs]
+    if chosen is not None and chosen not in names:
+        raise ConfigError(f"success_reward {chosen!r} is not one of the rewards ({', '.join(names)})")
+    return chosen or names[0]
+
+
+def check_task_set(task_set: "PromptTaskSet", rows_checked: int = 64) -> None:
+    """Before Ray: every reward's required columns in the rows (all of a file's; the first ``rows_checked`` of
+    a generator), then a dry run of every reward on the first training rows. Fills the example prompts."""
+    rewards = RewardSet(task_set.rewards)
+    examples = []
+    for source in (task_set.train, task_set.heldout):
+        count = source.size if source.size is not None else rows_checked
+        for index in range(count):
+            row = source.row(index)
+            examples.append(prompt_text(row["prompt"]))
+            missing = rewards.missing_columns(list(row))
+            if missing:
+                name, columns = next(iter(missing.items()))
+                raise ConfigError(f"reward {name} needs column(s) {', '.join(columns)}, which {source.label(index)} lacks "
+                                  f"(its columns: {', '.join(row)})")
+    rows = [task_set.train.row(i) for i in range(min(DRY_RUN_ROWS, task_set.train.size or DRY_RUN_ROWS))]
+    dry_run(rewards, rows, [task_set.train.label(i) for i in range(len(rows))])
+    task_set.obs_spec = {**task_set.obs_spec, "example_prompts": sorted(examples, key=len)[-3:]}
+
+
+@dataclass
+class PromptTaskSet(TextTaskSetBase):
+    """Picklable and small: sources and reward specs; rows and functions load in each process."""
+
+    train: Any = None  # a RowSource
+    heldout: Any = None
+    rewards: tuple = ()
+    success_reward: str = ""
+    success_threshold: float = 1.0
+    heldout_size: Optional[int] = None
+    task_names: list[str] = field(default_factory=lambda: ["prompts"])
+
+    def heldout_count(self) -> int:
+        """How many held-out rows the final evaluation answers."""
+        size = self.heldout.size
+        return size if self.heldout_size is None else min(size, self.heldout_size)
+
+    def make_env(self, task_index: int, seed: int) -> "PromptEnv":
+        if task_index != 0:
+            raise IndexError(f"task_index {task_index} out of range: {self.task_names[0]} has one task")
+        return PromptEnv(self, seed=int(seed) + 1_000_003 * self.seed)
+
+
+@functools.lru_cache(maxsize=8)
+def scoring_batch(specs: tuple) -> "ScoringBatch":
+    """The process's scoring batch of these rewards: every env of a rollout worker adds to the same one."""
+    return ScoringBatch(RewardSet(specs))
+
+
+class ScoringBatch:
+    """Completions prepared since the last flush; the first result asked for scores all of them at once."""
+
+    def __init__(self, rewards: RewardSet) -> None:
+        self.rewards = rewards
+        self._waiting: list[tuple[int, Any, Any, dict, str]] = []
+        self._done: dict[int, tuple[float, dict[str, float], Optional[dict[str, str]]]] = {}
+        self._tickets = itertools.count()
+
+    def add(self, prompt: Any, completion: Any, row: dict, where: str) -> int:
+        ticket = next(self._tickets)
+        self._waiting.append((ticket, prompt, completion, row, where))
+        return ticket
+
+    def discard(self, ticket: int) -> None:
+        """Forget a ticket whose episode ended unscored (a dropped episode)."""
+        self._waiting = [w for w in self._waiting if w[0] != ticket]
+        self._done.pop(ticket, None)
+
+    def result(self, ticket: int) -> tuple[float, dict[str, float], dict[str, str]]:
+        """(total, {reward: value}, {reward: reason} for rewards that give reasons) of a ticket."""
+        if ticket not in self._done:
+            self.flush()
+        return self._done.pop(ticket)
+
+    def flush(self) -> None:
+        batch, self._waiting = self._waiting, []
+        if not batch:
+            return
+        _, prompts, completions, rows, where = zip(*batch)
+        totals, values = self.rewards.score(prompts, completions, rows, where)
+        reasons = {name: getattr(fn, "last_reasons", None) for name, fn in zip(self.rewards.names, self.rewards.functions)}
+        for k, (ticket, *_) in enumerate(batch):
+            self._done[ticket] = (totals[k], {n: v[k] for n, v in values.items()},
+                                  {n: r[k] for n, r in reasons.items() if r is not None and len(r) == len(batch)})
+
+
+class PromptEnv(PreparedStepEnv):
+    """One prompt per episode; its completion scored by the task set's rewards (see the module docstring)."""
+
+    def __init__(self, task_set: PromptTaskSet, seed: int) -> None:
+        self.task_set = task_set
+        self.task_name = task_set.task_names[0]
+        self.source: RowSource = task_set.heldout if task_set.split == "heldout" else task_set.train
+        self.batch = scoring_batch(tuple(task_set.rewards))
+        success_fn = self.batch.rewards.functions[self.batch.rewards.names.index(task_set.success_reward)]
+        self.reason_names = tuple(getattr(success_fn, "reason_names", ("solved", "unsolved")))
+        super().__init__(task_set.tokenizer_path, seed)
+        self.where = ""
+        self._values: dict[str, list[float]] = defaultdict(list)
+        self._pending: Optional[tuple[Any, int]] = None
+
+    def _problem(self, start: Optional[int]) -> dict:
+        if self._pending is not None:
+            self.batch.discard(self._pending[1])
+        self._pending = None
+        size = self.source.size
+        index = int(start) if start is not None else int(self.rng.integers(size if size is not None else 2**62))
+        self.where = self.source.label(index)
+        return self.source.row(index)
+
+    def observation(self) -> dict[str, str]:
+        return {"prompt": prompt_text(self.problem["prompt"])}
+
+    def _completion(self, text: str) -> Any:
+        """TRL's form: text for a text prompt, ``[{"role": "assistant", ...}]`` for a chat prompt."""
+        return text if isinstance(self.problem["prompt"], str) else [{"role": "assistant", "content": text}]
+
+    def prepare_step(self, action: Union[str, np.ndarray]) -> None:
+        """Queue this completion in the process's scoring batch; ``step`` (of any env) scores the batch."""
+        if self.problem is None:
+            return
+        text = response_text(action, self.tokenizer_path, self.task_name)
+        ticket = self.batch.add(self.problem["prompt"], self._completion(text), self.problem, self.where)
+        self._pending = (action_key(action), ticket)
+
+    def score(self, text: str) -> tuple[float, dict[str, Any]]:
+        """(reward, info) of a response to the current row (``reset`` first): the rewards' weighted sum; info:
+        success, reason (the success reward's, where it gives one), rewards ({name: value})."""
+        pending, self._pending = self._pending, None
+        ticket = pending[1] if pending is not None else self.batch.add(self.problem["prompt"], self._completion(text),
+                                                                      self.problem, self.where)
+        total, values, reasons = self.batch.result(ticket)
+        success = values[self.task_set.success_reward] >= self.task_set.success_threshold
+        reason = reasons.get(self.task_set.success_reward, "solved" if success else "unsolved")
+        for name, value in values.items():
+            self._values[name].append(value)
+        self._values[TOTAL].append(total)
+        return total, {"success": bool(success), "reason": reason, "rewards": values}
+
+    def reward_components(self) -> dict[str, list[float]]:
+        """Each reward's values (and the weighted total's) since the last call: logged as ``reward/<name>``."""
+        out, self._values = dict(self._values), defaultdict(list)
+        return out
+
+
+def heldout_evaluation(task_set: PromptTaskSet, act: Any, preprocess: Any, seed: int) -> dict[str, Any]:
+    """The final evaluation: every held-out row answered greedily by the final weights, in batches. Reports the
+    mean reward (``eval/heldout_reward``), each reward's mean (``eval/heldout_reward/<name>``) and the fraction
+    solved (``eval/heldout_success``); per-row results in ``eval_problems.json``."""
+    import torch  # noqa: PLC0415  (the evaluation stacks the policy's inputs)
+
+    heldout = replace(task_set, split="heldout")
+    count = task_set.heldout_count()
+    rows: list[dict[str, Any]] = []
+    for first in range(0, count, EVAL_BATCH):
+        starts = list(range(first, min(first + EVAL_BATCH, count)))
+        envs = [heldout.make_env(0, seed) for _ in starts]  # one env per row: the batch is scored in one call per reward
+        prompts = [env.reset(start=s)["prompt"] for env, s in zip(envs, starts)]
+        actions = act(torch.stack([preprocess({"prompt": p}, envs[0].task_name) for p in prompts]), True)
+        for env, action in zip(envs, actions):
+            env.prepare_step(action)
+        for env, prompt, action in zip(envs, prompts, actions):
+            _, reward, _, _, info = env.step(action)
+            rows.append({"prompt": prompt, "response": response_text(action, task_set.tokenizer_path, env.task_name),
+                         "reward": reward, "success": info["success"], "reason": info["reason"], "rewards": info["rewards"]})
+    n = max(len(rows), 1)
+    reward, success = sum(r["reward"] for r in rows) / n, sum(r["success"] for r in rows) / n
+    scalars = {"eval/heldout_reward": reward, "eval/heldout_success": success}
+    for name in (rows[0]["rewards"] if rows else {}):
+        scalars[f"eval/heldout_reward/{name}"] = sum(r["rewards"][name] for r in rows) / n
+    name = task_set.task_names[0]
+    return {"scalars": scalars, "files": {"eval_problems.json": rows}, "heldout_reward": reward, "heldout_success": success,
+            "text": f"{name}: {len(rows)} held-out problems, greedy: mean reward {reward:.3f}, solved {success:.3f}"}
+
+
+register_env("prompts", final_evaluation=heldout_evaluation)(prompts_task_set)
