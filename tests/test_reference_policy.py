@@ -68,6 +68,25 @@ def test_lora_reference_is_the_base_model_without_a_copy():
         torch.testing.assert_close(plain.evaluate(obs, action)[0], got, rtol=1e-6, atol=1e-6)
 
 
+def test_the_reference_call_leaves_every_module_in_the_mode_it_found():
+    """A reference call must not switch dropout on (or off) anywhere: each module's own mode comes back, also a
+    mixed one (a trainer in train mode whose decoder a caller put in eval mode)."""
+    torch.manual_seed(0)
+    model = apply_lora(build_policy("mlp", SPEC, 3, hidden_sizes=(8,)), rank=2, alpha=4.0, dropout=0.5)
+    reference = ReferencePolicy(model, None)
+    obs, action = _batch()
+    for setting in ("train", "eval", "mixed"):
+        model.train(setting != "eval")
+        if setting == "mixed":
+            for name, module in model.named_modules():
+                if "lora_dropout" in name or name.endswith("policy_net"):
+                    module.eval()
+        before = {name: module.training for name, module in model.named_modules()}
+        assert len(set(before.values())) == (2 if setting == "mixed" else 1)
+        reference(obs, action)
+        assert {name: module.training for name, module in model.named_modules()} == before, setting
+
+
 def test_lora_reference_keeps_the_start_values_of_parameters_trained_whole():
     # lora_trainable parameters (here log_std; an action head in the LIBERO configs) are trained in place:
     # switching the adapters off does not undo them, so the reference puts their start values in place.

@@ -4,15 +4,23 @@ The worker-side preprocessor applies the model's chat template to the env's prom
 it to ``max_prompt_tokens`` (every request of a batch then has the same width and rows of several
 callers concatenate). ``act`` samples a response with Hugging Face ``generate`` (KV cache, stop at
 eos) and records, for every sampled token, its log-probability under the distribution it was
-actually drawn from (after temperature and top-p). A response is ``max_new_tokens`` ids, ``-1``
+actually drawn from. That distribution is declared in ``lm_sampling``: every sampling field is set
+explicitly from the policy kwargs (``temperature``, ``top_k``, ``top_p``, ``min_p``) and nothing is
+inherited from the model's ``generation_config.json``. A response is ``max_new_tokens`` ids, ``-1``
 after its end; ``action_mask`` marks the real tokens, eos included, so every loss term is masked.
 
-``evaluate`` recomputes the same log-probs for training in one forward over prompt + response,
-with position ids counted from the first real token (left padding shifts nothing). Top-p is not
-applied there: with ``top_p < 1`` the behaviour policy is the truncated distribution the recorded
-log-probs describe and the importance ratio corrects for the difference, as for any off-policy
-sample. The value head (PPO) reads the prompt's last hidden state: an action is the whole
+``evaluate`` recomputes the same log-probs for training in one decoder pass over prompt + response,
+with position ids counted from the first real token (left padding shifts nothing); the vocabulary
+logits come from the model's own forward on the decoder's output (``_head_logits``), a few positions
+at a time, so that whatever the model does after its decoder (Gemma-2/3's final-logit soft-capping,
+Cohere's and Granite's logit scaling) applies in training as it does in sampling. Truncation (top-k,
+top-p, min-p) is not applied there: the behaviour policy is then the truncated distribution the
+recorded log-probs describe and the importance ratio corrects for the difference, as for any
+off-policy sample. The value head (PPO) reads the prompt's last hidden state: an action is the whole
 response, so V is the value of the prompt.
+
+Dropout is off by default (``disable_dropout``, as TRL's): in the trainer as in the sampler, so that
+the trainer's log-probs before an update are the sampler's.
 """
 from __future__ import annotations
 
@@ -30,6 +38,9 @@ from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.lm_loading import resolve_lm_path
+from async_rl.policies.lm_sampling import (SampledLogProbs, SamplingParams, explicit_generation_config,
+                                           neutral_generation_config, sampling_processors, zero_dropout_config,
+                                           zero_dropout_modules)
 
 PAD_ACTION = -1  # response slots after the end of the response
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
@@ -92,53 +103,51 @@ class ChatPreprocessor:
         return torch.tensor(ids + [PAD_ACTION] * (self.max_new_tokens - len(ids)), dtype=torch.int64)
 
 
-class _SampledLogProbs:
-    """The last logits processor of ``generate``: it sees the scores after temperature and top-p,
-    and at the next step the token drawn from them, so it records log pi_behaviour(token) without
-    keeping a [B, vocab] tensor per step."""
+def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # noqa: N802  (stands in for a decoder's forward)
+    """What a decoder returns, holding the hidden states it is handed (``CausalLMActorCritic._head_logits``)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
 
-    def __init__(self) -> None:
-        self.previous: Optional[torch.Tensor] = None
-        self.steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self.previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, response: torch.Tensor) -> torch.Tensor:
-        """``[B, n]`` log-probs of the ``n`` generated tokens ``response``."""
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(1, response[:, -1:]).squeeze(1))
-        self.previous = None
-        return torch.stack(self.steps, dim=1) if self.steps else response.new_zeros(response.shape, dtype=torch.float32)
+    return BaseModelOutputWithPast(last_hidden_state=inputs_embeds)
 
 
 class CausalLMActorCritic(ActorCritic):
     action_key = "response"
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, max_prompt_tokens: int = 256,
-                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                 system_prompt: Optional[str] = None, min_new_tokens: int = 0,
-                 gradient_checkpointing: bool = False) -> None:
-        """``min_new_tokens``: eos is suppressed before that many tokens (0: a response may end at once;
-        benchmarks set it to ``max_new_tokens`` to compare generation at equal lengths).
+                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 min_p: float = 0.0, system_prompt: Optional[str] = None, min_new_tokens: int = 0,
+                 gradient_checkpointing: bool = False, disable_dropout: bool = True) -> None:
+        """``temperature``, ``top_k`` (0: off), ``top_p`` (1: off), ``min_p`` (0: off): the sampling
+        distribution (``lm_sampling``; nothing else of the model's generation config applies).
+        ``min_new_tokens``: eos is suppressed before that many tokens (0: a response may end at once;
+        benchmarks set it to ``max_new_tokens`` to compare generation at equal lengths; training does not
+        know of it).
         ``gradient_checkpointing``: training keeps each decoder layer's input only and recomputes the
         rest in backward (a HumanEval minibatch of 4 x 624 tokens grew the process by ~4.1 GB without it,
-        ~3.3 GB with it, at ~1.35x the time); generation is unaffected."""
+        ~3.3 GB with it, at ~1.35x the time); generation is unaffected.
+        ``disable_dropout``: every dropout probability of the model is 0 (its config's and its
+        ``nn.Dropout`` modules'), so a trainer in train mode computes what the sampler computes."""
         super().__init__()
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        self.lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(model_path)
+        if disable_dropout:
+            zero_dropout_config(config)
+        self.lm = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32)
+        if disable_dropout:
+            zero_dropout_modules(self.lm)
         if gradient_checkpointing:
             self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.sampling = SamplingParams(float(temperature), int(top_k), float(top_p), float(min_p))
+        self.max_new_tokens, self.temperature = max_new_tokens, self.sampling.temperature
         self.min_new_tokens = min(min_new_tokens, max_new_tokens)
         tokenizer = load_tokenizer(model_path)
         self.pad_id = int(tokenizer.pad_token_id)
         # A plain list, not a buffer: buffers are weights the weight sync would send.
         self.stop_ids = stop_token_ids(model_path, self.lm.generation_config)
+        # generate fills every field its config leaves unset from the model's generation config: keep only its
+        # token ids there, so that a sampling value shipped with the model cannot slip in (lm_sampling).
+        self.lm.generation_config = neutral_generation_config(self.lm.generation_config)
         # Zero-initialised: PPO starts from V = 0 rather than a random guess of the return.
         self.value_head = nn.Linear(self.lm.config.hidden_size, 1)
         nn.init.zeros_(self.value_head.weight)
@@ -161,20 +170,9 @@ class CausalLMActorCritic(ActorCritic):
                            "value": value.float()}, batch_size=[rows])
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-        recorder = _SampledLogProbs()
-        # Our own warpers, in generate's order, with the recorder last; the config then asks for none
-        # of its own (temperature 1, top_p 1, top_k 0), so nothing runs after the recorder.
-        processors = LogitsProcessorList()
-        if self.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(self.temperature))
-        if self.top_p < 1.0 and not greedy:
-            processors.append(TopPLogitsWarper(self.top_p))
-        processors.append(recorder)
-        config = GenerationConfig(do_sample=not greedy, max_new_tokens=self.max_new_tokens,
-                                  min_new_tokens=self.min_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.stop_ids,
-                                  use_cache=True, **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}))
+        recorder = SampledLogProbs()
+        processors = sampling_processors(self.sampling, greedy, recorder)
+        config = explicit_generation_config(greedy, self.max_new_tokens, self.min_new_tokens, self.pad_id, self.stop_ids)
         sequences = self.lm.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                      logits_processor=processors)
         response = sequences[:, ids.shape[1]:]
@@ -215,12 +213,26 @@ class CausalLMActorCritic(ActorCritic):
         value = self.value_head(hidden[:, width - 1]).squeeze(-1)
         return torch.where(real, logp, zero), torch.where(real, entropy, zero), value
 
+    def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's vocabulary logits of decoder outputs ``hidden`` ``[B, n, H]``, computed by the model's own
+        forward with its decoder standing aside (it hands back ``hidden`` as its output): whatever the model does
+        after its decoder (the head, Gemma-2/3's final-logit soft-capping, Cohere's and Granite's logit scaling, a
+        future model's own) applies exactly as it does when ``generate`` samples. The decoder runs once per
+        evaluation (``_hidden``); this runs per chunk of positions."""
+        decoder = getattr(self.lm, self.lm.base_model_prefix)
+        decoder.forward = _DecoderOutput  # an instance attribute: the module tree and its parameters stay as they are
+        try:
+            return self.lm(inputs_embeds=hidden, use_cache=False, logits_to_keep=0).logits
+        finally:
+            del decoder.forward
+
     def _token_stats(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log pi(target) and the entropy at each position, ``TOKEN_CHUNK`` positions at a time. Each
         chunk's [B, chunk, vocab] fp32 logits are recomputed in backward rather than kept for it (with a
         49 k vocabulary, 31 MB per response of 160 tokens for the logits alone, several copies kept)."""
         def chunk_stats(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            log_probs = torch.log_softmax(self.lm.get_output_embeddings()(h).float() / self.temperature, dim=-1)
+            # float32 then the temperature, as generate does with the logits before its processors.
+            log_probs = torch.log_softmax(self._head_logits(h).float() / self.temperature, dim=-1)
             return log_probs.gather(-1, t.unsqueeze(-1)).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
 
         grad = torch.is_grad_enabled()
@@ -259,8 +271,14 @@ def prepare_causal_lm(obs_spec: ObsSpec, action_dim: int, model_path: Optional[s
     for key in ("max_prompt_tokens", "max_new_tokens"):
         if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < 1):
             raise ConfigError(f"policy_kwargs {key} must be a positive integer, got {kwargs[key]!r}")
-    if not float(kwargs.get("temperature", 1.0)) > 0 or not 0 < float(kwargs.get("top_p", 1.0)) <= 1:
-        raise ConfigError("policy_kwargs temperature must be > 0 and top_p in (0, 1]")
+    try:
+        sampling = SamplingParams(*(kwargs.get(k, d) for k, d in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0),
+                                                                   ("min_p", 0.0))))
+        problem = sampling.check()
+    except TypeError as exc:
+        problem = str(exc)
+    if problem:
+        raise ConfigError(f"policy_kwargs {problem}")
     kwargs["model_path"] = str(resolve_lm_path(model_path or kwargs.get("model_path")))
     preprocess = ChatPreprocessor(obs_spec, **kwargs)
     for prompt in obs_spec.get("example_prompts", ()):

@@ -74,11 +74,13 @@ def named_lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 @contextlib.contextmanager
 def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """Inside the block the model computes with its base weights only (LoRA adapters off), in eval mode:
-    the reference policy of a LoRA model, without a second copy. Trainability and mode are restored."""
+    the reference policy of a LoRA model, without a second copy. Trainability and every module's own
+    train/eval mode are restored as they were found (``model.train(flag)`` would set every submodule alike,
+    and so switch on dropout that was off, or the reverse)."""
     layers = [layer for layer in named_lora_layers(model).values() if not layer.disable_adapters]
     # peft's enable_adapters(True) marks every active adapter trainable: put back what was there.
     trainable = {param: param.requires_grad for param in model.parameters()}
-    training = model.training
+    modes = {module: module.training for module in model.modules()}
     model.eval()
     for layer in layers:
         layer.enable_adapters(False)
@@ -89,4 +91,5 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
             layer.enable_adapters(True)
         for param, flag in trainable.items():
             param.requires_grad_(flag)
-        model.train(training)
+        for module, training in modes.items():
+            module.training = training  # the attribute alone: Module.train would recurse into the children
