@@ -68,6 +68,9 @@ class EnvSection(_Section):
     env_kwargs: dict[str, Any] = pydantic.Field(default_factory=lambda: {"benchmark": "MT1", "task": "reach-v3"})
     task_failure_window: Positive = 10
     """episodes per task that weight the workers' task sampling towards failing tasks"""
+    sandbox_mode: Literal["strict", "weak"] = "strict"
+    """generated code (humaneval, CTRL, code_tests): strict refuses to run it without namespace isolation;
+    weak allows running it WITHOUT isolation where namespaces do not work (async_rl/sandbox.py)"""
 
 
 class PolicySection(_Section):

@@ -35,6 +35,7 @@ from async_rl.policies import prepare_policy
 from async_rl.policies.initial_weights import check_init_from
 from async_rl.report import report_at_end
 from async_rl.process_setup import check_resources, pythonpath_with
+from async_rl.sandbox import set_sandbox_mode
 
 console = Console(stderr=True)
 FINAL_EVAL_GRACE_S = 30.0
@@ -46,6 +47,7 @@ def prepare(cfg: RunConfig) -> Any:
     unfit = probe_cluster(cfg.ray_address)  # unreachable, token refused, other Ray/Python: one line, not ray.init's retries
     if unfit:
         raise ConfigError(unfit)
+    set_sandbox_mode(cfg.sandbox_mode)  # before a task set or reward dry run starts the sandbox here
     # --eval-search(-budget), when set, are options of the env's final evaluation (the env checks them).
     search = {"eval_search": cfg.eval_search, "eval_search_budget": cfg.eval_search_budget}
     task_set = envs.make_task_set(cfg.env, **{**cfg.env_kwargs, **{k: v for k, v in search.items() if v not in ("none", 0)}})
@@ -100,6 +102,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
     if cfg.ray_address:
         check_resources(cfg, float(ray.cluster_resources().get("CPU", 0)))
     reporter = MetricsReporter(cfg)
+    reporter.log({"sandbox/weak_mode_allowed": float(cfg.sandbox_mode == "weak")}, 0)
     Path(cfg.log_dir, "ray_session.txt").write_text(ray.get_runtime_context().get_node_id() + "\n" + _session_dir() + "\n")
     runtime = Runtime(cfg, task_set)
     deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
@@ -213,7 +216,8 @@ def wait_for_warmup(runtime: Runtime, deadline: float, stop: StopSignals) -> boo
 
 def init_ray(cfg: RunConfig) -> None:
     """Join ``--ray-address`` or start a local cluster bound to 127.0.0.1."""
-    env_vars = {"PYTHONPATH": pythonpath_with(Path(__file__).resolve().parents[1])}
+    env_vars = {"PYTHONPATH": pythonpath_with(Path(__file__).resolve().parents[1]),
+                "ASYNC_RL_SANDBOX_MODE": cfg.sandbox_mode}  # every worker's sandbox: strict unless allowed weak
     if not sys.stdout.isatty():  # actor-prefix colour codes are noise in a redirected log
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if cfg.ray_address:

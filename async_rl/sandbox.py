@@ -83,6 +83,7 @@ import threading
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from async_rl.errors import ConfigError
 from async_rl.sandbox_run import REASONS, SandboxResult, run_candidate
 
 __all__ = ["REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable", "isolation_mode",
@@ -94,8 +95,9 @@ _variant: Optional[str] = None  # root | userns | weak: how run_candidate starts
 _mode_lock = threading.Lock()
 
 
-class SandboxUnavailable(RuntimeError):
-    """No usable isolation, and the weak mode was not allowed: generated code is not run."""
+class SandboxUnavailable(ConfigError):
+    """No usable isolation, and the weak mode was not allowed: generated code is not run. A ConfigError:
+    the driver's checks (a reward's dry run, a task set that builds cases) stop the run with its line."""
 
 
 def set_sandbox_mode(mode: str) -> None:

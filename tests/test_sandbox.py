@@ -221,3 +221,32 @@ def test_weak_mode_still_refuses_the_obvious(monkeypatch, tmp_path):
         "correct": (3, "ok"), "write_outside": (1, "crash"), "os_system": (1, "crash"), "fork": (1, "crash"),
         "network": (1, "crash"), "loop": (0, "timeout")}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_no_isolation_fails_closed_unless_weak_is_allowed(monkeypatch, tmp_path):
+    """Without a working unshare: refused, in one line saying how to allow the weak mode; allowed, it runs."""
+    import async_rl.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_mode", None)
+    monkeypatch.setattr(sandbox, "_variant", None)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setenv("ASYNC_RL_SANDBOX_MODE", "strict")
+    with pytest.raises(sandbox.SandboxUnavailable) as refused:
+        run_tests(ADD, ADD_TESTS)
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1 and "unshare" in message and "--sandbox-mode weak" in message
+    sandbox.set_sandbox_mode("weak")
+    result = run_tests(ADD, ADD_TESTS)
+    assert (result.passed, result.reason, sandbox.isolation_mode()) == (3, "ok", "weak")
+    with pytest.raises(ValueError, match="sandbox mode"):
+        sandbox.set_sandbox_mode("off")
+    # the command line: one line and exit 2 when refused (no unshare on PATH), the JSON when allowed
+    code, tests = tmp_path / "code.py", tmp_path / "tests.txt"
+    code.write_text(ADD)
+    tests.write_text("assert add(1, 2) == 3\n")
+    cmd = [sys.executable, "-m", "async_rl.sandbox", str(code), str(tests)]
+    env = {"PATH": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    refused = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    allowed = subprocess.run(cmd + ["--sandbox-mode", "weak"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert allowed.returncode == 0 and json.loads(allowed.stdout) == {"passed": 1, "total": 1, "reason": "ok"}
