@@ -86,10 +86,13 @@ from typing import Iterable, Optional, Sequence
 from async_rl.errors import ConfigError
 from async_rl.sandbox_run import REASONS, SandboxResult, run_candidate
 
-__all__ = ["REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable", "isolation_mode",
+__all__ = ["CHANNEL_VIOLATIONS", "REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable", "isolation_mode",
            "run_tests", "set_sandbox_mode"]
 
 SANDBOX_MODES = ("strict", "weak")
+# Reasons of a candidate that broke a channel: printed past a cap, answered past its cap or not as asked.
+# Envs count them apart (e.g. env/ctrl_channel_violations): a run whose policy starts hacking shows it.
+CHANNEL_VIOLATIONS = ("output_limit", "result_limit", "bad_result")
 _mode: Optional[str] = None  # namespaces | weak, once probed
 _variant: Optional[str] = None  # root | userns | weak: how run_candidate starts the candidate
 _mode_lock = threading.Lock()

@@ -9,7 +9,8 @@ prompt in the process's ``RevisionQueue`` (a critique without a judgment line is
 every revision's code goes to the sandbox pool at once, through the result cache (``async_rl/ctrl/reward.py``).
 Group rollouts (GRPO) give the members of a group the same case: n critiques per (problem, solution).
 
-Counters (``env/``): how scoring ended (``ctrl_<reason>``, ``ctrl_no_judgment``), judgments right and
+Counters (``env/``): how scoring ended (``ctrl_<reason>``, ``ctrl_no_judgment``), revisions whose sandbox
+channels were over a cap or malformed (``ctrl_channel_violations``), judgments right and
 wrong against the case's label, cache lookups and hits (hit rate = hits / lookups), milliseconds waited on
 the reviser. The final evaluation critiques a balanced set of held-out cases greedily.
 """
@@ -31,7 +32,7 @@ from async_rl.ctrl.critique import critic_prompt, parse_judgment, revision_promp
 from async_rl.ctrl.evaluate import evaluate
 from async_rl.ctrl.reward import REWARD_MODES, ResultCache, critique_reward, score_revision
 from async_rl.errors import ConfigError
-from async_rl.sandbox import REASONS, SandboxResult
+from async_rl.sandbox import CHANNEL_VIOLATIONS, REASONS, SandboxResult
 from envs import register_env
 from envs._text import EVAL_BATCH, PreparedStepEnv, TextTaskSetBase, action_key, check_split, response_text
 from envs.humaneval import shared_pool
@@ -284,7 +285,7 @@ class CTRLEnv(PreparedStepEnv):
         self._pending: Optional[tuple[Any, Optional[dict[str, Any]]]] = None
         self._asked = 0.0
         self.extra = {"ctrl_judgment_right": 0, "ctrl_judgment_wrong": 0, "ctrl_judgment_missing": 0, "ctrl_cache_lookups": 0,
-                      "ctrl_cache_hits": 0, "ctrl_reviser_wait_ms": 0}
+                      "ctrl_cache_hits": 0, "ctrl_reviser_wait_ms": 0, "ctrl_channel_violations": 0}
 
     @property
     def queue(self) -> RevisionQueue:
@@ -329,6 +330,8 @@ class CTRLEnv(PreparedStepEnv):
         self.extra["ctrl_reviser_wait_ms"] += self.queue.waited_ms - waited
         reward, info = critique_reward(text, result, self.task_set.ctrl_reward, self.task_set.missing_judgment_reward,
                                        self.task_set.format_check)
+        if info["reason"] in CHANNEL_VIOLATIONS:  # a revision over a cap or forging answers: hacking shows here
+            self.extra["ctrl_channel_violations"] += 1
         if info["judgment"] is None:
             self.extra["ctrl_judgment_missing"] += 1
         else:

@@ -270,3 +270,25 @@ def test_what_a_candidate_can_see_and_leave(tmp_path):
         if low <= int(uid_line.split()[1]) < high:
             survivors.append(status.parent.name)
     assert survivors == [], f"processes of this process's candidates outlived them: {survivors}"
+
+
+def test_the_ctrl_env_counts_channel_violations():
+    """Through the ctrl_humaneval env (a reviser that answers hostile revisions): no reward, and each
+    revision that broke a channel is counted (env/ctrl_channel_violations)."""
+    from envs import make_task_set
+
+    task_set = make_task_set("ctrl_humaneval", task_ids=["HumanEval/23"], heldout_cases=2, timeout_s=TIMEOUT_S)
+    hostile = ["wrong", "flood_result_pipe", "forged_answers", "flood_stdout"]
+    codes = _codes("strlen")
+    answers = iter([_answer(codes[name]) for name in hostile])
+    envs = [task_set.make_env(0, seed=k, revise=lambda prompts: [next(answers) for _ in prompts])
+            for k in range(len(hostile))]
+    for env in envs[1:]:
+        env._queue = envs[0].queue  # one process, one queue: the revisions go in one call
+    critique = "Analysis: wrong.\nImprovement suggestions: fix it.\nOverall judgment: Incorrect"
+    for env in envs:
+        env.reset(start=0)
+        env.prepare_step(critique)
+    rewards = [env.step(critique)[1] for env in envs]
+    assert rewards == [0.0] * len(hostile)
+    assert sum(env.counters()["ctrl_channel_violations"] for env in envs) == len(hostile) - 1
