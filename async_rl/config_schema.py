@@ -11,10 +11,12 @@ from typing import Any, Literal, Optional, Union
 import pydantic
 
 from async_rl.algo import (
+    advantage_estimator,
     check_advantage,
     check_group_minibatch,
     check_group_size,
     check_objective,
+    check_recompute_logp,
     resolve_policy_loss_params,
 )
 from async_rl.errors import unknown_key_message
@@ -140,13 +142,22 @@ class ObjectiveSection(_Section):
     """Schulman's estimators of KL(pi || pi_ref): k1 = log(pi/pi_ref), k2 = log^2/2, k3 = (r - 1) - log r"""
     kl_ref_as: Literal["loss", "reward"] = "loss"
     """the KL to the reference as a loss term, or as a per-step reward penalty (estimators reading rewards on the trainer)"""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """how the per-token terms of variable-length actions (a response) become one loss: over all tokens, per sequence then over sequences, or per-sequence sums over the token budget (Dr. GRPO)"""
+    loss_agg: Literal["global-token-mean", "minibatch-token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                      "token-mean"] = "minibatch-token-mean"
+    """how the per-token terms of variable-length actions (a response) become one loss, named for what they are divided by: the real tokens of the whole optimiser step (every accumulation step and rank; verl's and DAPO's token mean), the real tokens of each micro-batch (TRL's bnpo; token-mean is its old name), each sequence's own length then the sequences, or the token budget (Dr. GRPO)"""
     grpo_scale_by_std: bool = True
     """grpo divides by the group's std; false = centring only (Dr. GRPO)"""
     ratio_threshold: Optional[pydantic.PositiveFloat] = None
     normalize_advantages: bool = True
-    """whiten the advantages over the batch (group estimators: divide by the batch's RMS only, no centring)"""
+    """whiten the advantages over the batch (gae, vtrace); group estimators follow normalize_group_advantages"""
+    normalize_group_advantages: bool = False
+    """group estimators (grpo, rloo, naive): divide their advantages by the batch's RMS as well (no centring); off: the
+    group's own advantages reach the loss, as in TRL and verl"""
+    recompute_logp: bool = False
+    """recompute the behaviour log-probs with the trainer's weights before each epoch's update (verl's
+    recompute_log_prob): the sampler's numerics (bf16, other kernels and batch shapes) then no longer count as a
+    policy change; the ratio then measures the change from the epoch's start, not from a lagging sampler.
+    One forward pass over the super-batch, no gradient"""
     normalize_advantages_per: Literal["batch", "task"] = "batch"
     """whiten over the whole batch, or over each task's steps apart (multi-task runs: a task whose episodes succeed more
     no longer makes every step of the others look worse than average)"""
@@ -274,13 +285,15 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
         if self.envs_per_worker % self.env_groups:
             raise ValueError(f"envs_per_worker ({self.envs_per_worker}) must be a multiple of env_groups "
                              f"({self.env_groups}); each group steps as many envs")
-        if self.normalize_advantages_per == "task" and not self.normalize_advantages:
+        if self.normalize_advantages_per == "task" and not advantage_estimator(self.advantage).normalizes(self):
             # Per-task whitening is a kind of whitening; with whitening off it would silently do nothing.
-            raise ValueError("normalize_advantages_per task needs normalize_advantages true; "
-                             "drop --normalize-advantages-per or --no-normalize-advantages")
+            key = "normalize_group_advantages" if advantage_estimator(self.advantage).needs_group_rollouts else "normalize_advantages"
+            raise ValueError(f"normalize_advantages_per task needs {key} true for advantage '{self.advantage}'; "
+                             f"drop --normalize-advantages-per or pass --{key.replace('_', '-')}")
         resolve_policy_loss_params(self.clip_mode, self.clip_params)
         check_group_size(self.advantage, self.group_size)
         check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)
+        check_recompute_logp(self.advantage, self.recompute_logp)
         check_group_minibatch(self.clip_mode, self.clip_params, self.group_size, self.train_batch_size)
         return self
 

@@ -39,6 +39,7 @@ PARAM_KEYS = [
     "ratio_level",
     "beta",
     "reward_method",
+    "score_against",
     "adv_estimator",
     "use_weight",
     "weight_mode",

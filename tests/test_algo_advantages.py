@@ -380,7 +380,7 @@ def test_group_estimators_batch_scaling_cannot_blow_up_a_constant_super_batch():
 
     from async_rl.algo import advantage_estimator, distributed_normalize
 
-    on = SimpleNamespace(normalize_advantages=True, normalize_advantages_per="batch")
+    on = SimpleNamespace(normalize_advantages=True, normalize_group_advantages=True, normalize_advantages_per="batch")
     for value in (2.5, -0.25):
         batch = TensorDict({"advantage": torch.full((8,), value)}, [8])
         for name in ("naive", "grpo", "rloo"):

@@ -128,12 +128,13 @@ def _weights(labels, ids, valid, mode):
     return w
 
 
-def pacs_reference(logp, logp_ref, ids, labels, mask, beta, method, estimator, weight_mode):
-    """Mean over valid actions of w * BCE-with-logits(group estimator(score), success)."""
+def pacs_reference(logp, logp_anchor, ids, labels, mask, beta, method, estimator, weight_mode):
+    """Mean over valid actions of w * BCE-with-logits(group estimator(score), success); reward_method 1 scores
+    beta * sum(logp - logp_anchor)."""
     B, A = logp.shape
     elems = [[j for j in range(A) if mask[b][j]] for b in range(B)]
     valid = [bool(e) for e in elems]
-    scores = [beta * (sum(logp[b, j] - logp_ref[b, j] for j in elems[b]) if method == "1"
+    scores = [beta * (sum(logp[b, j] - logp_anchor[b, j] for j in elems[b]) if method == "1"
                       else sum(logp[b, j] for j in elems[b]) / max(len(elems[b]), 1)) for b in range(B)]
     logits = group_reference(scores, ids, estimator, valid)
     w = _weights(labels, ids, valid, weight_mode) if weight_mode else [1.0] * B
@@ -157,19 +158,22 @@ def _pacs_case(seed=0):
 @pytest.mark.parametrize("estimator", ["rloo", "grpo", "naive"])
 @pytest.mark.parametrize("method", ["1", "2"])
 @pytest.mark.parametrize("weight_mode", [None, "question", "only_positive", "only_negative"])
-def test_pacs_matches_loop_reference(estimator, method, weight_mode):
+@pytest.mark.parametrize("score_against", ["behaviour", "reference"])
+def test_pacs_matches_loop_reference(estimator, method, weight_mode, score_against):
     logp, logp_ref, labels, mask = _pacs_case()
-    params = {"beta": 0.5, "reward_method": method, "adv_estimator": estimator}
+    params = {"beta": 0.5, "reward_method": method, "adv_estimator": estimator, "score_against": score_against}
     if weight_mode:
         params.update(use_weight=True, weight_mode=weight_mode)
     x = logp.clone().requires_grad_(True)
-    logp_old = logp - 0.1  # the behaviour policy does not enter PACS' loss (only its diagnostics)
+    # reward_method 1 scores against the policy before the update (the PACS authors' old_log_probs) or the reference.
+    logp_old = logp - 0.1 * torch.arange(logp.numel(), dtype=F64).reshape(logp.shape).sin()
     loss, m = compute_policy_loss("pacs", x, logp_old, torch.zeros(len(GROUPS), 1, dtype=F64), mask=mask,
                                   params=params, logp_ref=logp_ref, group_id=torch.tensor(GROUPS),
                                   success=torch.tensor(labels, dtype=torch.bool))
     loss.backward()
     ref_x = logp.clone().requires_grad_(True)
-    expected, scores, rows = pacs_reference(ref_x, logp_ref, GROUPS, labels, mask.tolist(), 0.5, method, estimator,
+    anchor = logp_old if score_against == "behaviour" else logp_ref
+    expected, scores, rows = pacs_reference(ref_x, anchor, GROUPS, labels, mask.tolist(), 0.5, method, estimator,
                                             weight_mode)
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-10, abs=1e-12)
@@ -177,23 +181,25 @@ def test_pacs_matches_loop_reference(estimator, method, weight_mode):
     assert m["pacs_loss"] == pytest.approx(expected.item(), rel=1e-10)
     assert m["pacs_pos_frac"] == pytest.approx(sum(labels[b] for b in rows) / len(rows))
     assert m["pacs_score_mean"] == pytest.approx(sum(float(scores[b].detach()) for b in rows) / len(rows))
-    assert m["ratio_mean"] == pytest.approx(sum(math.exp(0.1 * mask[b].sum().item()) for b in rows) / len(rows))
+    log_ratio = torch.where(mask, logp - logp_old, 0.0).sum(-1)
+    assert m["ratio_mean"] == pytest.approx(sum(math.exp(log_ratio[b].item()) for b in rows) / len(rows))
 
 
 def test_pacs_hand_computed():
-    logp_ref = torch.zeros(2, 1, dtype=F64)
+    logp_old = torch.zeros(2, 1, dtype=F64)  # reward_method 1 scores against the policy before the update
     # naive, beta 2: scores (= logits) 2 * 0.5 = 1 (success) and 2 * -1 = -2 (failure)
     logp = torch.tensor([[0.5], [-1.0]], dtype=F64, requires_grad=True)
-    loss, _ = compute_policy_loss("pacs", logp, logp.detach(), torch.zeros(2, 1), params={"beta": 2, "adv_estimator": "naive"},
-                                  logp_ref=logp_ref, group_id=torch.tensor([0, 1]), success=torch.tensor([1.0, 0.0]))
+    loss, _ = compute_policy_loss("pacs", logp, logp_old, torch.zeros(2, 1), params={"beta": 2, "adv_estimator": "naive"},
+                                  group_id=torch.tensor([0, 1]), success=torch.tensor([1.0, 0.0]))
     loss.backward()
     assert loss.item() == pytest.approx((softplus(-1.0) + softplus(-2.0)) / 2)
     # d/dlogp = beta * (sigmoid(logit) - y) / B
     torch.testing.assert_close(logp.grad, torch.tensor([[sigmoid(1.0) - 1.0], [sigmoid(-2.0)]], dtype=F64))
     # rloo, one group of two: logits s1 - s2 = 0.5 and -0.5; loss softplus(-0.5); ds1 = -sigmoid(-0.5)
     logp = torch.tensor([[0.3], [-0.2]], dtype=F64, requires_grad=True)
-    loss, _ = compute_policy_loss("pacs", logp, logp.detach(), torch.zeros(2, 1), logp_ref=logp_ref,
-                                  group_id=torch.tensor([5, 5]), success=torch.tensor([1.0, 0.0]))
+    loss, _ = compute_policy_loss("pacs", logp, logp_old + 5.0, torch.zeros(2, 1), logp_ref=logp_old,
+                                  params={"score_against": "reference"}, group_id=torch.tensor([5, 5]),
+                                  success=torch.tensor([1.0, 0.0]))
     loss.backward()
     assert loss.item() == pytest.approx(softplus(-0.5))
     torch.testing.assert_close(logp.grad, torch.tensor([[-sigmoid(-0.5)], [sigmoid(-0.5)]], dtype=F64))
@@ -208,8 +214,8 @@ def test_pacs_class_weights_hand_computed():
               -0.3 - (0.2 + 0.1 - 0.1) / 3]
     bce = [softplus(-logits[0])] + [softplus(z) for z in logits[1:]]
     for mode, w in [("question", [2.0, 2 / 3, 2 / 3, 2 / 3]), ("only_negative", [0.0, 1.0, 1.0, 1.0])]:
-        loss, _ = compute_policy_loss("pacs", logp, logp, torch.zeros(4, 1), params={"use_weight": True, "weight_mode": mode},
-                                      **args)
+        loss, _ = compute_policy_loss("pacs", logp, torch.zeros_like(logp), torch.zeros(4, 1),
+                                      params={"use_weight": True, "weight_mode": mode}, **args)
         assert loss.item() == pytest.approx(sum(wi * b for wi, b in zip(w, bce)) / 4)
 
 
@@ -218,7 +224,8 @@ def test_pacs_gradcheck_grpo():
     kw = dict(params={"adv_estimator": "grpo", "use_weight": True}, logp_ref=logp_ref, group_id=torch.tensor(GROUPS),
               success=torch.tensor(labels, dtype=F64))
     assert torch.autograd.gradcheck(
-        lambda lp: compute_policy_loss("pacs", lp, logp, torch.zeros(len(GROUPS), 1, dtype=F64), mask=mask, **kw)[0],
+        # anchored at logp_ref as the policy before the update: scores spread within their groups (grpo's std > 0)
+        lambda lp: compute_policy_loss("pacs", lp, logp_ref, torch.zeros(len(GROUPS), 1, dtype=F64), mask=mask, **kw)[0],
         (logp.clone().requires_grad_(True),))
 
 
@@ -263,7 +270,9 @@ def test_kl_ref_loss_term_forward_and_gradient(kind):
 def test_kl_ref_as_reward_is_logged_not_added_and_missing_ref_is_refused():
     out = Objective("clip", kl_ref_coef=0.3, kl_ref_as="reward")(_inputs())
     assert out.terms["kl_ref"] > 0 and out.terms["loss"] == pytest.approx(Objective("clip")(_inputs()).terms["loss"])
-    assert not Objective("clip").needs_reference and Objective("pacs").needs_reference
+    assert not Objective("clip").needs_reference and not Objective("pacs").needs_reference
+    assert Objective("pacs", {"score_against": "reference"}).needs_reference
+    assert not Objective("pacs", {"reward_method": "2", "score_against": "reference"}).needs_reference
     assert "kl_ref" not in Objective("clip")(_inputs()).terms
     with pytest.raises(ValueError, match="no logp_ref"):
         Objective("clip", kl_ref_coef=0.1)(_inputs(with_ref=False))

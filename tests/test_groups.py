@@ -335,9 +335,10 @@ def test_the_trainer_optimises_no_value_parameter_without_a_critic_under_lora_or
         assert all(p.requires_grad for g in without for p in g["params"])
 
 
-def test_group_advantages_are_scaled_but_not_centred_over_the_batch():
+def test_group_advantages_are_scaled_but_not_centred_over_the_batch_only_when_asked():
     # A group estimator's baseline is its group's (grpo and rloo have mean 0 in every group; naive has none on
-    # purpose): normalize_advantages divides by the batch's RMS without subtracting the batch mean.
+    # purpose): normalize_group_advantages divides by the batch's RMS without subtracting the batch mean; by
+    # default (and whatever normalize_advantages says, which is gae's) group advantages reach the loss as they are.
     from types import SimpleNamespace
 
     adv = torch.tensor([3.0, 1.0, -2.0, 6.0])
@@ -345,10 +346,13 @@ def test_group_advantages_are_scaled_but_not_centred_over_the_batch():
     std, rms = adv.std(unbiased=False), adv.square().mean().sqrt()
     for name, want in (("gae", (adv - adv.mean()) / std), ("grpo", adv / rms), ("rloo", adv / rms),
                        ("naive", adv / rms)):
-        on = SimpleNamespace(normalize_advantages=True, normalize_advantages_per="batch")
-        got = advantage_estimator(name).prepare(batch, on)["advantage"]
+        asked = SimpleNamespace(normalize_advantages=name == "gae", normalize_group_advantages=name != "gae",
+                                normalize_advantages_per="batch")
+        got = advantage_estimator(name).prepare(batch, asked)["advantage"]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
-        off = advantage_estimator(name).prepare(batch, SimpleNamespace(normalize_advantages=False))["advantage"]
+        default = SimpleNamespace(normalize_advantages=name != "gae", normalize_group_advantages=False,
+                                  normalize_advantages_per="batch")
+        off = advantage_estimator(name).prepare(batch, default)["advantage"]
         torch.testing.assert_close(off, adv, rtol=0, atol=0, msg=name)
 
 

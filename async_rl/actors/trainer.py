@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.algo import LossInputs, Objective, TrainModel, advantage_estimator, draws_whole_groups
+from async_rl.algo.functional import StepCounts, optimiser_step_counts
 from async_rl import checkpoint as ckpt
 from async_rl.actors.groups import group_minibatch_order, keep_whole_groups
 from async_rl.actors.prefetch import Prefetcher, RequestIds, poll, sample_once
@@ -233,6 +234,9 @@ class TrainerActor:
         start = time.perf_counter()
         lag = (policy_version - policy_versions(batch)).float()
         batch = self.estimator.prepare(batch.to(self.device), self.cfg)
+        recompute_metrics: dict[str, float] = {}
+        if self.cfg.recompute_logp:
+            batch, recompute_metrics = self._recompute_behaviour_logp(batch)
         module = self.engine.module
         model = TrainModel(evaluate=self.engine, value=module.value, action_key=module.action_key,
                            reference=self.reference, action_mask=module.action_mask)
@@ -244,8 +248,11 @@ class TrainerActor:
         self.optimizer.held = frozenset({"policy"} if critic_only else ())
         for _ in range(self.cfg.updates_per_epoch):
             order = self._minibatch_order(batch)
-            for i in range(0, len(order), mb):
+            step_counts = self._step_counts(batch, order) if self.objective.loss_agg == "global-token-mean" else None
+            for k, i in enumerate(range(0, len(order), mb)):
                 inputs = self.estimator.loss_inputs(batch[order[i : i + mb]], model, self.cfg)
+                if step_counts is not None:
+                    inputs.step_counts = step_counts[k // self.cfg.accumulation_steps]
                 rows.append(self._loss_and_step(inputs, critic_only))
         self._publish(policy_version + 1)  # the weights are now this version, whole
         metrics = mean_metrics(rows)
@@ -261,8 +268,42 @@ class TrainerActor:
             "skipped_minibatches": self.skipped_minibatches,
             "epoch_seconds": time.perf_counter() - start,
             "critic_warmup": float(critic_only),
+            **recompute_metrics,
         })
         return metrics
+
+    def _actions(self, batch: TensorDict) -> torch.Tensor:
+        """The batch's actions ``[N, ...]``: per step record, or per segment of steps (``[N, T, ...]``)."""
+        key = self.engine.module.action_key
+        return batch[key] if key in batch.keys() else batch["steps"][key]
+
+    def _step_counts(self, batch: TensorDict, order: torch.Tensor) -> Optional[list[StepCounts]]:
+        """``global-token-mean``: each optimiser step's counts of this pass (``StepCounts``), from the super-batch
+        before any micro-batch runs (one all-reduce, which every rank makes); None for fixed-size actions."""
+        real = self.engine.module.action_mask(self._actions(batch))
+        if real is None:
+            return None
+        return optimiser_step_counts(real, order, self.cfg.train_batch_size, self.cfg.accumulation_steps, self.world_size)
+
+    @torch.no_grad()
+    def _recompute_behaviour_logp(self, batch: TensorDict) -> tuple[TensorDict, dict[str, float]]:
+        """``recompute_logp``: the batch's behaviour log-probs replaced by this rank's weights' (verl's
+        ``recompute_log_prob``), one forward per ``train_batch_size`` rows, in the mode training runs in. Reports how
+        far the sampler's were (``recompute_logp_abs_diff_*``, real elements only) and the time taken."""
+        start = time.perf_counter()
+        module, mb = self.engine.module, self.cfg.train_batch_size
+        actions = batch[module.action_key]
+        fresh = torch.cat([self.engine(batch["obs"][i:i + mb], actions[i:i + mb])[0]
+                           for i in range(0, batch.batch_size[0], mb)])
+        fresh = fresh.to(batch["logp"].dtype).reshape(batch["logp"].shape)
+        real = module.action_mask(actions)
+        real = torch.ones_like(fresh, dtype=torch.bool) if real is None else real.reshape(fresh.shape)
+        diff = (fresh - batch["logp"]).abs()[real].double()
+        batch = batch.copy()
+        batch["logp"] = fresh
+        return batch, {"recompute_logp_seconds": time.perf_counter() - start,
+                       "recompute_logp_abs_diff_mean": float(diff.mean()) if diff.numel() else 0.0,
+                       "recompute_logp_abs_diff_max": float(diff.max()) if diff.numel() else 0.0}
 
     def _minibatch_order(self, batch: TensorDict) -> torch.Tensor:
         """Rows in random order; for a loss comparing a group's members whole groups stay together, members

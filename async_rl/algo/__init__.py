@@ -10,6 +10,7 @@ from async_rl.algo.estimators import (
     check_group_minibatch,
     check_group_size,
     check_objective,
+    check_recompute_logp,
     draws_whole_groups,
 )
 from async_rl.algo.functional import (
@@ -56,6 +57,7 @@ __all__ = [
     "check_group_minibatch",
     "check_group_size",
     "check_objective",
+    "check_recompute_logp",
     "compute_policy_loss",
     "distributed_normalize",
     "distributed_normalize_by",

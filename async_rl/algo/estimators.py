@@ -86,9 +86,13 @@ class AdvantageEstimator:
     def segmenter(self, cfg: Any) -> Segmenter:
         raise NotImplementedError
 
+    def normalizes(self, cfg: Any) -> bool:
+        """Whether ``prepare`` whitens the advantages over the batch (``normalize_advantages``)."""
+        return bool(cfg.normalize_advantages)
+
     def prepare(self, batch: TensorDict, cfg: Any) -> TensorDict:
         """Trainer side, once per super-batch (every rank calls it: it may hold a collective)."""
-        if not cfg.normalize_advantages:
+        if not self.normalizes(cfg):
             return batch
         batch = batch.copy()
         batch["advantage"] = whiten(batch["advantage"], batch, cfg, self.center_batch)
@@ -166,6 +170,15 @@ def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: fl
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).rewards_on_trainer)
         raise ConfigError(f"kl_ref_as 'reward' needs an estimator that reads rewards on the trainer ({kinds}); "
                           f"advantage '{name}' computes them on the workers: use --kl-ref-as loss")
+
+
+def check_recompute_logp(name: str, recompute_logp: bool) -> None:
+    """``recompute_logp`` replaces the batch's behaviour log-probs by the trainer's own: an estimator that corrects
+    for the behaviour policy with them (V-trace, on the trainer) would then correct for nothing; a one-line
+    ConfigError instead."""
+    if recompute_logp and advantage_estimator(name).where == "trainer":
+        raise ConfigError(f"recompute_logp does not apply to advantage '{name}': its off-policy correction needs the "
+                          "behaviour policy's own log-probs; drop --recompute-logp")
 
 
 def draws_whole_groups(clip_mode: str, clip_params: Any, group_size: int) -> bool:
@@ -329,6 +342,13 @@ class GroupEstimator(AdvantageEstimator):
     # Batch normalisation only scales: centering over the batch would add a baseline that naive leaves out
     # on purpose (grpo's and rloo's advantages already have mean 0 in every group).
     center_batch = False
+
+    def normalizes(self, cfg: Any) -> bool:
+        """Only when asked (``normalize_group_advantages``): a group's advantages are already on their scale
+        (grpo divides by the group's std; Dr. GRPO leaves it out on purpose), and dividing them again by the
+        batch's RMS would vary their size from batch to batch and weaken a KL term beside them. TRL and verl
+        apply nothing on top."""
+        return bool(cfg.normalize_group_advantages)
 
     @staticmethod
     def group_advantages(returns: Tensor) -> Tensor:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -189,21 +190,72 @@ def per_action(x: Tensor, mask: Optional[Tensor], how: str) -> Tensor:
     return total / count
 
 
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# --loss-agg modes, each named for what a response's per-token terms are divided by.
+LOSS_AGGREGATIONS = ("global-token-mean", "minibatch-token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# Earlier names, still accepted: "token-mean" normalised inside each micro-batch (TRL's "bnpo").
+LOSS_AGGREGATION_ALIASES = {"token-mean": "minibatch-token-mean"}
 
 
-def aggregate(x: Tensor, mask: Optional[Tensor], mode: str = "token-mean") -> Tensor:
-    """One scalar from per-element terms ``x`` ``[B, T]`` of variable-length actions (``mask``: the real
-    elements). ``token-mean``: every real token weighs the same, so long responses weigh more;
-    ``seq-mean-token-mean``: each sequence's token mean, then the mean over sequences (every response
-    weighs the same); ``seq-mean-token-sum-norm`` (Dr. GRPO): each sequence's token sum divided by
-    the constant T, then the mean, which removes the length bias of dividing by a response's own length.
-    Without a mask every element is real."""
+def loss_aggregation(mode: str) -> str:
+    """The mode ``mode`` names (an alias resolved); ValueError naming the valid ones."""
+    mode = LOSS_AGGREGATION_ALIASES.get(mode, mode)
     if mode not in LOSS_AGGREGATIONS:
-        raise ValueError(f"loss aggregation '{mode}': valid {', '.join(LOSS_AGGREGATIONS)}")
+        raise ValueError(f"loss aggregation '{mode}': valid {', '.join(LOSS_AGGREGATIONS + tuple(LOSS_AGGREGATION_ALIASES))}")
+    return mode
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """What ``global-token-mean`` divides a micro-batch's sums by: the real tokens (and actions) of the whole
+    optimiser step the micro-batch belongs to, over every accumulation step and every rank, divided by
+    (accumulation steps x ranks), since DeepSpeed averages the micro-batches' gradients over both. The trainer
+    counts them from the super-batch before its micro-batches run (``actors/trainer.py``)."""
+
+    tokens: float
+    actions: float
+
+
+def optimiser_step_counts(real: Tensor, order: Tensor, micro_batch: int, accumulation_steps: int, ranks: int,
+                          group: Optional["dist.ProcessGroup"] = None) -> list[StepCounts]:
+    """``StepCounts`` of each optimiser step of one pass: ``real`` ``[N, ...]`` marks the real elements of the N rows
+    (actions ``[N, A]``, or segments ``[N, T, A]``), ``order`` is the pass's row order, cut into micro-batches of
+    ``micro_batch`` rows, ``accumulation_steps`` per optimiser step. The counts are summed over every rank (an
+    all-reduce that each rank makes, once, before its micro-batches) and divided by accumulation steps x ranks."""
+    rows = real.shape[0]
+    flat = real.reshape(rows, -1, real.shape[-1]).bool()
+    per_row = torch.stack([flat.sum((1, 2)), flat.any(-1).sum(-1)], dim=1).to(torch.float64)  # tokens, actions
+    totals = per_row[order].reshape(-1, micro_batch * accumulation_steps, 2).sum(1)  # [optimiser steps, 2]
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
+    shares = (totals / (accumulation_steps * ranks)).clamp_min(1e-12).tolist()  # an all-padding step divides by ~0
+    return [StepCounts(tokens, actions) for tokens, actions in shares]
+
+
+def aggregate(x: Tensor, mask: Optional[Tensor], mode: str = "minibatch-token-mean",
+              divisor: Optional[float] = None) -> Tensor:
+    """One scalar from per-element terms ``x`` ``[B, T]`` of variable-length actions (``mask``: the real
+    elements). Each mode is named for what it divides by:
+
+    - ``global-token-mean`` (verl's and DAPO's token mean): the sum over the micro-batch's real tokens divided by
+      ``divisor`` (``StepCounts``), so that after DeepSpeed's average over accumulation steps and ranks every
+      real token of the optimiser step weighs the same, however the tokens fall into micro-batches;
+    - ``minibatch-token-mean`` (``token-mean`` before; TRL's ``bnpo``): divided by the micro-batch's own real
+      tokens, so a token of a micro-batch of short responses weighs more than one of long responses;
+    - ``seq-mean-token-mean``: each sequence's token mean, then the mean over sequences (every response
+      weighs the same);
+    - ``seq-mean-token-sum-norm`` (Dr. GRPO): each sequence's token sum divided by the constant T, then the
+      mean, which removes the length bias of dividing by a response's own length.
+
+    Without a mask every element is real (and micro-batches of equal size make both token means one)."""
+    mode = loss_aggregation(mode)
+    if mode == "global-token-mean" and mask is not None:
+        if divisor is None:
+            raise ValueError("loss aggregation 'global-token-mean' needs the optimiser step's token count (StepCounts, "
+                             "which the trainer computes); use 'minibatch-token-mean' outside the trainer")
+        return torch.where(mask.bool(), x, torch.zeros_like(x)).sum() / divisor
     if mask is None:
         mask = torch.ones_like(x, dtype=torch.bool)
-    if x.dim() < 2 or mode == "token-mean":
+    if x.dim() < 2 or mode in ("global-token-mean", "minibatch-token-mean"):
         # A masked-out NaN must not reach the sum.
         return masked_mean(torch.where(mask.bool(), x, torch.zeros_like(x)), mask)
     if mode == "seq-mean-token-mean":

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from async_rl.algo.advantages import group_relative, group_sum
-from async_rl.algo.functional import aggregate, per_action
+from async_rl.algo.functional import StepCounts, aggregate, loss_aggregation, per_action
 from async_rl.errors import ConfigError
 from async_rl.registry import Registry
 from async_rl.validation import validate_model
@@ -59,10 +59,14 @@ class PolicyLossParams(pydantic.BaseModel):
     ratio_level: Literal["token", "sequence", "geometric"] = "token"
     """token: one ratio per action element (dimension / token); sequence: the joint ratio of the whole
     action (sum of its log-ratios); geometric: their mean (GSPO). The last two need advantages [B, 1]."""
-    # PACS: score = beta * sum(log pi - log pi_ref) (reward_method "1") or
+    # PACS: score = beta * sum(log pi - log pi_anchor) (reward_method "1") or
     # beta * mean(log pi) (reward_method "2"), compared within its group (adv_estimator), used as a logit.
     beta: float = pydantic.Field(1.0, gt=0.0)
     reward_method: Literal["1", "2"] = "1"
+    score_against: Literal["behaviour", "reference"] = "behaviour"
+    """PACS reward_method 1: the anchor pi_anchor of the score. behaviour: the policy before this update (the
+    batch's logp_old, recorded at sampling or recomputed with --recompute-logp), as the PACS reference code
+    does (old_log_probs); reference: the frozen reference policy (adapters off / initial weights)"""
     adv_estimator: Literal["rloo", "grpo", "naive"] = "rloo"
     use_weight: bool = False
     weight_mode: Literal["question", "only_positive", "only_negative"] = "question"
@@ -103,6 +107,7 @@ class PolicyInputs:
     mask: Optional[Tensor]
     logp: Tensor
     element_mask: Optional[Tensor] = None
+    log_ratio: Optional[Tensor] = None  # log of ``ratio`` (its level), with gradient: log pi - log pi_behaviour
     logp_ref: Optional[Tensor] = None
     group_id: Optional[Tensor] = None
     success: Optional[Tensor] = None
@@ -127,7 +132,7 @@ class _ModeSpec:
     fixed: Mapping[str, Any]
     dual_clip: bool
     per_action: bool  # one loss per action (its ratio at the sequence level whatever ratio_level says)
-    reads: frozenset[str]  # batch fields besides the ratio and advantage: logp_ref, group_id, success
+    reads: Callable[[PolicyLossParams], frozenset[str]]  # params -> batch fields besides the ratio and advantage
 
 
 _REGISTRY: Registry[_ModeSpec] = Registry("clip mode")  # modes and aliases
@@ -139,20 +144,22 @@ def register_policy_loss(
     aliases: Mapping[str, Mapping[str, Any]] | tuple[str, ...] = (),
     dual_clip: bool = False,
     per_action: bool = False,
-    reads: tuple[str, ...] = (),
+    reads: tuple[str, ...] | Callable[[PolicyLossParams], tuple[str, ...]] = (),
 ) -> Callable[[LossFn], LossFn]:
     """Register a clip mode under ``name``.
 
     ``aliases`` is a tuple of extra names, or a mapping alias -> params that alias fixes
     (e.g. ``{"soft_clip_alpha-2": {"soft_clip_alpha": 2.0}}``). ``dual_clip`` says whether
     ``dual_clip_c`` applies to this mode; ``per_action`` that it scores whole actions (``ratio_level``
-    does not apply); ``reads`` the batch fields it needs (``logp_ref``, ``group_id``, ``success``).
+    does not apply); ``reads`` the batch fields it needs (``logp_ref``, ``group_id``, ``success``), or a function
+    of its params that says which (a reference is computed only where one is read).
     """
     alias_map = dict(aliases) if isinstance(aliases, Mapping) else {a: {} for a in aliases}
+    reads_of = (lambda p: frozenset(reads(p))) if callable(reads) else (lambda p, fixed=frozenset(reads): fixed)
 
     def wrap(fn: LossFn) -> LossFn:
         for mode_name, fixed in {name: {}, **alias_map}.items():
-            _REGISTRY.add(mode_name, _ModeSpec(fn, fixed, dual_clip, per_action, frozenset(reads)))  # twice: ValueError
+            _REGISTRY.add(mode_name, _ModeSpec(fn, fixed, dual_clip, per_action, reads_of))  # twice: ValueError
             _CANONICAL[mode_name] = name
         return fn
 
@@ -310,16 +317,28 @@ def _cispo_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
     return LossTerms(loss, clipped=clipped, dead_grad=torch.zeros_like(clipped))
 
 
-@register_policy_loss("pacs", per_action=True, reads=("logp_ref", "group_id", "success"))
+def _pacs_reads(p: PolicyLossParams) -> tuple[str, ...]:
+    against_reference = p.reward_method == "1" and p.score_against == "reference"
+    return ("group_id", "success", *(("logp_ref",) if against_reference else ()))
+
+
+@register_policy_loss("pacs", per_action=True, reads=_pacs_reads)
 def _pacs_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
-    """PACS ("Implicit Actor Critic Coupling via a Supervised Learning Framework for RLVR"): the
-    action's score against the reference, compared within its group, is the logit of a binary
-    cross-entropy against the episode's success."""
-    if x.group_id is None or x.success is None or (p.reward_method == "1" and x.logp_ref is None):
+    """PACS ("PACS: Implicit Actor Critic Coupling via a Supervised Learning Framework for RLVR", arXiv
+    2509.02522): the action's score, compared within its group, is the logit of a binary cross-entropy against
+    the episode's success. reward_method 1 scores beta x the response's log-ratio to the policy before this
+    update (``score_against: behaviour``, the default: the authors' code, github.com/ritzz-ai/PACS,
+    ``src/pacs/pacs_core_algos.py`` ``compute_reward``, is called with ``old_log_probs``, the actor's own
+    log-probs recomputed before the update; their reference policy enters only an optional KL loss) or to the
+    frozen reference (``score_against: reference``)."""
+    against_reference = p.score_against == "reference"
+    if x.group_id is None or x.success is None or (p.reward_method == "1" and against_reference and x.logp_ref is None):
         raise ValueError("clip mode 'pacs' needs group_id and success in the batch (group rollouts) and, with "
-                         "reward_method 1, the reference log-probs")
-    if p.reward_method == "1":
+                         "reward_method 1 and score_against reference, the reference log-probs")
+    if p.reward_method == "1" and against_reference:
         score = p.beta * per_action(x.logp - x.logp_ref.detach(), x.element_mask, "sum")
+    elif p.reward_method == "1":  # the ratio is at the sequence level (per_action): log_ratio is the summed one
+        score = p.beta * x.log_ratio
     else:
         score = p.beta * per_action(x.logp, x.element_mask, "mean")
     score = score.to(torch.promote_types(score.dtype, torch.float32))  # group statistics of bf16 scores drift
@@ -355,22 +374,23 @@ class PolicyLoss:
     diagnostics of one minibatch."""
 
     def __init__(self, clip_mode: str, params: Mapping[str, Any] | PolicyLossParams | None = None,
-                 agg: str = "token-mean") -> None:
+                 agg: str = "minibatch-token-mean") -> None:
         """``agg``: how the masked per-element losses become one (``functional.aggregate``)."""
-        self.clip_mode, self.agg = clip_mode, agg
+        self.clip_mode, self.agg = clip_mode, loss_aggregation(agg)
         self._spec = _mode_spec(clip_mode)
         self.params = resolve_policy_loss_params(clip_mode, params)
 
     @property
     def reads(self) -> frozenset[str]:
         """Batch fields the mode needs besides log-probs and advantages (``logp_ref``, ``group_id``, ``success``)."""
-        return self._spec.reads
+        return self._spec.reads(self.params)
 
     def __call__(
         self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Optional[Tensor] = None, *,
         logp_ref: Optional[Tensor] = None, group_id: Optional[Tensor] = None, success: Optional[Tensor] = None,
+        counts: Optional[StepCounts] = None,
     ) -> tuple[Tensor, dict[str, float]]:
-        """See ``compute_policy_loss``."""
+        """See ``compute_policy_loss``; ``counts``: the optimiser step's, for ``global-token-mean``."""
         log_ratio = logp - logp_old.detach()
         adv = advantages.detach().to(log_ratio.dtype)
         try:
@@ -391,9 +411,11 @@ class PolicyLoss:
             mask = None if mask is None else mask.bool().any(-1, keepdim=True)
             shape = log_ratio.shape
         ratio = torch.exp(log_ratio)
-        inputs = PolicyInputs(ratio, adv.expand(shape), mask, logp, element_mask, logp_ref, group_id, success)
+        inputs = PolicyInputs(ratio, adv.expand(shape), mask, logp, element_mask, log_ratio, logp_ref, group_id, success)
         terms = self._spec.fn(inputs, self.params)
-        return aggregate(terms.loss, mask, self.agg), _diagnostics(ratio, log_ratio, terms, mask)
+        # A term per token is divided by the step's tokens, a term per action by its actions.
+        divisor = None if counts is None else counts.tokens if level == "token" else counts.actions
+        return aggregate(terms.loss, mask, self.agg, divisor), _diagnostics(ratio, log_ratio, terms, mask)
 
 
 def _diagnostics(ratio: Tensor, log_ratio: Tensor, terms: LossTerms, mask: Optional[Tensor]) -> dict[str, float]:

@@ -12,7 +12,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from async_rl.algo.functional import KL_ESTIMATORS, LOSS_AGGREGATIONS, aggregate, kl_penalty, ratio_guard, value_loss
+from async_rl.algo.functional import (KL_ESTIMATORS, StepCounts, aggregate, kl_penalty,
+                                      loss_aggregation, ratio_guard, value_loss)
 from async_rl.algo.losses import PolicyLoss, PolicyLossParams
 
 Tensor = torch.Tensor
@@ -35,6 +36,7 @@ class LossInputs:
     group_id: Optional[Tensor] = None  # [B] int64: the group of the step's episode (group rollouts)
     success: Optional[Tensor] = None  # [B] the episode's outcome (0/1), on every step of it
     mask: Optional[Tensor] = None  # [B, A] bool: the action's real elements (a response's tokens); None: all
+    step_counts: Optional[StepCounts] = None  # loss_agg global-token-mean: the optimiser step's (the trainer's count)
 
 
 @dataclass
@@ -50,16 +52,16 @@ class Objective:
     def __init__(self, clip_mode: str, clip_params: Mapping[str, Any] | PolicyLossParams | None = None, *,
                  value_coef: float = 0.5, value_clip_eps: Optional[float] = None, entropy_coef: float = 0.0,
                  kl_coef: float = 0.0, ratio_threshold: Optional[float] = None, kl_ref_coef: float = 0.0,
-                 kl_ref_estimator: str = "k3", kl_ref_as: str = "loss", loss_agg: str = "token-mean") -> None:
+                 kl_ref_estimator: str = "k3", kl_ref_as: str = "loss", loss_agg: str = "minibatch-token-mean") -> None:
         """``kl_coef``: KL to the behaviour policy (the one that collected the batch); ``kl_ref_coef``:
         KL to the reference policy (``x.logp_ref``), a loss term (``kl_ref_as="loss"``) or only logged
         (``"reward"``: the estimator subtracts it from the rewards, ``kl_reward_penalty``).
         ``loss_agg``: how a masked action's per-token terms (policy, entropy, KL) become one number
         (``functional.aggregate``); it applies where a minibatch carries a mask (variable-length actions)."""
-        if kl_ref_estimator not in KL_ESTIMATORS or kl_ref_as not in ("loss", "reward") or loss_agg not in LOSS_AGGREGATIONS:
-            raise ValueError(f"kl_ref_estimator '{kl_ref_estimator}' / kl_ref_as '{kl_ref_as}' / loss_agg '{loss_agg}': "
-                             f"valid {', '.join(KL_ESTIMATORS)} / loss, reward / {', '.join(LOSS_AGGREGATIONS)}")
-        self.loss_agg = loss_agg
+        if kl_ref_estimator not in KL_ESTIMATORS or kl_ref_as not in ("loss", "reward"):
+            raise ValueError(f"kl_ref_estimator '{kl_ref_estimator}' / kl_ref_as '{kl_ref_as}': "
+                             f"valid {', '.join(KL_ESTIMATORS)} / loss, reward")
+        self.loss_agg = loss_aggregation(loss_agg)
         self.policy_loss = PolicyLoss(clip_mode, clip_params, loss_agg)  # clip params resolved here, once
         self.value_coef, self.value_clip_eps = value_coef, value_clip_eps
         self.entropy_coef, self.kl_coef, self.ratio_threshold = entropy_coef, kl_coef, ratio_threshold
@@ -78,14 +80,16 @@ class Objective:
         """Whether a minibatch must carry the reference policy's log-probs (``LossInputs.logp_ref``)."""
         return self.kl_ref_coef > 0 or "logp_ref" in self.policy_loss.reads
 
-    def _per_action(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    def _per_action(self, x: Tensor, mask: Optional[Tensor], counts: Optional[StepCounts]) -> Tensor:
         """A term of a whole action: the sum over its dimensions, averaged over the batch (a joint
         Gaussian's entropy); for a masked (variable-length) action the per-token terms aggregated
         as ``loss_agg`` says."""
-        return x.sum(-1).mean() if mask is None else aggregate(x, mask, self.loss_agg)
+        return x.sum(-1).mean() if mask is None else self._per_element(x, mask, counts)
 
-    def _per_element(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
-        return x.mean() if mask is None else aggregate(x, mask, self.loss_agg)
+    def _per_element(self, x: Tensor, mask: Optional[Tensor], counts: Optional[StepCounts]) -> Tensor:
+        if mask is None:
+            return x.mean()
+        return aggregate(x, mask, self.loss_agg, None if counts is None else counts.tokens)
 
     def __call__(self, x: LossInputs, critic_only: bool = False) -> ObjectiveOut:
         """``critic_only`` (a critic warm-up): the loss is the value term alone; the other terms are still
@@ -96,19 +100,19 @@ class Objective:
             raise ValueError("the objective reads the reference policy (kl_ref_coef > 0 or clip mode pacs) but the "
                              "minibatch has no logp_ref")
         policy_loss, terms = self.policy_loss(x.logp, x.logp_old, x.advantage.unsqueeze(-1), x.mask, logp_ref=x.logp_ref,
-                                              group_id=x.group_id, success=x.success)
-        entropy = self._per_action(x.entropy, x.mask)
+                                              group_id=x.group_id, success=x.success, counts=x.step_counts)
+        entropy = self._per_action(x.entropy, x.mask, x.step_counts)
         parts = {"policy_loss": policy_loss, "entropy": entropy}
         loss = policy_loss - self.entropy_coef * entropy
         if x.value_target is not None:
             parts["value_loss"] = value_loss(x.value, x.value_old, x.value_target, self.value_clip_eps)
             loss = loss + self.value_coef * parts["value_loss"]
         if self.kl_coef > 0:  # k3 estimate of KL(current || behaviour) on the behaviour's samples
-            parts["kl"] = self._per_element(kl_penalty(x.logp, x.logp_old.detach(), "k3"), x.mask)
+            parts["kl"] = self._per_element(kl_penalty(x.logp, x.logp_old.detach(), "k3"), x.mask, x.step_counts)
             loss = loss + self.kl_coef * parts["kl"]
         if self.kl_ref_coef > 0:  # KL(current || reference) of the whole action, on the behaviour's samples
             parts["kl_ref"] = self._per_action(kl_penalty(x.logp, x.logp_ref.detach().to(x.logp.dtype), self.kl_ref_estimator),
-                                               x.mask)
+                                               x.mask, x.step_counts)
             if self.kl_ref_as == "loss":
                 loss = loss + self.kl_ref_coef * parts["kl_ref"]
         if critic_only:
