@@ -158,7 +158,7 @@ _judges = _JudgePool()
 
 def candidate_uids() -> tuple[int, int]:
     """[low, high): the uids this process gives its candidates (when it is root)."""
-    low = _UID_BASE + (os.getpid() % 4_000_000) * _UIDS_PER_PROCESS
+    low = _UID_BASE + (os.getpid() % (1 << 22)) * _UIDS_PER_PROCESS  # pid_max is at most 2**22
     return low, low + _UIDS_PER_PROCESS
 
 
@@ -319,11 +319,12 @@ def _end_candidate(proc: subprocess.Popen, isolated: bool) -> None:
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            proc.wait(timeout=10.0)
-        except subprocess.TimeoutExpired:
-            pass
-    _kill(proc)
+        if firsts:
+            try:
+                proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+    _kill(proc)  # no first process yet (unshare still starting it), or a namespace slow to end: the group
 
 
 def _kill(proc: subprocess.Popen) -> None:
