@@ -11,7 +11,8 @@ The judge runs the prompt's helpers (``prefix``) and the tests; the candidate's 
 a test, nor anything a test expects. When a test reads a name the prompt does not define and the tests
 do not bind (the entry point, or any function or value of the candidate's code), the judge asks the
 candidate's process for it: a value comes back as plain data, a function becomes a stand-in whose calls
-send their (plain-data) arguments and get back a plain-data result or the name of the exception raised.
+send their (plain-data) arguments and get back a plain-data result or the name of the exception raised
+(a builtin exception is re-raised as itself, except StopIteration, which would end a ``map`` early).
 The comparison, the ``abs(...) < eps``, the ``check(candidate)`` function, every assert runs in the
 judge on values it rebuilt from JSON itself, so none of it can be patched, introspected or faked from
 the candidate's interpreter. ``passed`` counts distinct tests, at most ``total``; a test the judge did
@@ -20,11 +21,13 @@ not finish (the candidate's process died, hung or broke its channel) fails.
 Judged this way: ``assert f(x) == y``, ``assert abs(f(x) - y) < eps``, ``assert f(x)`` / ``not f(x)``,
 ``try: f(x) ... except ValueError``, HumanEval's statements and ``check(candidate)`` functions,
 free-form asserts over the candidate's functions and plain module-level values, arguments computed
-by earlier calls or by the prompt's helpers. Not supported, and scored as failures (fail closed): a
-result or an argument that is not plain data (None, bool, int, float, str, bytes, complex and lists,
-tuples, sets, frozensets, dicts of them: an object of the candidate's class, a generator, a function),
-a test that checks how a call mutated its argument, or that uses a name the candidate defines only at
-run time when no ``entry_point`` is given. Names the prompt defines (``prefix``) are always the
+by earlier calls or by the prompt's helpers (all 164 HumanEval canonical solutions pass). Not
+supported, and scored as failures (fail closed): a result or an argument that is not plain data (None,
+bool, int, float, str, bytes, complex and lists, tuples, sets, frozensets, dicts of them; not an
+object of the candidate's class, a generator, a function), a test that checks how a call mutated its
+argument, reads the candidate's files, tests identity (``is``) beyond None/True/False, uses a module
+only the candidate imported, or a name the candidate defines only at run time when no ``entry_point``
+is given. Names the prompt defines (``prefix``) are always the
 prompt's: a candidate that redefines a helper (HumanEval/38's ``encode_cyclic``) changes only its own
 calls. A caller that passes the prompt inside ``code`` (no ``prefix``) gets the same verdicts, but the
 helpers then come from the candidate.
@@ -38,8 +41,8 @@ caller is not root; Linux >= 5.12; probed once per process):
   the standard library, a minimal /dev (null, zero, random, urandom), its own /proc and a fresh 64 MiB
   tmpfs on /tmp (its cwd, HOME and TMPDIR; the only writable place). No home directory, no project
   tree, no host /tmp (Ray's session directory), no /run (host sockets), no /etc/shadow;
-- an unprivileged uid of its own (a fixed high uid per concurrent slot) when the caller is root, the
-  caller's own (unprivileged) uid otherwise; no capabilities, so file permissions and RLIMIT_NPROC
+- an unprivileged uid of its own (a high uid per concurrent candidate of the calling process) when the
+  caller is root, the caller's own (unprivileged) uid otherwise; no capabilities, so file permissions and RLIMIT_NPROC
   apply (threads count: a ``clone(CLONE_THREAD)`` bomb stops at ``max_procs``);
 - no network (its own namespace, loopback down), no new processes (seccomp: fork, vfork, clone of a
   process fail), no signals to anyone but itself, no ptrace; PID namespace: when its first process
@@ -56,8 +59,13 @@ Fail closed: when no namespace variant works, ``run_tests`` raises ``SandboxUnav
 why, and how to allow the weak mode) instead of running the code. The weak mode (``sandbox_mode: weak``
 in a run's config, ``--sandbox-mode weak`` on the command line, or ``ASYNC_RL_SANDBOX_MODE=weak``) runs
 the candidate as the caller's user with the same rlimits, seccomp filter, caps and judge, but protects
-NOTHING of the machine beyond that: it can read and write the caller's files, reach the network, and
-read the judge's memory. Use it only on a machine that holds nothing to protect.
+NOTHING of the machine beyond that: it can read and write the caller's files and reach the network, and
+as the judge's user (root's capabilities included, for a root caller) it may reach the judge and forge
+verdicts. Use it only on a machine that holds nothing to protect, for code that is not an adversary.
+
+Judges are processes of their own, reused from run to run (``async_rl/sandbox_run.py``: a fresh
+namespace per run; one whose run did not end cleanly is killed), so a candidate costs one interpreter
+start, as before the judge existed.
 
 Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it
 learns of a test's inputs (the arguments of its own calls), and a reward that a correct function
