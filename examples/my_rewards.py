@@ -1,8 +1,8 @@
-"""An example of a reward function of your own (TRL's convention), used as --reward my_rewards:brevity from
-this folder (or with examples/ on PYTHONPATH):
+"""An example of a reward function of your own (TRL's convention), used as --reward my_rewards:brevity with
+examples/ as the working directory or on PYTHONPATH:
 
-    python launch/ds_lm_grpo.py --data examples/arithmetic_train.jsonl --heldout-data examples/arithmetic_heldout.jsonl \\
-        --reward math --reward my_rewards:brevity=0.2
+    PYTHONPATH=examples python launch/ds_lm_grpo.py --data examples/arithmetic_train.jsonl \\
+        --heldout-data examples/arithmetic_heldout.jsonl --reward math --reward my_rewards:brevity=0.2
 """
 
 

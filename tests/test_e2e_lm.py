@@ -1,7 +1,10 @@
 """A real run of the language-model launch on the real pretrained model (SmolLM2-135M-Instruct from the
 registry's GGUF file): local Ray, a DeepSpeed ZeRO-2 trainer over a LoRA model, GRPO on arithmetic with
 groups of responses generated in one batched call, adapter-only weight sync, KL to the adapters-off
-reference, and the held-out evaluation at the end."""
+reference, and the held-out evaluation at the end; and the same launch on a user's JSONL with the built-in math
+reward plus a reward function of the user's own (--data, --heldout-data, --reward)."""
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,44 @@ def test_grpo_on_arithmetic_with_the_real_model(tmp_path):
     assert "train/kl_ref" in summary and "train/policy_loss" in summary
     assert 0.0 <= summary["eval/heldout_reward"] <= 1.0
     assert (log_dir / "eval_problems.json").is_file()
+
+
+def _launch_module():
+    spec = importlib.util.spec_from_file_location("ds_lm_grpo_launch", ROOT / "launch" / "ds_lm_grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkeypatch):
+    """The README's two commands in one run: the built-in math reward by name and a user's function by import path
+    (a module in the working directory, which Ray's workers import from the folder the driver found it in)."""
+    train = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a, b in ((3, 4), (10, 5), (7, 7), (20, 1))]
+    heldout = [{"prompt": f"Work out {a} - {b}.", "answer": a - b} for a, b in ((9, 4), (30, 10), (8, 8))]
+    for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "e2e_user_rewards.py").write_text(
+        "def brevity(prompts, completions, answer, **kwargs):\n"
+        "    return [max(0.0, 1.0 - len(c) / 40) for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    launch = _launch_module()
+    options, rest = launch.split_shorthands([
+        "--data", "train.jsonl", "--heldout-data", "heldout.jsonl", "--reward", "math", "--reward", "e2e_user_rewards:brevity=0.5",
+        "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled", "--log-interval-seconds", "0.01",
+        "--group-size", str(GROUP), "--envs-per-worker", str(2 * GROUP), "--inference-batch", str(2 * GROUP),
+        "--policy-kwargs", f"{{max_prompt_tokens: 64, max_new_tokens: {NEW_TOKENS}}}", "--train-batch-size", str(GROUP),
+        "--accumulation-steps", "2", "--super-batch-size", str(2 * GROUP), "--replay-capacity", "64", "--lora-rank", "4"])
+    cfg = load_config(rest, str(launch.CONFIG))
+    launch.amend_with(options)(cfg)
+    assert cfg.env == "prompts" and cfg.env_kwargs["rewards"] == ["math", "e2e_user_rewards:brevity=0.5"]
+    summary = run(cfg)
+    assert summary["epochs"] == 2
+    # Each reward's mean and std reached the logs beside the weighted total, in training and in the final evaluation.
+    for name in ("math", "brevity", "total"):
+        assert f"reward/{name}" in summary and f"reward/{name}_std" in summary, name
+    assert 0.0 <= summary["reward/math"] <= 1.0 and 0.0 <= summary["reward/brevity"] <= 1.0
+    assert summary["eval/heldout_reward"] == pytest.approx(summary["eval/heldout_reward/math"]
+                                                           + 0.5 * summary["eval/heldout_reward/brevity"])
+    rows = json.loads((tmp_path / "run" / "eval_problems.json").read_text())
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in heldout]
+    assert all(set(r["rewards"]) == {"math", "brevity"} for r in rows)

@@ -1,5 +1,6 @@
 """launch/eval_lm.py: bad input is one line and exit 2 before the model loads; a real evaluation of the
-default model writes the documented keys for answer problems and for code problems."""
+default model writes the documented keys for answer problems, for code problems and for any data with
+--reward (per-reward figures)."""
 import json
 import subprocess
 import sys
@@ -36,6 +37,22 @@ def test_bad_problem_files_are_one_line_and_exit_2(tmp_path, rows, message):
     assert not (tmp_path / "o.json").exists()
 
 
+def test_bad_rewards_are_one_line_and_exit_2(tmp_path):
+    rows = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 0}])
+    (tmp_path / "eval_user_rewards.py").write_text("def inverse(prompts, completions, answer, **kw):\n"
+                                                   "    return [1 / a for a in answer]\n")
+    for args, message in ((["--reward", "maths"], "unknown reward 'maths'"),
+                          (["--reward", "no_such_rewards_module:f"], "does not import"),
+                          (["--reward", "code_tests"], "needs column(s) tests"),
+                          (["--reward", "eval_user_rewards:inverse"], "reward inverse raised ZeroDivisionError")):
+        done = subprocess.run([*EVAL, "--data", str(rows), *args, "--out", str(tmp_path / "o.json")], capture_output=True,
+                              text=True, timeout=600, cwd=tmp_path)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+    assert "p.jsonl line 2" in lines[0]  # the row the reward raised on
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_other_bad_input(tmp_path):
     problems = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "answer": 1}])
     for args, message in ((["--problems", str(tmp_path / "none.jsonl")], "no such file"),
@@ -60,6 +77,24 @@ def test_the_default_model_on_answer_and_code_problems(tmp_path):
     for row in report["problems"]:
         assert row["score"] == arithmetic_reward(row["responses"][0], row["answer"])
 
+    assert report["rewards"]["math"]["mean"] == report["accuracy"]  # the default reward of an answer file
+
+    # Any data with rewards named as for training: a Parquet file, the built-in math and a user's function.
+    import datasets
+
+    datasets.Dataset.from_list([{"prompt": "What is 3 + 3?", "answer": 6, "unit": "apples"}]).to_parquet(str(tmp_path / "d.parquet"))
+    (tmp_path / "unit_rewards.py").write_text("def says_unit(prompts, completions, unit, **kw):\n"
+                                              "    return [float(u in c) for c, u in zip(completions, unit)]\n")
+    done = subprocess.run([*EVAL, "--data", str(tmp_path / "d.parquet"), "--reward", "math=2", "--reward", "unit_rewards:says_unit",
+                           "--out", str(tmp_path / "d.json"), "--max-new-tokens", "8"], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "d.json").read_text())
+    row = report["problems"][0]
+    assert set(report["rewards"]) == {"math", "says_unit"} and set(row["rewards"]) == {"math", "says_unit"}
+    assert row["rewards"]["says_unit"] == [float("apples" in row["responses"][0])]
+    assert report["reward"] == row["score"] == 2 * row["rewards"]["math"][0] + row["rewards"]["says_unit"][0]
+
     # A prompt longer than the default model's 256-token width (HumanEval's reach 334): the width grows to fit.
     rules = " ".join(["Keep the function short and pure."] * 50)
     code = write_jsonl(tmp_path / "c.jsonl", [{"prompt": f"{rules} Write a Python function add(a, b) that returns a + b, in a "
@@ -69,3 +104,4 @@ def test_the_default_model_on_answer_and_code_problems(tmp_path):
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["n"] == 1 and 0.0 <= report["pass_rate"] <= 1.0 and "solved" in report
     assert len(report["problems"][0]["responses"]) == 2 and len(report["problems"][0]["scores"]) == 2
+    assert report["rewards"]["code_tests"]["mean"] == report["pass_rate"]

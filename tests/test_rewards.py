@@ -1,6 +1,8 @@
 """Reward functions (async_rl/rewards): the built-ins' values, names and weights parsed into specs, user
 functions imported by path, and the one-line errors of a reward that raises or returns the wrong shape."""
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +10,8 @@ from async_rl.errors import ConfigError
 from async_rl.rewards import REWARDS
 from async_rl.rewards.functions import parse_reward_specs, required_columns
 from async_rl.rewards.scoring import RewardFunctionError, RewardSet, dry_run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _call(name, completions, **columns):
@@ -109,3 +113,15 @@ def test_a_raising_reward_names_the_row_it_raised_on():
     rows = [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]
     with pytest.raises(RewardFunctionError, match=r"reward picky raised ZeroDivisionError: .* on data.jsonl line 2$"):
         dry_run(_set_of(picky), rows, ["data.jsonl line 1", "data.jsonl line 2"])
+
+
+def test_discovering_the_rewards_and_envs_imports_no_heavy_package():
+    code = ("import sys\n"
+            "from envs import available_envs\n"
+            "from async_rl.rewards import REWARDS\n"
+            "assert {'math', 'code_tests', 'format', 'length'} <= set(REWARDS.names()) and 'prompts' in available_envs()\n"
+            "assert not REWARDS.broken_modules, REWARDS.broken_modules\n"
+            "heavy = [m for m in ('math_verify', 'sympy', 'datasets', 'pyarrow', 'ray') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
