@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`.
 PY := .venv/bin/python
 
-.PHONY: setup run test bench lock
+.PHONY: setup run test bench lock durations
 
 # Installs exactly the lock in requirements/ (both venvs; a stamp skips it when nothing changed).
 setup:
@@ -20,3 +20,10 @@ test: setup
 bench: setup
 	for b in env_raw weight_sync inference throughput async_vs_sync learning chaos; do \
 		$(PY) benchmarks/bench_$$b.py --quick --out runs/bench/$$b.json || exit 1; done
+
+# Per-file and per-test wall time into tests/durations.json, with the machine's speed (the raw MetaWorld
+# env's steps/s) and load; `make durations FILES="tests/test_bf16.py tests/test_faults.py"` refreshes some files.
+durations: setup
+	$(PY) benchmarks/bench_env_raw.py --workers 1 --seconds 10 --out runs/bench/machine_speed.json
+	$(PY) -m pytest $(or $(FILES),tests) -q -p no:cacheprovider --timeout=900 --durations=0 \
+		--durations-json=tests/durations.json --durations-machine=runs/bench/machine_speed.json

@@ -12,6 +12,8 @@ import torch
 from async_rl.process_setup import pythonpath_with
 
 TESTS = Path(__file__).resolve().parent
+# --durations-json: per-file wall time kept in tests/durations.json (`make durations`, tests/README.md).
+pytest_plugins = ["durations_record"]
 
 
 @contextlib.contextmanager
@@ -27,6 +29,52 @@ def child_pythonpath(*paths: Path):
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = old
+
+
+# ---- the suite's layers ---------------------------------------------------------------------------
+# `pytest tests -m "not e2e"` runs the fast layer, `-m e2e` the real runs, `-m multinode` the two-node
+# cluster tests, `-m gpu` tests/gpu; `make test` runs everything (no -m). Where a test goes: tests/README.md.
+MARKERS = {
+    "e2e": "a real run end to end (the driver or a launch script: Ray, trainer ranks, inference, workers, a real env)",
+    "multinode": "a real two-node Ray cluster (network namespaces, root; skipped without them); also e2e",
+    "gpu": "needs a CUDA GPU (tests/gpu; skipped without one)",
+}
+# file -> the test functions (names without parameters) that are real runs; None: every test of the file.
+E2E = {
+    "test_e2e_metaworld.py": None, "test_e2e_ctrl.py": None, "test_e2e_libero.py": None, "test_e2e_compilergym.py": None,
+    "test_e2e_lm.py": None, "test_actor_deaths.py": None, "test_stop_signals.py": None, "test_quiet_run.py": None,
+    "test_group_rollouts.py": None, "test_multinode.py": None, "test_multinode_node_loss.py": None,
+    "test_faults.py": ("test_run_survives_injected_failures_and_stops_on_a_dead_trainer", "test_two_node_cluster_run"),
+    "test_bf16.py": ("test_bf16_run_trains_and_syncs_weights",),
+    "test_checkpoint.py": ("test_stop_and_resume_continues_counters_weights_and_buffer",),
+    "test_resume.py": ("test_a_libero_vla_run_resumes_from_its_own_checkpoint",),
+    "test_vla_checkpoints.py": ("test_native_checkpoint_trains_through_model_path",),
+    "test_media_report.py": ("test_redirected_log_has_status_lines_and_no_error_lines", "test_run_writes_videos_mp4_and_report",
+                             "test_report_compares_runs_and_names_a_bad_dir"),
+    "test_sft.py": ("test_sft_loss_falls_and_logs_to_tensorboard", "test_the_learning_rate_follows_its_schedule_from_the_first_step",
+                    "test_the_export_loads_through_the_rl_launch_and_acts_as_trained",
+                    "test_init_from_of_another_policy_or_env_is_one_line_before_ray"),
+    "test_ctrl_sft.py": ("test_text_sft_loss_falls_and_the_export_answers_as_trained",
+                         "test_the_export_is_an_rl_runs_init_from_and_bad_input_is_one_line"),
+}
+MULTINODE = {"test_multinode.py", "test_multinode_node_loss.py"}
+
+
+def pytest_configure(config):
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent.name == "gpu" and path.parent.parent == TESTS:
+            item.add_marker(pytest.mark.gpu)
+        names = E2E.get(path.name, ())
+        if names is None or getattr(item, "originalname", item.name) in names:
+            item.add_marker(pytest.mark.e2e)
+        if path.name in MULTINODE:
+            item.add_marker(pytest.mark.multinode)
 
 
 @pytest.fixture(scope="module")
