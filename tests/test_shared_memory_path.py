@@ -122,8 +122,14 @@ def test_slab_round_trip_misfit_errors_and_either_side_closing(loop):
         client.close()
         server.close()
         unclaimed = SlabServer(serve, "inference-1", 0.2)
-        await unclaimed.offer("worker-2", spec)  # never connected: its segment goes after the timeout
-        await asyncio.sleep(0.5)
+        offer = await unclaimed.offer("worker-2", spec)  # never connected: its segment goes after the timeout,
+        name = offer.segment.lstrip("/")
+        assert name in segments()
+        for _ in range(200):  # before close() (which would unlink it too), polled for up to 10 s
+            if name not in segments():
+                break
+            await asyncio.sleep(0.05)
+        assert name not in segments(), "an offer nobody claimed kept its segment past its connect timeout"
         unclaimed.close()
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
