@@ -250,3 +250,30 @@ def test_no_isolation_fails_closed_unless_weak_is_allowed(monkeypatch, tmp_path)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     allowed = subprocess.run(cmd + ["--sandbox-mode", "weak"], capture_output=True, text=True, cwd=ROOT, env=env)
     assert allowed.returncode == 0 and json.loads(allowed.stdout) == {"passed": 1, "total": 1, "reason": "ok"}
+
+
+def test_plain_data_wire_is_strict():
+    """What crosses from a candidate to the judge: exact plain types only, rebuilt by the judge itself."""
+    from async_rl.sandbox_wire import NotPlain, dump_line, from_plain, parse_line, to_plain
+
+    value = [None, True, 3, -2.5, float("inf"), "s", b"\x00b", 1 + 2j, (1, (2,)), {1, 2}, frozenset({3}),
+             {"k": [1], 2: (3,)}]
+    back = from_plain(parse_line(dump_line({"value": to_plain(value)}).rstrip(b"\n"))["value"])
+    assert back == value and [type(v) for v in back] == [type(v) for v in value]
+
+    class Int(int):
+        def __eq__(self, other):
+            return True
+
+    nested = []
+    for _ in range(100):
+        nested = [nested]
+    for bad in (Int(1), object(), (x for x in ()), len, nested):
+        with pytest.raises(NotPlain):
+            to_plain(bad)
+    for node in ({"X": []}, {"L": [], "T": []}, {"S": [{"L": []}]}, {"D": [[1]]}, {"C": ["a", 1]}, [1]):
+        with pytest.raises(NotPlain):
+            from_plain(node)
+    for line in (b"{", b"[1]", b"\xff", b"1" * 5000):
+        with pytest.raises(NotPlain):
+            parse_line(line)
