@@ -25,6 +25,7 @@ import functools
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence, Union
 
 import numpy as np
@@ -80,6 +81,7 @@ def prompts_task_set(data: Optional[str] = None, heldout_data: Optional[str] = N
     if data is None:
         raise ConfigError("env prompts needs its training rows: --data FILE (JSONL, Parquet or a datasets folder)")
     check_split(split, "prompts")
+    data, heldout_data = _absolute(data), _absolute(heldout_data)  # Ray's workers may start in another folder
     dict_folder = is_split_folder(str(data))
     train = FileRows(str(data), train_split if dict_folder else None, "--data")
     if heldout_data is not None:
@@ -104,6 +106,13 @@ def prompts_task_set(data: Optional[str] = None, heldout_data: Optional[str] = N
                           "held-out prompts must never be trained on: remove them from one side")
     check_task_set(task_set)
     return task_set
+
+
+def _absolute(path: Optional[str]) -> Optional[str]:
+    """An existing path made absolute; anything else as given (its error then names it as the user wrote it)."""
+    if path is None or not Path(str(path)).expanduser().exists():
+        return path
+    return str(Path(str(path)).expanduser().resolve())
 
 
 def _success_name(specs: Sequence[RewardSpec], chosen: Optional[str]) -> str:

@@ -26,13 +26,14 @@ class RewardSet:
         self.specs = list(specs)
         self.functions = [spec.load() for spec in self.specs]
         self.names = [spec.name for spec in self.specs]
+        self.required = [required_columns(fn) for fn in self.functions]  # read once: data sets are checked row by row
 
     def missing_columns(self, columns: Sequence[str]) -> dict[str, list[str]]:
         """``{reward name: [columns it needs that are not in columns]}`` for the rewards that lack some."""
         have = set(columns)
         out = {}
-        for name, fn in zip(self.names, self.functions):
-            missing = [c for c in required_columns(fn) if c not in have]
+        for name, required in zip(self.names, self.required):
+            missing = [c for c in required if c not in have]
             if missing:
                 out[name] = missing
         return out
