@@ -100,15 +100,24 @@ def text_sft(tmp_path_factory):
     return root, summary
 
 
+@pytest.fixture(scope="module")
+def exported(text_sft):
+    """The export loaded once for this module's tests (read-only: they answer with it and compare weights)."""
+    from async_rl.policies.lm_checkpoint import load_lm_policy
+
+    policy, preprocess, _ = load_lm_policy(init_from=text_sft[1]["export"])
+    return policy, preprocess
+
+
 @needs_model
 @pytest.mark.timeout(600)
-def test_text_sft_loss_falls_and_the_export_answers_as_trained(text_sft):
+def test_text_sft_loss_falls_and_the_export_answers_as_trained(text_sft, exported):
     from async_rl.policies.lm_checkpoint import answer, load_lm_policy
 
     root, summary = text_sft
     assert summary["epochs"] == 5 and summary["frames"] == 4
     assert summary["loss_last"] < 0.5 * summary["loss_first"], summary
-    policy, preprocess, _ = load_lm_policy(init_from=summary["export"])
+    policy, preprocess = exported
     probes = answer(policy, preprocess, [p["prompt"] for p in PAIRS], greedy=True)
     assert probes == [[int(t) for t in row if t >= 0] for row in summary["probe_env_actions"]]
     base, base_pre, _ = load_lm_policy(overrides={"max_prompt_tokens": 288, "max_new_tokens": 16})
@@ -117,17 +126,17 @@ def test_text_sft_loss_falls_and_the_export_answers_as_trained(text_sft):
 
 @needs_model
 @pytest.mark.timeout(600)
-def test_the_export_is_an_rl_runs_init_from_and_bad_input_is_one_line(text_sft, tmp_path):
+def test_the_export_is_an_rl_runs_init_from_and_bad_input_is_one_line(text_sft, exported, tmp_path):
     from async_rl.config import load_config
     from async_rl.driver import prepare
     from async_rl.orchestration.runtime import Runtime
-    from async_rl.policies.lm_checkpoint import load_lm_policy
 
     root, summary = text_sft
     cfg = load_config(["--init-from", summary["export"], "--log-dir", str(tmp_path / "rl"), *SMALL],
                       str(ROOT / "configs" / "ctrl_from_sft.yaml"))
     policy = Runtime(cfg, prepare(cfg)).policy_factory().eval()  # what the RL run's actors build
-    exported, preprocess, _ = load_lm_policy(init_from=summary["export"])
+    exported = exported[0]
+    assert policy.state_dict().keys() == exported.state_dict().keys()
     for (name, mine), (_, theirs) in zip(policy.state_dict().items(), exported.state_dict().items()):
         assert torch.equal(mine, theirs), name
     launch = ROOT / "launch"
