@@ -25,6 +25,9 @@ def test_math_reads_answers_as_written():
     # A sign detached from its number, and a unicode minus, are the number's sign (issue 48, item 8).
     negatives = ["63 - 88 = - 25", "63 - 88 = \u221225", "- 25", "63 - 88 = 25"]
     assert _call("math", negatives, answer=[-25] * 4) == [1.0, 1.0, 1.0, 0.0]
+    # Restating the question is no answer: math-verify alone evaluates "49 - 19" and scores it right.
+    assert _call("math", ["To evaluate 49 - 19, we need to find the difference", "49 - 19 = 30", "(3) * (4)"],
+                 answer=[30, 30, 12]) == [0.0, 1.0, 0.0]
     # LaTeX fractions against a plain answer, and an answer given as LaTeX.
     assert _call("math", ["so $\\frac{1}{2}$", "0.5", "\\boxed{\\frac{2}{3}}"], answer=["1/2", "0.5", "\\frac{2}{3}"]) == \
         [1.0, 1.0, 1.0]

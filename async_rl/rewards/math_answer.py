@@ -3,7 +3,9 @@ Hugging Face's ``math-verify`` (LaTeX, ``\\boxed{}``, fractions, plain numbers; 
 "The answer is 42. Check: 40 + 2." reads 42).
 
 One normalisation runs first, for answers a model writes with a detached sign: "63 - 88 = - 25" and a
-unicode minus ("= \u221225") both mean -25, where math-verify alone reads the first as 25.
+unicode minus ("= \u221225") both mean -25, where math-verify alone reads the first as 25. And an answer that
+is an unworked sum, difference or product of plain numbers ("To evaluate 49 - 19, we need ...") is no answer:
+math-verify would evaluate it, rewarding a restatement of the question.
 
 math-verify bounds its parsing time with ``SIGALRM``, which only the main thread may set; rollout workers
 score in their env thread, so there the bound is off (completions are already bounded by max_new_tokens).
@@ -18,6 +20,10 @@ from async_rl.rewards import completion_text, register_reward
 
 # A sign right after "=" or ":" (or at the start), spaces, then a digit: the sign belongs to the number.
 _DETACHED_SIGN = re.compile(r"(^|[=:]\s*)-\s+(?=\d)")
+# A sum, difference or product of plain numbers, not worked out ("49 - 19"): math-verify evaluates it, so a model
+# that restates an arithmetic question ("To evaluate 49 - 19, we ...") would be scored right without answering.
+_NUMBER = r"\(?-?\d[\d.,]*\)?"
+_UNEVALUATED = re.compile(rf"^{_NUMBER}(\s*[-+*\u00d7\u00b7]\s*{_NUMBER})+$")
 _TIMEOUT_S = 5
 
 
@@ -43,7 +49,7 @@ def answer_matches(text: str, answer: Any) -> tuple[bool, bool]:
     from math_verify import parse, verify  # noqa: PLC0415
 
     found = parse(normalise_signs(text), parsing_timeout=_timeout())
-    if not found:
+    if not found or (len(found) > 1 and _UNEVALUATED.match(str(found[-1]).strip())):
         return False, False
     gold = gold_answer(answer)
     return True, bool(gold) and bool(verify(gold, found, timeout_seconds=_timeout()))
