@@ -68,13 +68,16 @@ def explicit_generation_config(greedy: bool, max_new_tokens: int, min_new_tokens
     ahead of the recorder), so nothing runs after the recorder and nothing comes from the model's files."""
     from transformers import GenerationConfig
 
+    # Sampling-only fields only when sampling (greedy decoding warns about them at every call); either way the
+    # neutral model config leaves nothing else to fill them from.
+    warpers_off = {} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0,
+                                         eta_cutoff=0.0)
     return GenerationConfig(
-        do_sample=not greedy, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, min_length=0,
+        do_sample=not greedy, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
         pad_token_id=pad_id, eos_token_id=stop_ids, use_cache=True, num_beams=1, num_return_sequences=1,
-        temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
         repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
         encoder_no_repeat_ngram_size=0, renormalize_logits=False, remove_invalid_values=False,
-        guidance_scale=1.0, output_scores=False, return_dict_in_generate=False)
+        guidance_scale=1.0, output_scores=False, return_dict_in_generate=False, **warpers_off)
 
 
 class SampledLogProbs:
