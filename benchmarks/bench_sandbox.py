@@ -2,12 +2,13 @@
 
 Runs every problem's canonical solution (the prompt + its ``canonical_solution``) against the
 problem's tests as the HumanEval env does, first one at a time (wall milliseconds per candidate),
-then through a ``SandboxPool`` of 2 workers (candidates per second). Also counts how many canonical
+then through a ``SandboxPool`` of ``--workers`` threads (default 2; candidates per second). Also counts how many canonical
 solutions pass all their tests: an honest answer must pass, whatever the sandbox does to stop forgeries.
 
     .venv/bin/python benchmarks/bench_sandbox.py --quick --out benchmarks/results/sandbox_quick.json
 
-``--quick``: the first 40 problems; otherwise all 164. The figures depend on the machine's load,
+``--quick``: the first 40 problems; otherwise all 164. The cost before a change: the same script run
+from an export of the older tree (``git archive REV async_rl envs benchmarks | tar -x -C DIR``). The figures depend on the machine's load,
 recorded with them (``load_avg_1min_before`` / ``_after``).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import parser, report, run_facts  # noqa: E402
 
-HEADLINE = ("ms_per_candidate_median", "ms_per_candidate_mean", "pool2_candidates_per_s", "canonical_all_passed",
+HEADLINE = ("ms_per_candidate_median", "ms_per_candidate_mean", "pool_candidates_per_s", "pool_workers", "canonical_all_passed",
             "canonical_problems", "isolation", "load_avg_1min_before", "load_avg_1min_after")
 
 
@@ -43,7 +44,11 @@ def _jobs(limit: int) -> list[tuple[str, list[str], dict]]:
 
 
 def main() -> None:
-    args = parser(__doc__, "the first 40 problems instead of all 164").parse_args()
+    ap = parser(__doc__, "the first 40 problems instead of all 164")
+    ap.add_argument("--workers", type=int, default=2, help="the SandboxPool's threads for the throughput figure")
+    args = ap.parse_args()
+    if args.workers < 1:
+        ap.error(f"--workers must be >= 1, got {args.workers}")
     from async_rl.sandbox import SandboxPool, isolation_mode, run_tests  # noqa: PLC0415
 
     load_before, t_start = __import__("os").getloadavg(), time.monotonic()
@@ -58,7 +63,7 @@ def main() -> None:
         passed += result.all_passed
         if not result.all_passed:
             failures.append(f"{len(seconds) - 1}:{result.passed}/{result.total}:{result.reason}")
-    with SandboxPool(workers=2) as pool:
+    with SandboxPool(workers=args.workers) as pool:
         t0 = time.monotonic()
         futures = [pool.submit(code, tests, timeout_s=3.0, **extra) for code, tests, extra in jobs]
         pool_results = [f.result() for f in futures]
@@ -72,7 +77,8 @@ def main() -> None:
         "ms_per_candidate_median": round(1000 * statistics.median(seconds), 1),
         "ms_per_candidate_mean": round(1000 * statistics.mean(seconds), 1),
         "ms_per_candidate_max": round(1000 * max(seconds), 1),
-        "pool2_candidates_per_s": round(len(jobs) / pool_s, 2),
+        "pool_workers": args.workers,
+        "pool_candidates_per_s": round(len(jobs) / pool_s, 2),
         **run_facts(args.quick, load_before, __import__("os").getloadavg(), time.monotonic() - t_start),
     }
     report(figures, args, headline=HEADLINE)
