@@ -88,6 +88,22 @@ def measure(runtime: Any, prompts: Any, repeats: int) -> dict[str, Any]:
             "generation_tokens_per_sec": tokens / seconds, "generation_tokens": tokens}
 
 
+def skip_counters(log_dir: Path) -> dict[str, float]:
+    """Why updates were skipped, from the run's TensorBoard scalars: minibatches skipped per guard (summed over
+    epochs), and the importance ratio's range (a ratio guard fires on it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0}).Reload()
+    tags = set(acc.Tags()["scalars"])
+    values = {tag: [e.value for e in acc.Scalars(tag)] for tag in tags}
+    out = {f"sum_{tag.replace('/', '_')}": float(sum(v)) for tag, v in values.items()
+           if tag.endswith("_skipped") or tag in ("health/skipped_minibatches",)}
+    for tag, pick in (("train/ratio_max", max), ("train/ratio_min", min), ("train/ratio_mean", max)):
+        if values.get(tag):
+            out[f"{pick.__name__}_{tag.replace('/', '_')}"] = float(pick(values[tag]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="write the figures here as flat JSON")
@@ -97,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="build a random SmolLM2-135M-shaped model around this tokenizer folder and use it")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu runs the same steps on a CPU machine (to try the check's plumbing; fp32, slow)")
+    ap.add_argument("--heldout", type=int, default=16, help="held-out problems answered greedily at the end")
     ap.add_argument("--gen-batch", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--gen-repeats", type=int, default=3)
@@ -128,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(flags, str(ROOT / "configs" / "lm_arithmetic.yaml"))
         cfg.policy_kwargs = {**cfg.policy_kwargs, "max_new_tokens": args.gen_tokens}  # the config's other kwargs kept
+        cfg.env_kwargs = {**cfg.env_kwargs, "heldout_size": args.heldout}  # the final greedy evaluation's size
         task_set = prepare(cfg)
     except ConfigError as exc:
         print(f"gpu_lm_grpo: {exc}", file=sys.stderr)
@@ -148,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                                        and figures["trainer_dtype"] == ("torch.bfloat16" if args.device == "cuda"
                                                                         else "torch.float32") and figures["global_step"] >= 1
                                        and figures["skipped_updates"] == 0 and figures["inference_holds_rank0_weights"])
+    figures.update(skip_counters(Path(cfg.log_dir)))
     out.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     print(json.dumps(figures, default=str))
     return 0 if figures["zero2_bf16_update_ok"] and summary["epochs"] == args.epochs else 1

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "weight_sync", "lm_grpo")
 # Each step's share of the budget (the rest is start-up slack); a step is killed at its share.
-SHARES = {"tests": 0.35, "weight_sync": 0.2, "lm_grpo": 0.4}
+SHARES = {"tests": 0.3, "weight_sync": 0.15, "lm_grpo": 0.5}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
