@@ -144,3 +144,30 @@ def test_final_evaluation_reports_each_reward(files):
     assert report["scalars"]["eval/heldout_success"] == pytest.approx(2 / 3)
     rows = report["files"]["eval_problems.json"]
     assert [r["prompt"] for r in rows] == [r["prompt"] for r in HELDOUT[:3]] and rows[1]["rewards"]["math"] == 0.0
+
+
+def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, monkeypatch, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    import ray
+
+    spec = importlib.util.spec_from_file_location("ds_lm_grpo_bad_input", Path(__file__).resolve().parents[1] / "launch" / "ds_lm_grpo.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    train, heldout = files
+    (tmp_path / "broken_rewards.py").write_text("import a_module_that_is_not_installed\n")
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (["--data", "missing.jsonl", "--heldout-data", heldout], "no such file"),
+        (["--data", train, "--heldout-data", write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x?"}])], "needs column(s) answer"),
+        (["--data", train, "--heldout-data", heldout, "--reward", "maths"], "unknown reward 'maths'"),
+        (["--data", train, "--heldout-data", heldout, "--reward", "broken_rewards:f"], "does not import"),
+        (["--data", train, "--heldout-data", train], "share 10 prompt(s)"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            launch.main([*argv, "--log-dir", str(tmp_path / "run")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and len(err) == 1 and message in err[0], err
+    assert not ray.is_initialized() and not (tmp_path / "run").exists()
