@@ -94,7 +94,8 @@ from typing import Iterable, Optional, Sequence
 from async_rl.errors import ConfigError
 from async_rl.sandbox_run import REASONS, SandboxResult, run_candidate
 
-__all__ = ["CHANNEL_VIOLATIONS", "REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable", "isolation_mode",
+__all__ = ["CHANNEL_VIOLATIONS", "REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable",
+           "isolation_mode",
            "run_tests", "set_sandbox_mode"]
 
 SANDBOX_MODES = ("strict", "weak")

@@ -172,10 +172,11 @@ def run_candidate(code: str, tests: list[str], prefix: str, entry_point: Optiona
     cgroup = cgroup_for(slot, memory_mb, max_procs) if slot is not None else None
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
+    uid = None if slot is None else candidate_uids()[0] + slot % _UIDS_PER_PROCESS
     child_orders = {"code": code, "prefix": prefix, "request_fd": request_r, "answer_fd": answer_w,
                     "isolated": isolated, "workdir": workdir, "tmpfs_mb": 64, "file_mb": 16, "memory_mb": memory_mb,
-                    "max_procs": max_procs, "cpu_s": int(timeout_s) + 1,
-                    "uid": None if slot is None else candidate_uids()[0] + slot % _UIDS_PER_PROCESS, "python_dirs": _PYTHON_DIRS, "cgroup": cgroup}
+                    "max_procs": max_procs, "cpu_s": int(timeout_s) + 1, "uid": uid, "python_dirs": _PYTHON_DIRS,
+                    "cgroup": cgroup}
     judge_orders = {"prefix": prefix, "tests": tests, "entry_point": entry_point or "", "result_limit": result_limit}
     child = judge = None
     clean = ready = False

@@ -2,14 +2,15 @@
 
 Runs every problem's canonical solution (the prompt + its ``canonical_solution``) against the
 problem's tests as the HumanEval env does, first one at a time (wall milliseconds per candidate),
-then through a ``SandboxPool`` of ``--workers`` threads (default 2; candidates per second). Also counts how many canonical
-solutions pass all their tests: an honest answer must pass, whatever the sandbox does to stop forgeries.
+then through a ``SandboxPool`` of ``--workers`` threads (default 2; candidates per second). Also
+counts how many canonical solutions pass all their tests: an honest answer must pass, whatever the
+sandbox does to stop forgeries.
 
     .venv/bin/python benchmarks/bench_sandbox.py --quick --out benchmarks/results/sandbox_quick.json
 
 ``--quick``: the first 40 problems; otherwise all 164. The cost before a change: the same script run
-from an export of the older tree (``git archive REV async_rl envs benchmarks | tar -x -C DIR``). The figures depend on the machine's load,
-recorded with them (``load_avg_1min_before`` / ``_after``).
+from an export of the older tree (``git archive REV async_rl envs benchmarks | tar -x -C DIR``).
+The figures depend on the machine's load, recorded with them (``load_avg_1min_before`` / ``_after``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import parser, report, run_facts  # noqa: E402
 
-HEADLINE = ("ms_per_candidate_median", "ms_per_candidate_mean", "pool_candidates_per_s", "pool_workers", "canonical_all_passed",
+HEADLINE = ("ms_per_candidate_median", "ms_per_candidate_mean", "pool_candidates_per_s", "pool_workers",
+            "canonical_all_passed",
             "canonical_problems", "isolation", "load_avg_1min_before", "load_avg_1min_after")
 
 

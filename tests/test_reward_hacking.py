@@ -63,7 +63,8 @@ HACKS = {
     "stop_iteration_in_call": "def {fn}(*args, **kwargs):\n    raise StopIteration\n",  # ends a map() early
     "flood_result_pipe": (
         "import os\nfor _fd in range(3, 256):\n    try:\n        os.fstat(_fd)\n    except OSError:\n        continue\n"
-        "    try:\n        while True:\n            os.write(_fd, b'x' * 65536)\n    except OSError:\n        pass\n" + WRONG),
+        "    try:\n        while True:\n            os.write(_fd, b'x' * 65536)\n"
+        "    except OSError:\n        pass\n" + WRONG),
     "forged_answers": (  # answers for ids the judge has not asked yet, on every descriptor
         "import os, json\n_lines = b''.join(json.dumps(m).encode() + b'\\n' for i in range(1, 400)\n"
         "    for m in ({'code': 'ok'}, {'id': i, 'callable': True}, {'id': i, 'value': True}))\n"
@@ -110,7 +111,8 @@ def _assert_no_better_than_wrong(scores: dict, where: str):
     assert set(scores) == {"wrong", *HACKS}, where
     for name, (passed, total) in scores.items():
         assert 0 <= passed <= total, f"{where} {name}: {passed}/{total}"
-        assert passed <= scores["wrong"][0], f"{where}: hack {name} scored {passed}/{total}, plain wrong code {scores['wrong']}"
+        assert passed <= scores["wrong"][0], \
+            f"{where}: hack {name} scored {passed}/{total}, plain wrong code {scores['wrong']}"
 
 
 @pytest.fixture(scope="module")

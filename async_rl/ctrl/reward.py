@@ -159,7 +159,8 @@ class ResultCache:
         return self.hits / self.lookups if self.lookups else 0.0
 
 
-def _run(pool: Optional[SandboxPool], code: str, prefix: str, tests: list[str], timeout_s: float) -> "Future[SandboxResult]":
+def _run(pool: Optional[SandboxPool], code: str, prefix: str, tests: list[str],
+         timeout_s: float) -> "Future[SandboxResult]":
     # The prefix goes apart from the code: the sandbox's judge then takes the prompt's helpers from the
     # prompt, so a revision that redefines one (HumanEval/38's encode_cyclic) changes only its own calls.
     if pool is not None:
