@@ -1,7 +1,7 @@
 """Per-file and per-test wall time of a pytest run, kept in ``tests/durations.json`` (``make durations``).
 
-``--durations-json PATH``: after the run, every file that ran gets its entry replaced in PATH (the others are
-kept): its seconds (set-up, call and tear-down of each of its tests, module fixtures included; collection
+``--durations-json PATH``: as each file ends, its entry in PATH is replaced (a run cut short keeps what it
+measured; files not run keep theirs): its seconds (set-up, call and tear-down of each of its tests, module fixtures included; collection
 not), each test's seconds and outcome, the 1-minute load average when the file started and ended, and the
 run's date, commit and machine speed (``--durations-machine``: the JSON that ``benchmarks/bench_env_raw.py
 --out`` writes; the raw MetaWorld env's steps/s tells the faster kind of machine from the slower). The
@@ -75,6 +75,7 @@ class DurationsRecorder:
         entry["tests"].setdefault(item.nodeid, {})["seconds"] = round(seconds, 2)
         if nextitem is None or nextitem.nodeid.split("::")[0] != file:
             entry["load_1min"].append(round(os.getloadavg()[0], 2))
+            self._write()  # after each file: a run cut short keeps what it measured
 
     def pytest_runtest_logreport(self, report):
         test = self.files.get(report.nodeid.split("::")[0], {}).get("tests", {}).setdefault(report.nodeid, {})
@@ -95,7 +96,6 @@ class DurationsRecorder:
             old = before.get(file, {}).get("seconds")
             terminalreporter.write_line(f"{file:<48} {'-' if old is None else f'{old:.1f}':>9} {entry['seconds']:>8.1f}  "
                                         f"{entry['load_1min']}")
-        self._write()
         terminalreporter.write_line(f"written: {self.path}")
 
     def _write(self) -> None:
@@ -103,6 +103,8 @@ class DurationsRecorder:
                                          "(FILES=... for some files). See tests/README.md."}
         files = data.setdefault("files", {})
         for file, entry in self.files.items():
+            if len(entry["load_1min"]) < 2:  # still running
+                continue
             outcomes = [t.get("outcome", "error") for t in entry["tests"].values()]
             files[file] = {"seconds": round(entry["seconds"], 1), "measured": self.started, "commit": self.commit,
                            "env_raw_steps_per_sec": self.speed, "cpus": os.cpu_count(), "load_1min": entry["load_1min"],
