@@ -114,15 +114,38 @@ def test_real_run(tmp_path, launch_config, clip_mode, extra):
     assert not ray.is_initialized()
 
 
+def _bf16_inspect(runtime):
+    """After the last broadcast, before shut-down: every rank's weights and counters, and what inference serves."""
+    return {"ranks": [ray.get(t.weights.remote(), timeout=60) for t in runtime.trainers.values()],
+            "status": [ray.get(t.status.remote(), timeout=60) for t in runtime.trainers.values()],
+            "inference": ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)}
+
+
 def test_sync_mode_trains_on_fresh_experience_only(tmp_path):
-    """--sync: collect, then train, then broadcast; no experience more than one version old."""
+    """--sync: collect, then train, then broadcast; no experience more than one version old.
+
+    The run is also the suite's real bf16 run of an MLP (``--precision bf16``, what ``auto`` picks on CUDA;
+    formerly tests/test_bf16.py's own MetaWorld run): two ZeRO-2 ranks train in bf16 with finite losses and
+    no skipped update, stay identical, and the inference actor serves rank 0's exact bf16 weights."""
     log_dir = tmp_path / "run"
     cfg = load_config(["--sync", "--log-dir", str(log_dir), "--max-epochs", "3", "--swanlab-mode", "disabled",
                        "--num-eval-workers", "0", "--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64",
-                       "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}"],
+                       "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}", "--precision", "bf16"],
                       str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
-    summary = run(cfg)
+    summary = run(cfg, inspect=_bf16_inspect)
     assert summary["epochs"] == 3
+    seen = summary["inspect"]
+    for key in ("train/policy_loss", "train/value_loss", "train/entropy"):
+        assert math.isfinite(summary[key]), (key, summary[key])
+    steps = [s["global_step"] for s in seen["status"]]
+    assert len(steps) == 2 and steps[0] == steps[1] > 0, seen["status"]
+    assert all(s["skipped_updates"] == 0 for s in seen["status"]), seen["status"]
+    rank0, rank1 = seen["ranks"]
+    assert torch.bfloat16 in {v.dtype for v in rank0.values()}
+    assert rank0.keys() == rank1.keys() == seen["inference"].keys()
+    for name, value in rank0.items():  # same dtype too
+        torch.testing.assert_close(rank1[name], value, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(seen["inference"][name], value, rtol=0, atol=0, msg=name)
     lag_max = [e.value for e in EventAccumulator(str(log_dir)).Reload().Scalars("rollout/policy_lag_max")]
     # Pieces a worker had half-built when paused carry the previous version; nothing older.
     assert len(lag_max) == 3 and max(lag_max) <= 1.0, lag_max
