@@ -177,14 +177,18 @@ def judge_run(orders, request_fd, answer_fd, say):
         say("start")
         status = channel.read_message().get("code")
         say("code", status if status in ("ok", "crash", "syntax", "memory") else "crash")
+        proxies = {}  # a name once callable keeps its stand-in: each call looks the name up anew over there
         for i, code in enumerate(codes):
             outcome = "0"
             channel.not_plain = False
             try:
                 for name in names_of[i]:
+                    if name in proxies:
+                        env[name] = proxies[name]
+                        continue
                     answer = channel.ask({"op": "get", "name": name})
                     if answer.get("callable") is True:
-                        env[name] = proxy(name, channel)
+                        env[name] = proxies[name] = proxy(name, channel)
                     elif "value" in answer:
                         env[name] = _value(answer, channel)
                     else:  # missing, or not plain data (a class, a module): the test cannot use it
