@@ -110,6 +110,6 @@ class DurationsRecorder:
                            "env_raw_steps_per_sec": self.speed, "cpus": os.cpu_count(), "load_1min": entry["load_1min"],
                            "outcomes": {o: outcomes.count(o) for o in sorted(set(outcomes))},
                            "tests": {k: v["seconds"] for k, v in sorted(entry["tests"].items(), key=lambda kv: -kv[1]["seconds"])}}
-        data["files"] = dict(sorted(files.items(), key=lambda kv: -kv[1]["seconds"]))
-        data["total_seconds"] = round(sum(f["seconds"] for f in data["files"].values()), 1)
+        data["files"] = dict(sorted(files.items(), key=lambda kv: -(kv[1].get("seconds") or 0)))
+        data["total_seconds"] = round(sum(f.get("seconds") or 0 for f in data["files"].values()), 1)
         self.path.write_text(json.dumps(data, indent=1) + "\n")
