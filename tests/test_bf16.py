@@ -1,10 +1,11 @@
 """Mixed precision (``precision: bf16``, what ``auto`` picks on CUDA) for every policy, on CPU.
 
 Per policy: the bf16 model takes float32 inputs and returns float32 statistics (in process: cheap).
-For BART and the VLA, a real run here (local Ray, DeepSpeed with bf16 on, inference actor in bf16, real env)
-trains for two epochs: finite losses, no skipped update, and the inference actor holding exactly trainer
-rank 0's bf16 weights after the last broadcast. The MLP's real bf16 run is the MetaWorld sync-mode run of
-tests/test_e2e_metaworld.py (two ZeRO-2 ranks; it was a second real MetaWorld run here).
+For the VLA, a real run here (local Ray, DeepSpeed with bf16 on, inference actor in bf16, real env) trains
+for two epochs: finite losses, no skipped update, and the inference actor holding exactly trainer rank 0's
+bf16 weights after the last broadcast. The MLP's real bf16 run is the MetaWorld sync-mode run of
+tests/test_e2e_metaworld.py (two ZeRO-2 ranks), BART's the Passformer run of tests/test_e2e_compilergym.py:
+each was a second real run of the same env and policy here.
 """
 import math
 from pathlib import Path
@@ -23,32 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 BATCH = ["--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8", "--updates-per-epoch", "1"]
 
 
-def _compiler_gym(env_kwargs: str) -> list[str]:
-    """Two small csmith programs, one env per worker (each env is a CompilerGym process)."""
-    return ["--env-kwargs", f"{{train_seeds: [1, 1], eval_seeds: [1000001, 2], {env_kwargs}}}", "--envs-per-worker", "1",
-            "--replay-capacity", "64", "--rollout-local-buf", "4"]
-
-
 LIBERO = ["--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
                           "settle_steps: 2}", "--rollout-local-buf", "8", "--max-minutes", "null"]
 POLICIES = ["mlp", "categorical_mlp", "passformer", "vla", "vla_discrete"]  # checked in bf16 and fp16 in process
 # Real runs for the three kinds of model: an MLP (tests/test_e2e_metaworld.py's sync-mode run), BART (float32
-# buffers beside bf16 parameters) and the VLA (LoRA over a backbone). categorical_mlp and vla_discrete differ
-# from these only in the head, which the in-process test checks in bf16; a real run of each would add ~75 s to
-# the suite, not a new path.
+# buffers beside bf16 parameters: tests/test_e2e_compilergym.py's Passformer run) and the VLA (LoRA over a
+# backbone, here). categorical_mlp and vla_discrete differ from these only in the head, which the in-process
+# test checks in bf16; a real run of each would add ~75 s to the suite, not a new path.
 # policy -> (launch config, overrides, what the env needs)
 RUNS = {
-    "passformer": ("compilergym_passformer.yaml", _compiler_gym("mode: sequence, seq_len: 6, ir_tokens: 64"),
-                   "compiler_gym"),
     "vla": ("libero_ppo.yaml", LIBERO, "libero"),
 }
 
 
 def _unavailable(env: str):
-    if env == "compiler_gym":
-        from envs.compiler_gym_client import compiler_gym_unavailable_reason
-
-        return compiler_gym_unavailable_reason()
     if env == "libero":
         try:
             import libero  # noqa: F401

@@ -1,7 +1,12 @@
 """Real runs on CompilerGym: local Ray, a DeepSpeed trainer, an inference actor, 2 rollout workers
 each driving CompilerGym server processes; 2 epochs per policy, then the env's final evaluation
 (held-out programs against -Oz and random search) in the summary, its TensorBoard scalars and
-eval_programs.json, and no server process left behind."""
+eval_programs.json, and no server process left behind.
+
+The Passformer (BART) run is also the suite's real bf16 run of a model with float32 buffers beside bf16
+parameters (``--precision bf16``, what ``auto`` picks on CUDA; tests/test_bf16.py checks every policy in
+process): DeepSpeed trains in bf16, no update is skipped, and the inference actor serves trainer rank 0's
+exact weights, dtypes included."""
 import json
 import math
 import time
@@ -9,6 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+import ray
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from async_rl.config import load_config
@@ -24,7 +31,14 @@ def _servers() -> set[int]:
     return {p.pid for p in psutil.process_iter(["cmdline"]) if any("_compiler_gym_server" in a for a in p.info["cmdline"] or [])}
 
 
-@pytest.mark.parametrize("policy, clip_mode", [("mlp", "clip"), ("passformer", "sapo")])
+def _inspect(runtime):
+    """After the last broadcast, before shut-down: both copies of the weights and the trainer's counters."""
+    return {"rank0": ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60),
+            "inference": ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60),
+            "status": ray.get(runtime.trainers["trainer-0"].status.remote(), timeout=60)}
+
+
+@pytest.mark.parametrize("policy, clip_mode", [("mlp", "clip"), ("passformer", "sapo")], ids=["mlp-clip", "passformer-sapo-bf16"])
 def test_compilergym_run(tmp_path, policy, clip_mode):
     before = _servers()
     log_dir = tmp_path / "run"
@@ -38,15 +52,27 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                  "--rollout-local-buf", "4"]
     if policy == "mlp":  # the final evaluation also searches with the policy behind the inference actor
         overrides += ["--eval-search", "best-of-2", "--eval-search-budget", "8"]
+    else:  # mixed precision (formerly tests/test_bf16.py's own Passformer run)
+        overrides += ["--precision", "bf16"]
     # The launch script's config; --policy passformer picks the Passformer's settings (its variant).
     cfg = load_config(overrides, str(ROOT / "configs" / "compilergym_mlp.yaml"))
     assert ("d_model" in cfg.policy_kwargs) == (policy == "passformer") and cfg.actor_timeout_s == (
         600 if policy == "passformer" else 120)
-    summary = run(cfg)
-    result = summary["final_evaluation"]
+    summary = run(cfg, inspect=_inspect)
+    result, seen = summary["final_evaluation"], summary["inspect"]
 
     assert summary["epochs"] == 2 and summary["sync/policy_version"] == 2
-    assert math.isfinite(summary["train/policy_loss"]) and math.isfinite(summary["train/value_loss"])
+    for key in ("train/policy_loss", "train/value_loss", "train/entropy"):
+        assert math.isfinite(summary[key]), (key, summary[key])
+    assert seen["status"]["global_step"] == 2 and seen["status"]["skipped_updates"] == 0, seen["status"]
+    # The inference actor serves exactly rank 0's weights after the last broadcast (same dtypes too).
+    rank0, inference = seen["rank0"], seen["inference"]
+    assert rank0.keys() == inference.keys()
+    for key, value in rank0.items():
+        torch.testing.assert_close(inference[key], value, rtol=0, atol=0, msg=key)
+    # Passformer: bf16 parameters (float32 buffers such as BART's final_logits_bias stay float32 on both
+    # sides: the comparison above checks dtypes); the MLP run stays in float32.
+    assert (torch.bfloat16 in {v.dtype for v in rank0.values()}) == (policy == "passformer")
     assert summary["rollout/total_env_steps"] >= 8
     # Held-out evaluation: every program has a row; the ratios agree with the counts.
     assert [r["benchmark"] for r in result["rows"]] == ["generator://csmith-v0/1000001", "generator://csmith-v0/1000002"]
