@@ -11,7 +11,8 @@ held-out prompts greedily (eval/ scalars, eval_problems.json).
     python launch/ds_lm_grpo.py --max-minutes 20
     python launch/ds_lm_grpo.py --env humaneval --clip-mode pacs
 
-Shorthand flags of this launch (options of the prompts env, also settable with --env-kwargs):
+Shorthand flags of this launch (the prompts env's options data, heldout_data, rewards; also settable with
+--env-kwargs):
   --data PATH                  training rows: JSONL, Parquet or a datasets save_to_disk folder; a "prompt" column
                                (text or chat messages) and any others, which the rewards receive
   --heldout-data PATH          held-out rows (no prompt in common with --data), answered greedily at the end
