@@ -297,6 +297,10 @@ def test_every_launch_config_takes_grpo_with_groups_of_8():
         kwargs = dict(cfg.env_kwargs)
         if "samples" in kwargs:  # CTRL's GPU preset: sampling the base model's own solutions takes many minutes
             kwargs["samples"] = 0  # on CPU, and a group's capacity does not depend on the cases
+        if cfg.env == "prompts":  # a user's data set: the shipped example stands in for it
+            examples = Path(__file__).resolve().parents[1] / "examples"
+            kwargs.update(data=str(examples / "arithmetic_train.jsonl"),
+                          heldout_data=str(examples / "arithmetic_heldout.jsonl"))
         task_set = envs.make_task_set(cfg.env, **kwargs)
         check_group_capacity(cfg.group_size, cfg.replay_capacity, task_set.max_episode_steps)
 
