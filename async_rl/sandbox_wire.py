@@ -20,13 +20,21 @@ class NotPlain(Exception):
     """A value that is not plain data, or a wire node that is not one of the tagged shapes."""
 
 
-def to_plain(value, depth=0):
-    """``value`` as a JSON-able tree (see the module docstring); NotPlain for anything else."""
+_SCALARS = frozenset({type(None), bool, int, float, str})  # exact types: a subclass is not plain data
+
+
+def _is_scalar(value, depth):
+    """Whether ``value`` passes the wire as it is (both directions); NotPlain past ``WIRE_DEPTH``."""
     if depth > WIRE_DEPTH:
         raise NotPlain("nested too deep")
-    kind = type(value)
-    if value is None or kind is bool or kind is int or kind is float or kind is str:
+    return type(value) in _SCALARS
+
+
+def to_plain(value, depth=0):
+    """``value`` as a JSON-able tree (see the module docstring); NotPlain for anything else."""
+    if _is_scalar(value, depth):
         return value
+    kind = type(value)
     if kind is list or kind is tuple or kind is set or kind is frozenset:
         tag = {list: "L", tuple: "T", set: "S", frozenset: "F"}[kind]
         return {tag: [to_plain(v, depth + 1) for v in value]}
@@ -41,11 +49,9 @@ def to_plain(value, depth=0):
 
 def from_plain(node, depth=0):
     """The value a wire tree stands for; NotPlain for any node that is not one of the tagged shapes."""
-    if depth > WIRE_DEPTH:
-        raise NotPlain("nested too deep")
-    kind = type(node)
-    if node is None or kind is bool or kind is int or kind is float or kind is str:
+    if _is_scalar(node, depth):
         return node
+    kind = type(node)
     if kind is not dict or len(node) != 1:
         raise NotPlain(f"not a wire node: {kind.__name__}")
     (tag, body), = node.items()
