@@ -31,9 +31,12 @@ FIGURES = (
     ("policy_lag", "Policy lag (versions)", (r"rollout/policy_lag", )),
 )
 # The summary's final metrics, in this order, where the run has them.
-HEADLINE = ("rollout/episode_return", "rollout/success_rate", "rollout/success_rate_recent", "eval/success_rate",
-            "eval/return", "rollout/env_steps_per_sec", "rollout/policy_lag", "train/policy_loss", "train/value_loss",
+HEADLINE = ("rollout/episode_return", "rollout/success_rate", "rollout/success_rate_recent", "rollout/env_steps_per_sec", "rollout/policy_lag", "train/policy_loss", "train/value_loss",
             "train/entropy", "train/clip_frac", "train/ess", "sync/policy_version", "rollout/total_env_steps")
+# The table's window: the mean of the last WINDOW logged values of each metric (a single logging
+# window can read 0 beside a recent mean of 0.46; the window says which figure a reader sees).
+WINDOW = 10
+TOTALS = ("sync/policy_version", "rollout/total_env_steps")  # running totals: their last value, never a mean
 CONFIG_KEYS = ("env", "env_kwargs", "policy", "clip_mode", "advantage", "num_trainers", "num_rollout_workers",
                "super_batch_size", "max_epochs", "max_minutes", "seed", "sync")
 
@@ -57,6 +60,19 @@ class RunData:
     def final(self, tag: str) -> Optional[float]:
         values = self.scalars.get(tag, ([], []))[1]
         return values[-1] if values else None
+
+    def windowed(self, tag: str, window: int = WINDOW) -> Optional[tuple[float, int, int, int]]:
+        """``(mean, count, first epoch, last epoch)`` of the last ``window`` values of ``tag``."""
+        steps, values = self.scalars.get(tag, ([], []))
+        if not values:
+            return None
+        tail = values[-window:]
+        return sum(tail) / len(tail), len(tail), steps[-len(tail)], steps[-1]
+
+    def first_and_last(self, tag: str) -> Optional[tuple[tuple[int, float], tuple[int, float]]]:
+        """The first and the last ``(epoch, value)`` of ``tag``: an evaluation's before and after."""
+        steps, values = self.scalars.get(tag, ([], []))
+        return ((steps[0], values[0]), (steps[-1], values[-1])) if values else None
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -147,12 +163,42 @@ def summary_markdown(runs: Sequence[RunData], plots: Sequence[Path], out: Path) 
         else:
             lines.append("- config: no checkpoint in the run directory, so no saved config")
         lines.append("")
-    headline = [t for t in HEADLINE if any(t in run.scalars for run in runs)]
-    lines += ["## Final metrics", "", "| metric | " + " | ".join(r.label for r in runs) + " |",
-              "|---|" + "---|" * len(runs)]
-    lines += [f"| {t} | " + " | ".join(_fmt(r.final(t)) for r in runs) + " |" for t in headline]
+    lines += final_metrics(runs)
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(out)})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def final_metrics(runs: Sequence[RunData]) -> list[str]:
+    """Markdown lines of the headline metrics (mean of each run's last logging windows, with the window
+    and the last value) and of every evaluation the runs logged (first and last, i.e. before and after
+    training where the run evaluated at its start; a final evaluation alone shows one figure)."""
+    def cell(run: RunData, tag: str) -> str:
+        got = run.windowed(tag)
+        if got is None:
+            return "-"
+        mean, count, first, last = got
+        if tag in TOTALS:
+            return f"{_fmt(run.final(tag))} (epoch {last})"
+        where = f"epoch {last}" if count == 1 else f"last {count}, epochs {first}-{last}"
+        return f"{_fmt(mean)} ({where}; last {_fmt(run.final(tag))})"
+
+    headline = [t for t in HEADLINE if any(t in run.scalars for run in runs)]
+    lines = ["## Final metrics", "", f"Mean of the last {WINDOW} logged values of each metric (its epochs), then the last value; totals: the last.",
+             "", "| metric | " + " | ".join(r.label for r in runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {t} | " + " | ".join(cell(r, t) for r in runs) + " |" for t in headline]
+    evaluated = sorted({t for run in runs for t in run.scalars if t.startswith("eval/") and not t.startswith("eval/media")})
+    if evaluated:
+        def before_after(run: RunData, tag: str) -> str:
+            got = run.first_and_last(tag)
+            if got is None:
+                return "-"
+            (e0, v0), (e1, v1) = got
+            return f"{_fmt(v1)} (epoch {e1})" if e0 == e1 else f"{_fmt(v0)} (epoch {e0}) → {_fmt(v1)} (epoch {e1})"
+
+        lines += ["", "## Evaluations", "", "Held-out and periodic evaluations: the first figure logged, then the last.", "",
+                  "| metric | " + " | ".join(r.label for r in runs) + " |", "|---|" + "---|" * len(runs)]
+        lines += [f"| {t} | " + " | ".join(before_after(r, t) for r in runs) + " |" for t in evaluated]
+    return lines
 
 
 def write_report(run_dirs: Sequence[str | Path], out: Optional[str | Path] = None) -> Path:
