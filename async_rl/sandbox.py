@@ -47,6 +47,11 @@ caller is not root; Linux >= 5.12; probed once per process):
 - no network (its own namespace, loopback down), no new processes (seccomp: fork, vfork, clone of a
   process fail), no signals to anyone but itself, no ptrace; PID namespace: when its first process
   ends, the kernel kills every process it left;
+- no life beyond its caller's: the namespace's first process ends it (and so the namespace) as soon as
+  the calling process exits, SIGKILL included (a lifeline pipe whose only write end the caller holds
+  reads EOF), and in any case ``_STARTUP_S + timeout + 10`` s after it started (a backstop behind the
+  caller's own deadline). A process forked from the caller without exec while a run is in flight
+  inherits that write end: the candidate then lives until that process exits or the backstop;
 - RLIMIT_CPU (timeout + 1 s), RLIMIT_AS (1 GiB), RLIMIT_FSIZE, a wall timeout (default 3 s, counted
   from the moment the candidate starts), and every channel capped: stdout and stderr at
   ``output_limit`` (64 KiB), its answers to the judge at ``result_limit`` (1 MiB): over a cap it is
@@ -65,7 +70,9 @@ verdicts. Use it only on a machine that holds nothing to protect, for code that 
 
 Judges are processes of their own, reused from run to run (``async_rl/sandbox_run.py``: a fresh
 namespace per run; one whose run did not end cleanly is killed), so a candidate costs one interpreter
-start, as before the judge existed.
+start, as before the judge existed. A judge exits as soon as its caller's end of their socket closes
+(the caller exited, SIGKILL included), whatever test it is running; in the weak mode the candidate's
+process ends with its caller in the same way (its reaper kills it).
 
 Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it
 learns of a test's inputs (the arguments of its own calls), and a reward that a correct function

@@ -8,7 +8,8 @@ the tests nor what they expect), then:
    the standard library, a minimal /dev, its own /proc, a size-limited tmpfs on /tmp as the only
    writable place) and pivots into it: no home directory, project tree, Ray session or host socket;
 2. forks. The parent (pid 1 of the PID namespace) only reaps and exits with the candidate's status:
-   when it exits, the kernel kills whatever the candidate left behind;
+   when it exits, the kernel kills whatever the candidate left behind. It exits at once, killing the
+   candidate, when the caller dies (a lifeline pipe reads EOF) or past a wall-clock backstop;
 3. the child confines itself (own session, rlimits, an unprivileged uid of its own when the caller is
    root, no capabilities, a seccomp filter: no new processes, signals only to itself), runs the code,
    then answers the judge's requests (``sandbox_judge.py``) with plain data: the values its functions
@@ -115,17 +116,37 @@ def private_root(tmpfs_mb, python_dirs):
     return "/tmp/work"
 
 
-def _reap(child):
-    """pid 1 of the namespace: reap everything, exit with the candidate's status (128 + signal)."""
+def _reap(child, lifeline, wall_s):
+    """pid 1 of the namespace: reap everything, exit with the candidate's status (128 + signal). It also
+    ends the run, killing the candidate, when the caller is gone (``lifeline``, a pipe whose only write
+    end the caller holds, reads EOF: a SIGKILLed caller cannot clean up) or after ``wall_s`` seconds (a
+    backstop past the caller's own deadline). Its exit kills every process left in the namespace."""
+    import select
+    import time
+    deadline = time.monotonic() + wall_s
+    try:
+        watched = [lifeline, os.pidfd_open(child)]  # readable when the candidate ends
+    except (AttributeError, OSError):  # Linux < 5.3 (weak mode only): poll for it
+        watched = [lifeline]
     while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            os._exit(0)
-        except InterruptedError:
-            continue
-        if pid == child:
-            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+        left = deadline - time.monotonic()
+        ready = select.select(watched, [], [], left if len(watched) == 2 else min(left, 0.05))[0] if left > 0 else None
+        if ready is None or lifeline in ready:  # past the backstop, or the caller is gone
+            try:
+                os.kill(child, 9)  # (the weak mode has no namespace to end it)
+                os.waitpid(child, 0)
+            except OSError:
+                pass
+            os._exit(128 + 9)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid == child:
+                os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
 def _drop_privileges(uid):
@@ -361,7 +382,8 @@ def main():
     if child:
         os.close(answer_fd)
         os.close(orders["request_fd"])
-        _reap(child)
+        _reap(child, orders["lifeline_fd"], orders["wall_s"])
+    os.close(orders["lifeline_fd"])
     _confine(orders, workdir, isolated)
     try:
         _serve(orders["prefix"] + orders["code"], send, _requests(orders["request_fd"]))

@@ -11,6 +11,8 @@ process over two pipes (``get``, then ``call`` with plain-data arguments), and o
 back (``sandbox_wire.py``), checked and rebuilt here. So an always-equal object, a patched builtin, a
 harness's frame or reporter: none of it exists on this side.
 
+It dies with its caller: a thread watches the socket and exits the judge once the caller's end is closed.
+
 Lines on stdout (read by the caller), each after the run's number: ``start`` (the candidate's process is running its code),
 ``code ok|crash|syntax|memory``, ``test I 1|0|m`` per test, ``channel over_cap|malformed|eof`` (the
 candidate's channel broke: the tests after it are not run), ``done``.
@@ -226,11 +228,31 @@ def _receive(sock):
     return json.loads(data.decode()), fds  # json: imported by sandbox_wire.py, whose text runs first
 
 
+def _die_with_caller(sock):
+    """A thread that ends the judge once the caller's end of ``sock`` is closed (a SIGKILLed caller
+    included), whatever the main thread is doing. POLLRDHUP, not POLLIN: the next run's orders do not
+    wake it. (Not PR_SET_PDEATHSIG: that fires when the caller's thread that started the judge ends,
+    while judges outlive the pool threads that start them.)"""
+    import _thread
+    import select
+
+    def watch():
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        while True:
+            for _, events in poller.poll():
+                if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+
+    _thread.start_new_thread(watch, ())
+
+
 def main():
     resource.setrlimit(resource.RLIMIT_AS, (JUDGE_MEMORY_MB << 20,) * 2)
     import ctypes  # not dumpable: a process of the same user (a weak-mode candidate) cannot open its /proc files
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     sock = socket.socket(fileno=int(sys.argv[1]))
+    _die_with_caller(sock)
     while True:
         received = _receive(sock)
         if received is None:

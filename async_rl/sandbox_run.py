@@ -43,6 +43,7 @@ VARIANTS = {"root": ("unshare",) + _NAMESPACES,  # root caller: no user namespac
 # _UIDS_PER_PROCESS uids per process id, so that candidates of different processes do not share one either.
 _UID_BASE, _UIDS_PER_PROCESS = 2_000_000_000, 256
 _STARTUP_S = 20.0  # interpreter start on a loaded machine; not part of the candidate's timeout
+_BACKSTOP_S = 10.0  # the candidate's own wall bound lies this far past the caller's deadline (a stalled caller)
 _JUDGE_RUNS = 1000  # a judge is replaced after this many runs (bounded drift of its memory)
 _PYTHON_DIRS = sorted({os.path.realpath(p) for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib")})
 
@@ -172,18 +173,21 @@ def run_candidate(code: str, tests: list[str], prefix: str, entry_point: Optiona
     cgroup = cgroup_for(slot, memory_mb, max_procs) if slot is not None else None
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
+    # The candidate's lifeline: this process alone holds the write end (non-inheritable), so the read end
+    # sees EOF once it exits, SIGKILLed included; the namespace's first process then ends the namespace.
+    lifeline_r, lifeline_w = os.pipe()
     uid = None if slot is None else candidate_uids()[0] + slot % _UIDS_PER_PROCESS
     child_orders = {"code": code, "prefix": prefix, "request_fd": request_r, "answer_fd": answer_w,
                     "isolated": isolated, "workdir": workdir, "tmpfs_mb": 64, "file_mb": 16, "memory_mb": memory_mb,
                     "max_procs": max_procs, "cpu_s": int(timeout_s) + 1, "uid": uid, "python_dirs": _PYTHON_DIRS,
-                    "cgroup": cgroup}
+                    "cgroup": cgroup, "lifeline_fd": lifeline_r, "wall_s": _STARTUP_S + timeout_s + _BACKSTOP_S}
     judge_orders = {"prefix": prefix, "tests": tests, "entry_point": entry_point or "", "result_limit": result_limit}
     child = judge = None
     clean = ready = False
     try:
         argv = [*(VARIANTS[variant] if isolated else ()), sys.executable, "-I", "-S", "-B", "-c", _CHILD_SOURCE]
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 pass_fds=(request_r, answer_w), start_new_session=True, cwd=workdir or "/",
+                                 pass_fds=(request_r, answer_w, lifeline_r), start_new_session=True, cwd=workdir or "/",
                                  env={"PATH": os.environ.get("PATH", "")})
         judge = _judges.take()
         run = judge.start(judge_orders, (request_w, answer_r))
@@ -191,19 +195,21 @@ def run_candidate(code: str, tests: list[str], prefix: str, entry_point: Optiona
     except OSError as exc:
         return SandboxResult(0, len(tests), "error", stderr=f"could not start the sandbox: {exc}")
     finally:
-        for fd in (request_r, request_w, answer_r, answer_w):
+        for fd in (request_r, request_w, answer_r, answer_w, lifeline_r):
             os.close(fd)
         if not ready:
             if child is not None:
                 _kill(child)
             if judge is not None:
                 judge.close()
+            os.close(lifeline_w)
             _cleanup(workdir, slot, cgroup)
     try:
         result, clean = _collect(child, judge, run, child_orders, len(tests), timeout_s, output_limit, t0)
         return result
     finally:
         _end_candidate(child, isolated)
+        os.close(lifeline_w)
         _judges.give(judge, clean)
         _cleanup(workdir, slot, cgroup)
 
