@@ -45,7 +45,6 @@ E2E = {
     "test_e2e_lm.py": None, "test_actor_deaths.py": None, "test_stop_signals.py": None, "test_quiet_run.py": None,
     "test_group_rollouts.py": None, "test_multinode.py": None, "test_multinode_node_loss.py": None,
     "test_faults.py": ("test_run_survives_injected_failures_and_stops_on_a_dead_trainer", "test_two_node_cluster_run"),
-    "test_bf16.py": ("test_bf16_run_trains_and_syncs_weights",),
     "test_checkpoint.py": ("test_stop_and_resume_continues_counters_weights_and_buffer",),
     "test_resume.py": ("test_a_libero_vla_run_resumes_from_its_own_checkpoint",),
     "test_vla_checkpoints.py": ("test_native_checkpoint_trains_through_model_path",),

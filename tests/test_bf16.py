@@ -1,18 +1,15 @@
 """Mixed precision (``precision: bf16``, what ``auto`` picks on CUDA) for every policy, on CPU.
 
 Per policy: the bf16 model takes float32 inputs and returns float32 statistics (in process: cheap).
-For the VLA, a real run here (local Ray, DeepSpeed with bf16 on, inference actor in bf16, real env) trains
-for two epochs: finite losses, no skipped update, and the inference actor holding exactly trainer rank 0's
-bf16 weights after the last broadcast. The MLP's real bf16 run is the MetaWorld sync-mode run of
-tests/test_e2e_metaworld.py (two ZeRO-2 ranks), BART's the Passformer run of tests/test_e2e_compilergym.py:
-each was a second real run of the same env and policy here.
+The real bf16 runs (local Ray, DeepSpeed with bf16 on, inference actor in bf16, real env: finite losses, no
+skipped update, the inference actor holding exactly trainer rank 0's bf16 weights after the last broadcast)
+are runs of other files, each formerly a second real run of the same env and policy here: the MLP's is the
+MetaWorld sync-mode run of tests/test_e2e_metaworld.py (two ZeRO-2 ranks), BART's the Passformer run of
+tests/test_e2e_compilergym.py, the VLA's (LoRA over a backbone) the continuous LIBERO launch's run of
+tests/test_e2e_libero.py (which also restores the bf16 weights from its checkpoint).
 """
-import math
-from pathlib import Path
-
 import numpy as np
 import pytest
-import ray
 import torch
 from tensordict import TensorDict
 
@@ -20,30 +17,12 @@ from async_rl.algo import tanh_gaussian_log_prob
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.nets import cast_parameters
 
-ROOT = Path(__file__).resolve().parents[1]
-BATCH = ["--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8", "--updates-per-epoch", "1"]
-
-
-LIBERO = ["--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
-                          "settle_steps: 2}", "--rollout-local-buf", "8", "--max-minutes", "null"]
 POLICIES = ["mlp", "categorical_mlp", "passformer", "vla", "vla_discrete"]  # checked in bf16 and fp16 in process
-# Real runs for the three kinds of model: an MLP (tests/test_e2e_metaworld.py's sync-mode run), BART (float32
-# buffers beside bf16 parameters: tests/test_e2e_compilergym.py's Passformer run) and the VLA (LoRA over a
-# backbone, here). categorical_mlp and vla_discrete differ from these only in the head, which the in-process
-# test checks in bf16; a real run of each would add ~75 s to the suite, not a new path.
-# policy -> (launch config, overrides, what the env needs)
-RUNS = {
-    "vla": ("libero_ppo.yaml", LIBERO, "libero"),
-}
-
-
-def _unavailable(env: str):
-    if env == "libero":
-        try:
-            import libero  # noqa: F401
-        except ImportError:
-            return "LIBERO is not installed (make setup installs it)"
-    return None
+# Real bf16 runs for the three kinds of model: an MLP (tests/test_e2e_metaworld.py's sync-mode run), BART
+# (float32 buffers beside bf16 parameters: tests/test_e2e_compilergym.py's Passformer run) and the VLA (LoRA
+# over a backbone: tests/test_e2e_libero.py's continuous run). categorical_mlp and vla_discrete differ from
+# these only in the head, which the in-process test checks in bf16; a real run of each would add ~75 s to
+# the suite, not a new path.
 
 
 # ---- in process: the bf16 model itself ---------------------------------------------------------
@@ -100,44 +79,6 @@ def test_tanh_gaussian_log_prob_is_finite_at_the_bounds_in_bf16():
     action = torch.tensor([-1.0, -0.99999, 0.99999, 1.0], dtype=torch.bfloat16)  # bf16 rounds these to +-1
     logp = tanh_gaussian_log_prob(mu, torch.zeros_like(mu), action)
     assert logp.dtype == torch.float32 and torch.isfinite(logp).all(), logp
-
-
-# ---- real runs ---------------------------------------------------------------------------------
-def _inspect(runtime):
-    """After the last broadcast, before shut-down: both copies of the weights."""
-    rank0 = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
-    inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
-    status = ray.get(runtime.trainers["trainer-0"].status.remote(), timeout=60)
-    return {"rank0": rank0, "inference": inference, "status": status}
-
-
-@pytest.mark.parametrize("name", list(RUNS))
-def test_bf16_run_trains_and_syncs_weights(tmp_path, name):
-    from async_rl.config import load_config  # noqa: PLC0415  (the runtime: only the real runs need it)
-    from async_rl.driver import run  # noqa: PLC0415
-
-    launch_config, overrides, env = RUNS[name]
-    reason = _unavailable(env)
-    if reason:
-        pytest.skip(str(reason))
-    cfg = load_config(["--precision", "bf16", "--log-dir", str(tmp_path / "run"), "--max-epochs", "2",
-                       "--swanlab-mode", "disabled", "--num-trainers", "1", "--num-rollout-workers", "1",
-                       "--num-eval-workers", "0", *BATCH, *overrides], str(ROOT / "configs" / launch_config))
-    summary = run(cfg, inspect=_inspect)
-    seen = summary["inspect"]
-
-    assert summary["epochs"] == 2 and summary["sync/policy_version"] == 2
-    for key in ("train/policy_loss", "train/value_loss", "train/entropy"):
-        assert math.isfinite(summary[key]), (key, summary[key])
-    assert seen["status"]["global_step"] == 2 and seen["status"]["skipped_updates"] == 0, seen["status"]
-    # The trainer trains in bf16 and the inference actor serves its exact weights.
-    rank0, inference = seen["rank0"], seen["inference"]
-    assert rank0.keys() == inference.keys()
-    # Parameters are bf16; float32 buffers (e.g. BART's final_logits_bias) stay float32 on both sides.
-    assert torch.bfloat16 in {v.dtype for v in rank0.values()}
-    for key, value in rank0.items():  # same dtype too
-
-        torch.testing.assert_close(inference[key], value, rtol=0, atol=0, msg=key)
 
 
 def test_vla_with_a_bf16_backbone_and_float32_heads(vla_path):

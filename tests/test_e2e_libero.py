@@ -1,7 +1,14 @@
 """Real runs of both LIBERO launches with the tiny VLA: local Ray, one DeepSpeed ZeRO-2 trainer
 with LoRA, one inference actor, a rollout worker on a real LIBERO task (and the discrete
-launch's evaluation worker); a couple of epochs, then versions, weights, experience and logs."""
+launch's evaluation worker); a couple of epochs, then versions, weights, experience and logs.
+
+The continuous launch's run is also the suite's real bf16 run of the VLA (LoRA over a backbone; ``--precision
+bf16``, what ``auto`` picks on CUDA; formerly tests/test_bf16.py's own LIBERO run, an otherwise identical
+launch): DeepSpeed trains in bf16 with finite losses and no skipped update, the inference actor serves the
+trainer's exact bf16 weights, and the checkpoint restores them exactly. The discrete launch's run stays in
+float32 (the VLA's float32 run path)."""
 import functools
+import math
 from pathlib import Path
 
 import pytest
@@ -14,6 +21,7 @@ from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.policies import build_policy
 from async_rl.policies.initial_weights import with_initial_weights
+from async_rl.policies.nets import cast_parameters
 from conftest import wait_for_replay
 
 pytest.importorskip("libero", reason="LIBERO is not installed (make setup installs it)")
@@ -51,15 +59,21 @@ def test_real_run(tmp_path, launch_config):
     ]
     if discrete:
         overrides += ["--eval-interval-epochs", "1", "--eval-episodes", "1"]
-    else:  # advantages whitened per task: the worker stamps each step with its task
-        overrides += ["--normalize-advantages-per", "task"]
+    else:  # advantages whitened per task: the worker stamps each step with its task; mixed precision
+        overrides += ["--normalize-advantages-per", "task", "--precision", "bf16"]
     cfg = load_config(overrides, str(ROOT / "configs" / launch_config))
     summary = run(cfg, inspect=_inspect)
     seen = summary["inspect"]
 
     assert summary["epochs"] == 2 and summary["sync/policy_version"] == 2
     assert seen["status"]["global_step"] == 2  # one optimiser step (2 accumulated micro-batches) per epoch
-    # The inference actor holds the trainer's LoRA-merged weights of the last broadcast.
+    assert seen["status"]["skipped_updates"] == 0, seen["status"]
+    for key in ("train/policy_loss", "train/value_loss", "train/entropy"):
+        assert math.isfinite(summary[key]), (key, summary[key])
+    # The continuous run trains in bf16 (parameters; float32 buffers stay float32), the discrete one in float32.
+    dtype = torch.float32 if discrete else torch.bfloat16
+    assert (torch.bfloat16 in {v.dtype for v in seen["trainer"].values()}) == (not discrete)
+    # The inference actor holds the trainer's LoRA-merged weights of the last broadcast (dtypes too).
     assert seen["trainer"].keys() == seen["inference"].keys()
     assert not any("lora_" in name for name in seen["inference"])
     for name, value in seen["trainer"].items():
@@ -97,11 +111,13 @@ def test_real_run(tmp_path, launch_config):
     task_set = envs.make_task_set(cfg.env, **cfg.env_kwargs)
     fresh = with_initial_weights(functools.partial(build_policy, cfg.policy, task_set.obs_spec, task_set.action_dim,
                                                    **cfg.policy_kwargs), cfg.init_from)()
+    fresh = cast_parameters(fresh, dtype)  # as DeepSpeed cast the trainer's (a no-op in float32)
     fresh_params = dict(fresh.named_parameters())
     heads = {k: v for k, v in load_file(str(saved / "model.safetensors")).items() if k in fresh_params}
     assert any(k.startswith("value_head.") for k in heads), "the heads are trained in full and saved"
     fresh.load_state_dict(heads, strict=False)
-    merged = PeftModel.from_pretrained(fresh, str(saved / "adapter")).merge_and_unload()
+    # The adapter in the dtype it was saved in (peft would otherwise lift a bf16 adapter to float32).
+    merged = PeftModel.from_pretrained(fresh, str(saved / "adapter"), autocast_adapter_dtype=False).merge_and_unload()
     restored = dict(merged.inference_tensors())
     assert restored.keys() == seen["trainer"].keys()
     for name, value in seen["trainer"].items():
