@@ -26,11 +26,17 @@ supported, and scored as failures (fail closed): a result or an argument that is
 bool, int, float, str, bytes, complex and lists, tuples, sets, frozensets, dicts of them; not an
 object of the candidate's class, a generator, a function), a test that checks how a call mutated its
 argument, reads the candidate's files, tests identity (``is``) beyond None/True/False, uses a module
-only the candidate imported, or a name the candidate defines only at run time when no ``entry_point``
-is given. Names the prompt defines (``prefix``) are always the
-prompt's: a candidate that redefines a helper (HumanEval/38's ``encode_cyclic``) changes only its own
-calls. A caller that passes the prompt inside ``code`` (no ``prefix``) gets the same verdicts, but the
-helpers then come from the candidate.
+only the candidate imported, or reaches a name only at run time (``eval("f")``). Names the prompt defines
+(``prefix``) and builtins are always the judge's own: a candidate that redefines a helper (HumanEval/38's
+``encode_cyclic``) or a builtin changes only its own calls. The one exception is ``entry_point``, always
+asked of the candidate: without it, a function under test named like a builtin (``max``) or like
+something the prefix defines (a stub of it) would be the builtin's or the prompt's in the tests. A caller
+that passes the prompt inside ``code`` (no ``prefix``) leaves the helpers to the candidate, whose
+redefinition then counts; the command line has neither ``prefix`` nor ``entry_point``. The project's
+callers pass both apart: HumanEval's ``code_reward``, the ``code_tests`` reward (its ``prefix`` and
+``entry_point`` columns, which HumanEval's rows carry), CTRL's case labels and its evaluation; the CTRL
+env's reward passes ``prefix`` apart and no ``entry_point`` (no HumanEval entry point is named like a
+builtin or a prompt helper, so that changes no verdict there).
 
 What a candidate gets, and cannot do
 ------------------------------------
@@ -76,7 +82,9 @@ process ends with its caller in the same way (its reaper kills it).
 
 Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it
 learns of a test's inputs (the arguments of its own calls), and a reward that a correct function
-earns honestly. Side channels between concurrent candidates are not considered.
+earns honestly. Side channels between concurrent candidates are not considered. The verdicts are only
+as trusted as the prefix and tests a caller hands over: helpers passed inside ``code``, or a function
+under test that shadows a builtin without ``entry_point``, are decided as said above.
 
 Reasons (``SandboxResult.reason``): ok, no_code, syntax_error, crash (the code raised; tests still ran),
 exit (the candidate's process ended before the tests finished), timeout (wall clock or CPU), memory,

@@ -97,29 +97,31 @@ def _problems() -> tuple:
 def humaneval_problems(split: str = "heldout") -> list[dict[str, Any]]:
     """The problems of a split: ``{"task_id", "prompt" (what the model is asked), "tests" (list of
     statements), "prefix" (code to run before the model's), "entry_point", "code_prompt",
-    "canonical_solution"}``. ``code_reward(text, p["tests"], prefix=p["prefix"])`` scores an answer."""
+    "canonical_solution"}``. ``code_reward(text, p["tests"], prefix=p["prefix"], entry_point=p["entry_point"])``
+    scores an answer."""
     check_split(split, "humaneval")
     held = set(HELDOUT_TASK_IDS)
     return [dict(p, tests=list(p["tests"])) for p in _problems() if (p["task_id"] in held) == (split == "heldout")]
 
 
 def code_reward(text: str, tests: Sequence[str], sandbox: Optional[SandboxPool] = None, prefix: str = "",
-                timeout_s: float = 3.0) -> SandboxResult:
+                timeout_s: float = 3.0, entry_point: Optional[str] = None) -> SandboxResult:
     """Score a model's answer: its first code block, after ``prefix``, against each test in the sandbox
     (``sandbox``: a SandboxPool, or None to run in this thread). No block: reason no_code. The reward is
-    ``result.fraction`` (what the built-in ``code_tests`` reward computes for a batch)."""
+    ``result.fraction`` (what the built-in ``code_tests`` reward computes for a batch, with the same
+    ``prefix`` and ``entry_point`` columns). ``entry_point``: the problem's function under test."""
     code = extract_code(text)
     if code is None:
         return SandboxResult(0, len(tests), "no_code")
     if sandbox is None:  # the prefix apart from the code: the tests see the prompt's helpers, not the code's
-        return run_tests(code, list(tests), timeout_s=timeout_s, prefix=prefix)
-    return sandbox.run(code, list(tests), timeout_s=timeout_s, prefix=prefix)
+        return run_tests(code, list(tests), timeout_s=timeout_s, prefix=prefix, entry_point=entry_point)
+    return sandbox.run(code, list(tests), timeout_s=timeout_s, prefix=prefix, entry_point=entry_point)
 
 
 @dataclass(frozen=True)
 class HumanEvalRows:
     """The problems of a split as rows for the prompts env (row ``i % size``): ``prompt``, ``tests``,
-    ``prefix`` (what ``code_tests`` reads) and the problem's other fields."""
+    ``prefix`` and ``entry_point`` (what ``code_tests`` reads) and the problem's other fields."""
 
     split: str
 

@@ -11,13 +11,16 @@ Per problem of a split (train and held-out problems never mix: humaneval's ``HEL
 Building runs the sandbox (and the model for samples), so the cases are kept on disk under
 ``~/.cache/async_rl/ctrl/``, keyed by everything that decides them. The JSONL format of the evaluation
 command is one case per line: ``{"prompt", "solution", "tests": [...], "correct": bool}`` plus the optional
-``prefix`` (code run before the solution: the problem's imports and helpers), ``task_id`` and ``source``.
+``prefix`` (code run before the solution: the problem's imports and helpers, which the sandbox's judge takes
+from here, not from the solution), ``entry_point`` (the function under test), ``task_id`` and ``source``.
+Labels are the sandbox's verdicts with the prefix apart from the solution (``_label``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -27,16 +30,25 @@ from async_rl.code_blocks import extract_code
 from async_rl.ctrl.mutations import KINDS, mutate, solution_source
 from async_rl.errors import ConfigError
 from async_rl.jsonl import jsonl_values
-from async_rl.sandbox import SandboxPool
+from async_rl.sandbox import SandboxPool, SandboxResult
 from async_rl.user_cache import user_cache_dir
 
-CASES_FORMAT = 1  # bump when what a built case holds changes (part of the disk key)
+CASES_FORMAT = 2  # bump when what a built case holds changes (part of the disk key); 2: helpers judged apart
 MUTATION_TRIES = 12  # draws per problem to find mutants that fail a test
 
 
 def _case(problem: dict[str, Any], solution: str, correct: bool, source: str) -> dict[str, Any]:
     return {"task_id": problem["task_id"], "prompt": problem["code_prompt"].strip(), "solution": solution,
-            "tests": list(problem["tests"]), "prefix": problem["prefix"], "correct": bool(correct), "source": source}
+            "tests": list(problem["tests"]), "prefix": problem["prefix"], "entry_point": problem["entry_point"],
+            "correct": bool(correct), "source": source}
+
+
+def _label(pool: SandboxPool, problem: dict[str, Any], code: str, timeout_s: float) -> "Future[SandboxResult]":
+    """A solution's sandbox run. The prompt's helpers go apart from the code (``prefix``), so that the
+    judge takes them from the prompt: a sampled answer that redefines one (HumanEval/38's
+    ``encode_cyclic``) changes only its own calls, never its label."""
+    return pool.submit(code, problem["tests"], timeout_s=timeout_s, prefix=problem["prefix"],
+                       entry_point=problem["entry_point"])
 
 
 def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: int, pool: SandboxPool,
@@ -56,7 +68,7 @@ def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: in
             if found is not None and found[1] not in seen:
                 seen.add(found[1])
                 jobs.append((problem, f"mutated:{found[0]}", found[1]))
-    futures = [pool.submit(f"{p['prefix']}\n\n{code}", p["tests"], timeout_s=timeout_s) for p, _, code in jobs]
+    futures = [_label(pool, p, code, timeout_s) for p, _, code in jobs]
     cases, mutants = [], {}
     references_ok = {}
     for (problem, source, code), future in zip(jobs, futures):
@@ -91,8 +103,7 @@ def sampled_cases(problems: Sequence[dict[str, Any]], samples: int, model_path: 
     for index, text in enumerate(texts):
         problem, code = problems[index // samples], extract_code(text)
         if code is not None:
-            jobs.append((problem, code.strip(), pool.submit(f"{problem['prefix']}\n\n{code}", problem["tests"],
-                                                            timeout_s=timeout_s)))
+            jobs.append((problem, code.strip(), _label(pool, problem, code, timeout_s)))
     return [_case(p, code, f.result().all_passed, "sampled") for p, code, f in jobs]
 
 
@@ -175,6 +186,9 @@ def _problem_error(case: Any) -> str:
         return "needs \"correct\": true or false"
     if not isinstance(case.get("prefix", ""), str):
         return "\"prefix\" must be a string"
+    entry = case.get("entry_point")
+    if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
+        return "\"entry_point\" must be the name of the function under test"
     return ""
 
 

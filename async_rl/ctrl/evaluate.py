@@ -27,13 +27,14 @@ def _mean(values: Sequence[float]) -> float:
 
 def revisions_pass(cases: Sequence[dict[str, Any]], revisions: Sequence[str], pool: SandboxPool, cache: ResultCache,
                    timeout_s: float) -> list[bool]:
-    futures = [score_revision(text, c["tests"], c["prefix"], cache, pool, timeout_s)[0] for c, text in zip(cases, revisions)]
+    futures = [score_revision(text, c["tests"], c["prefix"], cache, pool, timeout_s,
+                              c.get("entry_point"))[0] for c, text in zip(cases, revisions)]
     return [f.result().all_passed for f in futures]
 
 
 def initial_pass(cases: Sequence[dict[str, Any]], pool: SandboxPool, cache: ResultCache, timeout_s: float) -> list[bool]:
     """Whether each initial solution passes all its tests (run, not read from the label)."""
-    futures = [cache.submit(pool, c["solution"], c["tests"], c["prefix"], timeout_s) for c in cases]
+    futures = [cache.submit(pool, c["solution"], c["tests"], c["prefix"], timeout_s, c.get("entry_point")) for c in cases]
     return [f.result().all_passed for f in futures]
 
 

@@ -1,12 +1,14 @@
 """The CTRL reward: a critique is worth what the reviser's revision of the code scores in the sandbox.
 
 ``critique_reward``: ``missing_judgment_reward`` (0, or -1 as a later CTRL version uses) when the critique
-has no judgment line; otherwise the revision's first python block (after the problem's ``prefix``) runs
-against the tests and scores 1 when all pass (``all_pass``) or the fraction passed (``pass_rate``).
+has no judgment line; otherwise the revision's first python block runs against the tests and scores 1 when
+all pass (``all_pass``) or the fraction passed (``pass_rate``). The problem's ``prefix`` (its imports and
+helpers) and ``entry_point`` go to the sandbox apart from the code: its judge takes the helpers from the
+prompt, so a revision that redefines one changes only its own calls.
 
 ``ResultCache`` returns a known result without running the code again. Its key is the code normalised on
 the AST (comments, docstrings and layout dropped, local variables renamed ``_v0, _v1, ...`` in order of
-first use) plus the prefix, the tests and the timeout, so two revisions that differ only in those run once.
+first use) plus the prefix, the tests, the timeout and the entry point, so two revisions that differ only in those run once.
 Names visible from outside are kept: functions, classes, parameters (tests may pass them as keywords),
 imports, module-level names and ``global``/``nonlocal`` ones. Code that does not parse is keyed on its text.
 """
@@ -109,8 +111,9 @@ def normalize_code(code: str) -> str:
     return ast.unparse(_Rename(order).visit(module))
 
 
-def cache_key(code: str, tests: Sequence[str], prefix: str = "", timeout_s: float = 3.0) -> str:
-    text = "\0".join([normalize_code(code), prefix, *tests, f"{timeout_s:g}"])
+def cache_key(code: str, tests: Sequence[str], prefix: str = "", timeout_s: float = 3.0,
+              entry_point: Optional[str] = None) -> str:
+    text = "\0".join([normalize_code(code), prefix, *tests, f"{timeout_s:g}"] + ([entry_point] if entry_point else []))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -125,15 +128,16 @@ class ResultCache:
         self.lookups = self.hits = 0
 
     def submit(self, pool: Optional[SandboxPool], code: str, tests: Sequence[str], prefix: str = "",
-               timeout_s: float = 3.0) -> "Future[SandboxResult]":
+               timeout_s: float = 3.0, entry_point: Optional[str] = None) -> "Future[SandboxResult]":
         """The result of ``prefix + code`` against ``tests``: known, in flight, or started now in ``pool``
-        (None: run in this thread)."""
-        return self.submit_counted(pool, code, tests, prefix, timeout_s)[0]
+        (None: run in this thread). ``prefix`` (the prompt's helpers) and ``entry_point`` go to the sandbox
+        apart from the code (``run_tests``)."""
+        return self.submit_counted(pool, code, tests, prefix, timeout_s, entry_point)[0]
 
     def submit_counted(self, pool: Optional[SandboxPool], code: str, tests: Sequence[str], prefix: str = "",
-                       timeout_s: float = 3.0) -> tuple["Future[SandboxResult]", bool]:
+                       timeout_s: float = 3.0, entry_point: Optional[str] = None) -> tuple["Future[SandboxResult]", bool]:
         """``submit``, and whether the cache answered (a caller counting its own hits reads it)."""
-        key = cache_key(code, tests, prefix, timeout_s)
+        key = cache_key(code, tests, prefix, timeout_s, entry_point)
         with self._lock:
             self.lookups += 1
             known = self._results.get(key)
@@ -141,7 +145,7 @@ class ResultCache:
                 self.hits += 1
                 self._results.move_to_end(key)
                 return known, True
-            future = _run(pool, code, prefix, list(tests), timeout_s)
+            future = _run(pool, code, prefix, list(tests), timeout_s, entry_point)
             self._results[key] = future
             while len(self._results) > self.capacity:
                 self._results.popitem(last=False)
@@ -160,15 +164,15 @@ class ResultCache:
 
 
 def _run(pool: Optional[SandboxPool], code: str, prefix: str, tests: list[str],
-         timeout_s: float) -> "Future[SandboxResult]":
+         timeout_s: float, entry_point: Optional[str] = None) -> "Future[SandboxResult]":
     # The prefix goes apart from the code: the sandbox's judge then takes the prompt's helpers from the
     # prompt, so a revision that redefines one (HumanEval/38's encode_cyclic) changes only its own calls.
     if pool is not None:
-        return pool.submit(code, tests, timeout_s=timeout_s, prefix=prefix)
+        return pool.submit(code, tests, timeout_s=timeout_s, prefix=prefix, entry_point=entry_point)
     from async_rl.sandbox import run_tests  # noqa: PLC0415
 
     future: Future = Future()
-    future.set_result(run_tests(code, tests, timeout_s=timeout_s, prefix=prefix))
+    future.set_result(run_tests(code, tests, timeout_s=timeout_s, prefix=prefix, entry_point=entry_point))
     return future
 
 
@@ -178,15 +182,17 @@ def reward_of(result: SandboxResult, mode: str) -> float:
 
 
 def score_revision(revision: str, tests: Sequence[str], prefix: str, cache: ResultCache,
-                   pool: Optional[SandboxPool] = None, timeout_s: float = 3.0) -> tuple["Future[SandboxResult]", Optional[bool]]:
+                   pool: Optional[SandboxPool] = None, timeout_s: float = 3.0,
+                   entry_point: Optional[str] = None) -> tuple["Future[SandboxResult]", Optional[bool]]:
     """The sandbox result of a revision's first python block (reason ``no_code`` without one), and
-    whether the cache answered (None: no code, nothing looked up)."""
+    whether the cache answered (None: no code, nothing looked up). ``prefix``: the problem's helpers,
+    judged as the prompt's; ``entry_point``: the function under test (a case's, when it has one)."""
     code = extract_code(revision)
     if code is None:
         future: Future = Future()
         future.set_result(SandboxResult(0, len(tests), "no_code"))
         return future, None
-    return cache.submit_counted(pool, code, tests, prefix, timeout_s)
+    return cache.submit_counted(pool, code, tests, prefix, timeout_s, entry_point)
 
 
 def critique_reward(critique: str, result: Optional[SandboxResult], mode: str = "all_pass",
