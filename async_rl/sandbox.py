@@ -77,7 +77,8 @@ verdicts. Use it only on a machine that holds nothing to protect, for code that 
 Judges are processes of their own, reused from run to run (``async_rl/sandbox_run.py``: a fresh
 namespace per run; one whose run did not end cleanly is killed), so a candidate costs one interpreter
 start, as before the judge existed. A judge exits as soon as its caller's end of their socket closes
-(the caller exited, SIGKILL included), whatever test it is running; in the weak mode the candidate's
+(the caller exited, SIGKILL included), whatever test it is running (once the running bytecode, a
+single C call maybe, returns); in the weak mode the candidate's
 process ends with its caller in the same way (its reaper kills it).
 
 Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it
