@@ -78,8 +78,8 @@ Judges are processes of their own, reused from run to run (``async_rl/sandbox_ru
 namespace per run; one whose run did not end cleanly is killed), so a candidate costs one interpreter
 start, as before the judge existed. A judge exits as soon as its caller's end of their socket closes
 (the caller exited, SIGKILL included), whatever test it is running (once the running bytecode, a
-single C call maybe, returns); in the weak mode the candidate's
-process ends with its caller in the same way (its reaper kills it).
+single C call maybe, returns). In the weak mode too, the candidate's reaper kills it once the caller is
+gone (the lifeline and backstop above).
 
 Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it
 learns of a test's inputs (the arguments of its own calls), and a reward that a correct function
