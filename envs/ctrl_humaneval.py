@@ -301,7 +301,8 @@ class CTRLEnv(PreparedStepEnv):
 
     def _score_revision(self, revision: str) -> "Future[SandboxResult]":
         case = self.problem["case"]
-        future, hit = score_revision(revision, case["tests"], case["prefix"], _CACHE, shared_pool(), self.task_set.timeout_s)
+        future, hit = score_revision(revision, case["tests"], case["prefix"], _CACHE, shared_pool(), self.task_set.timeout_s,
+                                   case.get("entry_point"))
         if hit is not None:  # None: no code, nothing looked up
             self.extra["ctrl_cache_lookups"] += 1
             self.extra["ctrl_cache_hits"] += int(hit)
