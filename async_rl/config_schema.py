@@ -215,6 +215,12 @@ class ScaleSection(_Section):
     max_policy_lag: Optional[pydantic.NonNegativeInt] = None
     """experience more than this many policy versions older than the trainer's is dropped when sampled
     (replay/dropped_stale); null = keep all"""
+    max_untrained_items: Optional[pydantic.NonNegativeInt] = None
+    """backpressure (consume mode, asynchronous): rollout workers generate nothing while the replay buffer holds
+    this many items no trainer has drawn, so generation never outruns training into evictions (health/backpressure_*;
+    replay/evicted_untrained counts what was generated for nothing). null = replay_capacity less two pushes of every
+    worker (evicts nothing, and binds only when the trainers fall behind); 0 = no bound (the oldest are evicted).
+    Each super-batch held adds a policy version of lag: one or two super-batches keep the data fresh"""
     prefetch_batches: pydantic.NonNegativeInt = 1
     """super-batches a trainer fetches ahead while it trains (each adds a policy version of lag);
     0 = fetch when an epoch starts"""
@@ -305,6 +311,19 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
                 self.device == "auto" and not self.ray_address and not _cuda_visible())):
             raise ValueError("precision fp16 needs a CUDA device (DeepSpeed has no fp16 on CPU); "
                              "use --precision bf16 on CPU, or --device cuda on a GPU machine")
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _untrained_bound_fits(self) -> "RunConfig":
+        bound, least = self.max_untrained_items, self.num_trainers * self.super_batch_size
+        if not bound:  # null (derived) or 0 (off)
+            return self
+        if self.replay_sampling != "consume":
+            raise ValueError(f"max_untrained_items ({bound}) applies only to replay_sampling consume (reuse keeps drawn "
+                             "items); pass --max-untrained-items 0")
+        if not least <= bound <= self.replay_capacity:
+            raise ValueError(f"max_untrained_items ({bound}) must be between num_trainers x super_batch_size ({least}: "
+                             f"the trainers could never draw) and replay_capacity ({self.replay_capacity})")
         return self
 
     @pydantic.model_validator(mode="after")

@@ -10,6 +10,7 @@ out the same items instead of consuming others (actors/replay_draws.py).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import warnings
@@ -74,6 +75,7 @@ class ReplayBuffer:
         self._seen: "OrderedDict[str, None]" = OrderedDict()
         self._draws = HeldDraws()  # each requester's last consuming draw, for a retry of its request
         self._restored_from: Optional[str] = None
+        self._room: Optional[asyncio.Event] = None  # set when items leave: wakes workers held back (wait_for_room)
         self._log: Optional[ReplayLog] = None
         self._limit = log_limit_bytes
         if checkpoint_root is not None:
@@ -245,6 +247,7 @@ class ReplayBuffer:
                 return again
         if min_version is not None and self._store.drop_older_than(min_version):
             self._append({"op": "drop", "min_version": min_version})
+            self._wake_producers()
         if not reuse_allowed(self._store.counters, n, max_draws_per_item):
             self._store.counters["reuse_refusals"] = self._store.counters.get("reuse_refusals", 0) + 1
             self._append({"op": "count", "key": "reuse_refusals", "n": 1})
@@ -259,7 +262,8 @@ class ReplayBuffer:
             return None
         if consume and request is not None:
             self._draws.hold(request, batch)
-        if consume:  # replay reads "request" with .get: None (no id) and absent are the same
+        if consume:
+            self._wake_producers()  # replay reads "request" with .get: None (no id) and absent are the same
             await self._commit({"op": "take", "stamps": self._store.last_taken,
                                 "request": list(request) if request is not None else None})
         else:
@@ -300,11 +304,34 @@ class ReplayBuffer:
     async def drop_older_than(self, min_version: int) -> int:
         dropped = self._store.drop_older_than(min_version)
         if dropped:
+            self._wake_producers()
             await self._commit({"op": "drop", "min_version": min_version})
         return dropped
 
     def size(self) -> int:
         return self._store.size()
+
+    def _wake_producers(self) -> None:
+        if self._room is not None:
+            self._room.set()
+
+    async def wait_for_room(self, bound: int, timeout_s: float) -> dict[str, int]:
+        """Answers once fewer than ``bound`` items are stored, or after ``timeout_s``: the size and the
+        draws so far ({"size", "sampled"}; a rising ``sampled`` tells a waiting worker a trainer is alive).
+        The rollout workers' backpressure (actors/backpressure.py); nothing is logged (nothing changes)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._store.size() >= bound:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            if self._room is None:
+                self._room = asyncio.Event()
+            self._room.clear()
+            try:
+                await asyncio.wait_for(self._room.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        return {"size": self._store.size(), "sampled": self._store.counters["sampled"]}
 
     async def counters(self) -> dict[str, int]:
         """Counters as a restart would restore them (what was counted so far is made durable first)."""

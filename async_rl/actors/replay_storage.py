@@ -29,9 +29,11 @@ class ReplayStorage:
         self._storage: Optional[TensorDict] = None
         self._live = torch.zeros(capacity, dtype=torch.bool)
         self._stamp = torch.zeros(capacity, dtype=torch.int64)  # insertion order, for FIFO eviction
+        self._drawn = torch.zeros(capacity, dtype=torch.bool)  # drawn at least once (reuse mode keeps it live)
         self._next_stamp = 0
         self._generator = torch.Generator().manual_seed(seed)
-        self.counters = {"added": 0, "sampled": 0, "evicted": 0, "dropped_stale": 0}
+        # evicted_untrained: evicted before any draw, i.e. generated for nothing (backpressure prevents it)
+        self.counters = {"added": 0, "sampled": 0, "evicted": 0, "evicted_untrained": 0, "dropped_stale": 0}
         self.last_taken: list[int] = []
 
     def add_batch(self, batch: TensorDict) -> int:
@@ -39,6 +41,7 @@ class ReplayStorage:
         if n > self.capacity:  # only the newest `capacity` items can stay
             self.counters["added"] += n - self.capacity
             self.counters["evicted"] += n - self.capacity
+            self.counters["evicted_untrained"] += n - self.capacity
             batch, n = batch[n - self.capacity :], self.capacity
         if self._storage is None:
             self._storage = batch[:1].expand(self.capacity).clone()
@@ -47,9 +50,11 @@ class ReplayStorage:
             live = self._live.nonzero().squeeze(-1)
             oldest = live[torch.argsort(self._stamp[live])[: n - len(free)]]
             self.counters["evicted"] += len(oldest)
+            self.counters["evicted_untrained"] += int((~self._drawn[oldest]).sum())
             free = torch.cat([free, oldest])
         self._storage[free] = batch
         self._live[free] = True
+        self._drawn[free] = False
         self._stamp[free] = torch.arange(self._next_stamp, self._next_stamp + n)
         self._next_stamp += n
         self.counters["added"] += n
@@ -77,6 +82,7 @@ class ReplayStorage:
         if consume:
             self._live[slots] = False
             self.last_taken = self._stamp[slots].tolist()  # what the buffer's log records of this draw
+        self._drawn[slots] = True
         self.counters["sampled"] += len(slots)
         return self._storage[slots].clone()
 
@@ -93,6 +99,7 @@ class ReplayStorage:
             by_stamp = slots[torch.argsort(self._stamp[slots])]
             items = self._storage[by_stamp[torch.searchsorted(self._stamp[by_stamp], wanted)]].clone()
         self._live &= ~taken
+        self._drawn |= taken
         self.counters["sampled"] += len(stamps)
         return items
 
@@ -154,7 +161,7 @@ class ReplayStorage:
             self._stamp[slots] = torch.tensor(state["stamps"], dtype=torch.int64)
         elif items.batch_size[0]:
             self.add_batch(items)
-        self.counters = dict(state["counters"])
+        self.counters = {"evicted_untrained": 0, **state["counters"]}  # absent from states saved before it existed
         self._next_stamp = max(self._next_stamp, int(state["next_stamp"]))
         self._generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 

@@ -24,7 +24,8 @@ TRAINER_ROUTES = {
     "data_wait_seconds": "health/data_wait_seconds",
 }
 # Health counters shown from the start (as 0) so that a dashboard has them before anything fails.
-HEALTH_KEYS = ("worker_restarts", "inference_restarts", "evaluator_restarts", "replay_restarts", "dropped_episodes")
+HEALTH_KEYS = ("worker_restarts", "inference_restarts", "evaluator_restarts", "replay_restarts", "dropped_episodes",
+               "backpressure_waits", "backpressure_wait_ms")  # the last two: generation held back (actors/backpressure.py)
 # The status line's success is the running one (last 100 episodes): a few seconds' window is 0 or 1 on LIBERO.
 STATUS_FIELDS = (("rollout/env_steps_per_sec", "{:.0f} steps/s"), ("rollout/success_rate_recent", "success {:.2f}"),
                  ("eval/success_rate", "eval {:.2f}"), ("rollout/episode_return", "return {:.1f}"),
