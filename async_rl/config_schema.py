@@ -218,8 +218,9 @@ class ScaleSection(_Section):
     max_untrained_items: Optional[pydantic.NonNegativeInt] = None
     """backpressure (consume mode, asynchronous): rollout workers generate nothing while the replay buffer holds
     this many items no trainer has drawn, so generation never outruns training into evictions (health/backpressure_*;
-    replay/evicted_untrained counts what was generated for nothing). null = replay_capacity less two pushes of every
-    worker (evicts nothing, and binds only when the trainers fall behind); 0 = no bound (the oldest are evicted).
+    replay/evicted_untrained counts what was generated for nothing). null = for group estimators (grpo, rloo, ...: an
+    item is a sampled episode, e.g. an LM response) replay_capacity less two pushes of every worker, at least a
+    super-batch per trainer; for gae / vtrace no bound (workers run ahead, the oldest steps are evicted); 0 = no bound.
     Each super-batch held adds a policy version of lag: one or two super-batches keep the data fresh"""
     prefetch_batches: pydantic.NonNegativeInt = 1
     """super-batches a trainer fetches ahead while it trains (each adds a policy version of lag);

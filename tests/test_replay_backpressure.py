@@ -117,8 +117,8 @@ def test_evicted_untrained_counts_only_items_never_drawn():
 def test_the_bound_in_force_by_mode():
     lm = load_config(["--config", "configs/lm_arithmetic.yaml"])
     assert untrained_bound(lm) == lm.super_batch_size  # capacity less two pushes of 16 x 8, floored at a super-batch
-    default = load_config([])
-    assert lm.super_batch_size <= untrained_bound(default) < default.replay_capacity
+    assert untrained_bound(load_config([])) is None  # gae (MetaWorld's default): workers run ahead, FIFO evicts
+    assert untrained_bound(load_config(["--advantage", "grpo", "--group-size", "4"])) == 4096 - 2 * 2 * 4 * 4
     assert untrained_bound(load_config(["--max-untrained-items", "0"])) is None
     assert untrained_bound(load_config(["--replay-sampling", "reuse"])) is None
     assert untrained_bound(load_config(["--sync"])) is None

@@ -2,8 +2,8 @@
 holds ``max_untrained_items`` items no trainer has drawn yet, so that nothing is generated only to
 be evicted untrained, and a generator that would outrun the trainer leaves it the CPU instead.
 
-A worker asks the buffer nothing while the size its last push reported is below the bound (the
-common case for MetaWorld / LIBERO: no extra call per round). Only at the bound does it wait, in
+A worker asks the buffer nothing while the size its last push reported is below the bound (a bounded
+MetaWorld / LIBERO run pays no extra call per round; by default they are not bounded: ``untrained_bound``). Only at the bound does it wait, in
 slices, on the buffer's ``wait_for_room``; a trainer drawing (the buffer's ``sampled`` count rising)
 restarts the wait's clock, so a slow trainer is waited for and a dead one ends the wait with an error.
 """
@@ -20,14 +20,21 @@ WAIT_SLICE_S = 5.0  # longest single wait on the buffer (a stop or a restart is 
 def untrained_bound(cfg: Any) -> Optional[int]:
     """The bound in force (None: none). Only consuming draws leave the buffer, so only then does its
     size count untrained items; synchronous mode pauses the workers itself. ``max_untrained_items``
-    null: the capacity less two pushes of every worker in flight (a worker learns the size one push
-    late), never under one super-batch per trainer (the trainers must be able to draw)."""
+    null: for group estimators (an item is a whole sampled episode: a language model's response), the
+    capacity less two pushes of every worker in flight (a worker learns the size one push late), never
+    under one super-batch per trainer (the trainers must be able to draw); for step and segment
+    estimators (PPO / V-trace on MetaWorld, LIBERO) none: their workers run ahead by design, FIFO eviction
+    keeps the newest steps, and replay/evicted_untrained shows what it costs."""
+    from async_rl.algo import advantage_estimator  # noqa: PLC0415
+
     if cfg.sync or cfg.replay_sampling != "consume" or cfg.max_untrained_items == 0:
         return None
     if cfg.max_untrained_items is not None:
         return cfg.max_untrained_items
+    if not advantage_estimator(cfg.advantage).needs_group_rollouts:
+        return None
     slack = 2 * cfg.num_rollout_workers * push_items(cfg)
-    return max(cfg.replay_capacity - slack, cfg.num_trainers * cfg.super_batch_size)
+    return min(max(cfg.replay_capacity - slack, cfg.num_trainers * cfg.super_batch_size), cfg.replay_capacity)
 
 
 def push_items(cfg: Any) -> int:
