@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`.
 PY := .venv/bin/python
 
-.PHONY: setup run test bench lock durations
+.PHONY: setup run test bench lock durations peers
 
 # Installs exactly the lock in requirements/ (both venvs; a stamp skips it when nothing changed).
 setup:
@@ -27,3 +27,9 @@ durations: setup
 	$(PY) benchmarks/bench_env_raw.py --workers 1 --seconds 10 --out runs/bench/machine_speed.json
 	$(PY) -m pytest $(or $(FILES),tests) -q -p no:cacheprovider --timeout=900 --durations=0 \
 		--durations-json=tests/durations.json --durations-machine=runs/bench/machine_speed.json
+
+# The peer benchmark's extra (TRL, requirements/peers.lock.txt, hashes checked) into .venv-peers/site-packages:
+# never installed by setup or run; benchmarks/bench_lm_peers.py puts it on its TRL process's path only.
+peers: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps --upgrade \
+		--target .venv-peers/site-packages -r requirements/peers.lock.txt

@@ -10,6 +10,7 @@
 #   torch-cpu.in                              -> torch-cpu.lock.txt  torch's CPU build, installed first
 #   no-deps.in                                -> no-deps.lock.txt    packages installed with --no-deps
 #   compilergym.in                            -> compilergym.lock.txt   .venv-compilergym (Python 3.10)
+#   peers.in                                  -> peers.lock.txt    `make peers` only (bench_lm_peers.py)
 #
 # The tool: uv (pinned below), in a throwaway venv. The inputs need both Pythons (3.11 and 3.10) that
 # scripts/setup.sh finds; markers and wheels are resolved for this platform (Linux x86-64).
@@ -85,6 +86,12 @@ fi
     -o "$REQ/compilergym.lock.txt"
 sed -i "s#$TOOLS/cg-resolved.txt#requirements/compilergym.in (resolved by pip)#g" "$REQ/compilergym.lock.txt"
 
-for f in main torch-cpu no-deps compilergym; do
+log "peers.lock.txt (the peer benchmark's extra: only what main.lock.txt lacks)"
+# Resolved against the main lock (a constraint), then every package that lock already pins is left out.
+mapfile -t MAIN_PINNED < <(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/--no-emit-package\n\1/p' "$REQ/main.lock.txt")
+"$UV" pip compile "$REQ/peers.in" -c "$REQ/main.lock.txt" -c "$REQ/torch-cpu.in" --python .venv/bin/python \
+    "${COMMON[@]}" "${TORCH_SOURCES[@]}" --no-emit-package torch "${MAIN_PINNED[@]}" -o "$REQ/peers.lock.txt"
+
+for f in main torch-cpu no-deps compilergym peers; do
     log "$f.lock.txt: $(grep -c '^[A-Za-z0-9]' "$REQ/$f.lock.txt") packages"
 done
