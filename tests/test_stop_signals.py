@@ -22,14 +22,18 @@ ARGS = ["--clip-mode", "clip", "--max-minutes", "10", "--swanlab-mode", "offline
 
 @pytest.mark.timeout(600)
 # Ctrl-C in a terminal signals the whole foreground process group (the driver and the Ray services it
-# started: GCS, raylet, agents); a scheduler's SIGTERM goes to the driver alone.
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["SIGINT", "SIGTERM"])
-def test_a_stop_signal_ends_the_epoch_checkpoints_and_exits_with_its_code(tmp_path, signum, to_group):
+# started: GCS, raylet, agents, actors), so that run keeps the launch's two trainer ranks and its evaluator;
+# a scheduler's SIGTERM goes to the driver alone, where the path after the signal is the same: one trainer
+# rank and no evaluator there (two actors fewer to start) change nothing the signal reaches.
+@pytest.mark.parametrize("signum, to_group, smaller", [(signal.SIGINT, True, []),
+                                                        (signal.SIGTERM, False, ["--num-trainers", "1", "--num-eval-workers", "0"])],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_ends_the_epoch_checkpoints_and_exits_with_its_code(tmp_path, signum, to_group, smaller):
     log_dir, output = tmp_path / "run", tmp_path / "output.txt"
     env = {**os.environ, "PYTHONPATH": pythonpath_with(ROOT), "OMP_NUM_THREADS": "1"}
     with output.open("w") as out:
         proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "launch" / "ds_metaworld_ppo_mlp.py"),
-                                 *ARGS, "--log-dir", str(log_dir)], stdout=out, stderr=subprocess.STDOUT,
+                                 *ARGS, *smaller, "--log-dir", str(log_dir)], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=tmp_path, start_new_session=True)
         try:
             give_up = time.monotonic() + 300
