@@ -160,6 +160,19 @@ def test_adapter_only_sync_gives_the_outputs_of_merged_weights(base_policy, kwar
     assert torch.allclose(lp_a, lp_t, atol=1e-5)  # the adapter copy computes what the trainer does
 
 
+def test_adapter_sync_lists_its_tensors_while_the_reference_forward_runs(base_policy):
+    # The reference forward turns the adapters off (peft clears their requires_grad meanwhile); a weight
+    # signature asked then (the heal after an inference restart, mid-epoch) must still list every adapter.
+    from async_rl.actors.trainer_setup import training_model
+    from async_rl.policies.lora import adapters_disabled
+
+    trained = training_model(lora_cfg("adapters"), lambda: copy.deepcopy(base_policy).drop_critic())
+    outside = [n for n, _ in trained.inference_tensors()]
+    with adapters_disabled(trained):
+        inside = [n for n, _ in trained.inference_tensors()]
+    assert outside and inside == outside
+
+
 def test_bad_policy_kwargs_are_one_config_error():
     with pytest.raises(ConfigError, match="unknown policy_kwargs key 'max_tokens'"):
         prepare_causal_lm({"text": True}, 1, None, {"max_tokens": 3})

@@ -79,6 +79,7 @@ def training_model(cfg: Any, policy_factory: Callable[[], Any]) -> Any:
     if not model.has_critic:
         model.drop_critic()
     model.sync_adapters_only = cfg.lora_rank > 0 and cfg.lora_sync == "adapters"
+    model.synced_names = frozenset(n for n, p in model.named_parameters() if p.requires_grad)
     return model
 
 

@@ -73,6 +73,10 @@ class ActorCritic(torch.nn.Module):
     # LoRA with adapter-only sync (``lora_sync: adapters``): the inference copy holds the same frozen base
     # and adapters, and only the trained tensors travel. Set on both sides by trainer_setup.training_model.
     sync_adapters_only = False
+    # The tensors adapter-only sync sends, fixed where the trainable set is final (``training_model``):
+    # ``requires_grad`` cannot say it, since the reference forward (adapters off) clears it for a while,
+    # and a weight signature asked then (a heal after an inference restart, mid-epoch) would list none.
+    synced_names: "frozenset[str] | None" = None
 
     def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Named tensors the inference copy needs, in a fixed order (what the weight sync sends);
@@ -82,7 +86,9 @@ class ActorCritic(torch.nn.Module):
         from async_rl.policies.lora import merged_named_tensors
 
         if self.sync_adapters_only:  # the frozen critic's tensors are not trainable either
-            return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+            if self.synced_names is None:
+                return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+            return [(n, p) for n, p in self.named_parameters() if n in self.synced_names]
 
         tensors = merged_named_tensors(self)
         if self.has_critic:
