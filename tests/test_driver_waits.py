@@ -66,3 +66,16 @@ def test_a_timeout_names_every_actor_that_did_not_answer(peers):
     refs = {"a": peers[0].ok.remote(), "b": peers[1].hang.remote()}
     with pytest.raises(ActorTimeoutError, match=r"^b did not answer ping within 1 s$"):
         get_named(refs, 1, "ping")
+
+
+def test_the_supervised_wait_names_the_whole_time_it_gave(peers):
+    # The driver's supervised wait polls, then hands get_named only what is left of its deadline: the
+    # message must still say how long the actors had (it said "within 0.1 s" after minutes).
+    from types import SimpleNamespace
+
+    from async_rl.orchestration.runtime import Runtime
+
+    runtime = SimpleNamespace(check_workers=lambda: None, weight_sync=SimpleNamespace(heal=lambda: False))
+    refs = {"trainer-0": peers[0].ok.remote(), "trainer-1": peers[1].hang.remote()}
+    with pytest.raises(ActorTimeoutError, match=r"^trainer-1 did not answer train_epoch 2 within 1\.5 s$"):
+        Runtime._supervised(runtime, refs, timeout_s=1.5, what="train_epoch 2")

@@ -25,10 +25,12 @@ PEER_CLOSED = ("closed by peer", "reset by peer", "broken pipe")
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0)  # before the 1st, 2nd, ... restart of one member
 
 
-def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
+def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str,
+              waited_s: Optional[float] = None) -> dict[str, Any]:
     """ray.get of several refs. The first one that fails raises ActorFailedError naming its actor
     (or, when it raised, a dead one among the others: the likelier cause) without waiting out the
-    others' timeout; on timeout the error names every actor that did not answer."""
+    others' timeout; on timeout the error names every actor that did not answer, and how long they
+    were given: ``waited_s`` where the caller already waited (this call then has only the rest)."""
     by_ref = {ref: name for name, ref in refs.items()}
     pending, deadline = list(by_ref), time.monotonic() + timeout_s
     results: dict[str, Any] = {}
@@ -36,7 +38,7 @@ def get_named(refs: Mapping[str, ray.ObjectRef], timeout_s: float, what: str) ->
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0))
         if not ready:
             names = ", ".join(by_ref[r] for r in pending)
-            raise ActorTimeoutError(f"{names} did not answer {what} within {timeout_s:g} s")
+            raise ActorTimeoutError(f"{names} did not answer {what} within {waited_s or timeout_s:g} s")
         for ref in ready:
             try:
                 results[by_ref[ref]] = ray.get(ref)

@@ -187,7 +187,7 @@ class Runtime:
             if pending:
                 self.check_workers()
                 self.weight_sync.heal()
-        return get_named(refs, max(deadline - time.monotonic(), 0.1), what)
+        return get_named(refs, max(deadline - time.monotonic(), 0.1), what, waited_s=timeout_s)
 
     def check_workers(self) -> None:
         """Restart a worker whose run ended (its env raised, or its process died) and run it again."""
