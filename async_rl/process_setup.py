@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
+from pathlib import Path
 from typing import Any, Awaitable, Optional, TypeVar
 
 import numpy as np
@@ -12,12 +14,31 @@ import torch
 from async_rl.errors import ActorTimeoutError, ConfigError
 
 T = TypeVar("T")
+# torch's JIT extension builds (DeepSpeed's CPU comm op, ~1 min; several on a busy machine) hold a `lock`
+# file in their build folder; older than this, its builder is gone.
+STALE_BUILD_LOCK_S = 900.0
 
 
 def pythonpath_with(*paths: Any) -> str:
     """``paths`` ahead of the current PYTHONPATH: child processes (Ray workers, launches) import
     this checkout's packages even when it is not installed."""
     return os.pathsep.join([*map(str, paths), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def clear_stale_build_locks(root: Optional[str | Path] = None, older_than_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
+    """Remove JIT build locks left by a process killed mid-build; returns those removed. torch waits on
+    such a lock without a timeout, so every later trainer would hang in set-up (DeepSpeed builds its
+    shared-memory comm op on first use). ``root``: ``TORCH_EXTENSIONS_DIR`` or torch's default."""
+    base = Path(root or os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    removed = []
+    for lock in [*base.glob("*/lock"), *base.glob("*/*/lock")]:
+        try:
+            if time.time() - lock.stat().st_mtime > older_than_s:
+                lock.unlink()
+                removed.append(lock)
+        except FileNotFoundError:  # its builder finished meanwhile
+            continue
+    return removed
 
 
 def configure_torch(seed: int, threads: int) -> None:

@@ -30,7 +30,7 @@ from async_rl.experience import policy_versions
 from async_rl.logger import mean_metrics
 from async_rl.policies.initial_weights import export_policy
 from async_rl.policies.reference import ReferencePolicy, frozen_copy
-from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
+from async_rl.process_setup import clear_stale_build_locks, configure_torch, precision_dtype, resolve_device
 from async_rl.rendezvous import connect_store, find_free_port, host_store, interface_of, is_loopback
 from async_rl.weight_signature import tensor_signature
 from async_rl.weight_sync_group import WeightSyncGroup
@@ -112,6 +112,8 @@ class TrainerActor:
         device = resolve_device(self.cfg.device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         self._init_training_group(backend)
+        for lock in clear_stale_build_locks():
+            print(f"{self.name}: removed a stale JIT build lock {lock} (a build killed midway; torch would wait forever)")
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group made above
         dtype = precision_dtype(self.cfg.precision, device)
         model = training_model(self.cfg, self.policy_factory)
