@@ -69,7 +69,7 @@ def profile(threads: int, repeats: int) -> dict[str, float]:
     out["prefill_s"] = one
     out["decode_per_token_s"] = (full - one) / (NEW_TOKENS - 1)
     out["generate_24_tokens_s"] = full
-    sequences = generate(NEW_TOKENS)
+    sequences = generate(NEW_TOKENS).clone()  # a normal tensor: autograd refuses inference-mode ones
     seq_mask = torch.cat([mask, torch.ones(BATCH, NEW_TOKENS, dtype=mask.dtype)], 1)
     response = sequences[:, ids.shape[1]:]
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
