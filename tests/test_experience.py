@@ -152,7 +152,8 @@ def test_replay_is_a_bounded_fifo_with_counters():
     store.add_batch(_items(0, 3))
     store.add_batch(_items(3, 4))  # evicts 0 and 1
     assert store.size() == 5
-    assert store.counters == {"added": 7, "sampled": 0, "evicted": 2, "dropped_stale": 0}
+    # 0 and 1 were never drawn: generated for nothing
+    assert store.counters == {"added": 7, "sampled": 0, "evicted": 2, "evicted_untrained": 2, "dropped_stale": 0}
     sample = store.sample(5)
     assert sorted(sample["x"].tolist()) == [2.0, 3.0, 4.0, 5.0, 6.0]  # without replacement, only live items
     with pytest.raises(ValueError, match="holding 5"):
@@ -171,7 +172,8 @@ def test_consumed_items_leave_and_free_slots_are_refilled_before_evicting():
     assert sorted(store.sample(4)["x"].tolist()) == [float(left[0]), 10.0, 11.0, 12.0]
     store.add_batch(_items(20, 1))  # now the oldest (the survivor of the first batch) goes
     assert sorted(store.sample(4)["x"].tolist()) == [10.0, 11.0, 12.0, 20.0]
-    assert store.counters == {"added": 8, "sampled": 11, "evicted": 1, "dropped_stale": 0}
+    # the survivor had been drawn (sampled above) before it went
+    assert store.counters == {"added": 8, "sampled": 11, "evicted": 1, "evicted_untrained": 0, "dropped_stale": 0}
 
 
 def test_snapshot_returns_live_items_in_insertion_order_without_sampling():
