@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     class StopAtDeadline(TrainerCallback):
         def on_step_end(self, _args, state, control, **_):
             update_times.append(time.time())
-            control.should_training_stop = time.monotonic() >= deadline
+            # Keep the Trainer's own stop (max_steps, set by its flow callback before this one): assigning
+            # would clear it, and the run went on past --max-steps.
+            control.should_training_stop = control.should_training_stop or time.monotonic() >= deadline
 
         def on_log(self, _args, state, control, logs=None, **_):
             if logs and "completions/mean_length" in logs:
