@@ -3,8 +3,8 @@ holds ``max_untrained_items`` items no trainer has drawn yet, so that nothing is
 be evicted untrained, and a generator that would outrun the trainer leaves it the CPU instead.
 
 A worker asks the buffer nothing while the size its last push reported is below the bound (a bounded
-MetaWorld / LIBERO run pays no extra call per round; by default they are not bounded: ``untrained_bound``). Only at the bound does it wait, in
-slices, on the buffer's ``wait_for_room``; a trainer drawing (the buffer's ``sampled`` count rising)
+MetaWorld / LIBERO run pays no extra call per round; by default they are not bounded: ``untrained_bound``).
+Only at the bound does it wait, in slices, on the buffer's ``wait_for_room``; a trainer drawing (the buffer's ``sampled`` count rising)
 restarts the wait's clock, so a slow trainer is waited for and a dead one ends the wait with an error.
 """
 from __future__ import annotations

@@ -263,7 +263,8 @@ class ReplayBuffer:
         if consume and request is not None:
             self._draws.hold(request, batch)
         if consume:
-            self._wake_producers()  # replay reads "request" with .get: None (no id) and absent are the same
+            self._wake_producers()
+            # replay reads "request" with .get: None (no id) and absent are the same
             await self._commit({"op": "take", "stamps": self._store.last_taken,
                                 "request": list(request) if request is not None else None})
         else:
