@@ -215,3 +215,47 @@ def test_chunked_logits_and_gradient_checkpointing_change_no_logp_and_no_gradien
         # Gradients sum over positions in another order: equal up to fp32 rounding, as a whole.
         assert (reference[2] - got[2]).norm() <= 1e-4 * reference[2].norm()
     assert reference[2].abs().sum() > 0
+
+
+def test_columns_of_padding_in_every_row_are_not_computed_and_change_nothing(base_policy, kwargs):
+    """Training and generation skip the prompt columns that are padding in every row and the response columns after
+    the batch's longest response (``trim_left_padding``): a batch padded wider gives the same log-probs, entropies,
+    value, gradient and sampled responses, and the skipped slots come back as zeros of the full width."""
+    import async_rl.policies.causal_lm as causal_lm
+
+    obs = batch_of(kwargs)  # both prompts shorter than the 80 columns: some columns are padding in every row
+    assert int(obs["attention_mask"].sum(1).max()) < 80
+    widened = obs.clone()
+    pad_id = base_policy.pad_id
+    widened["input_ids"] = torch.cat([torch.full((2, 16), pad_id), obs["input_ids"]], dim=1)
+    widened["attention_mask"] = torch.cat([torch.zeros(2, 16, dtype=obs["attention_mask"].dtype), obs["attention_mask"]], 1)
+    torch.manual_seed(3)
+    response = torch.randint(0, 1000, (2, 12))
+    response[0, 5:] = PAD_ACTION
+    response[1, 8:] = PAD_ACTION  # columns 8-11 are padding in every row
+    policy = copy.deepcopy(base_policy).train()
+    seen_widths = []
+    hidden = policy._hidden
+    policy._hidden = lambda ids, mask: (seen_widths.append(ids.shape[1]), hidden(ids, mask))[1]
+
+    def stats(batch):
+        policy.lm.zero_grad()
+        logp, entropy, value = policy.evaluate(batch, response)
+        (logp.sum() + 0.1 * entropy.sum() + value.sum()).backward()
+        return logp.detach(), entropy.detach(), value.detach(), policy.lm.get_input_embeddings().weight.grad.clone()
+
+    narrow, wide = stats(obs), stats(widened)
+    longest_prompt = int(obs["attention_mask"].sum(1).max())
+    assert seen_widths == [longest_prompt + 8, longest_prompt + 8]  # neither the padding columns nor slots 8-11
+    assert narrow[0].shape == (2, 12) and bool((narrow[0][:, 8:] == 0).all()) and bool((narrow[1][:, 8:] == 0).all())
+    for a, b in zip(narrow[:3], wide[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert (narrow[3] - wide[3]).norm() <= 1e-4 * narrow[3].norm()
+    assert causal_lm.trim_left_padding(widened["input_ids"], widened["attention_mask"])[0].shape[1] == longest_prompt
+    with torch.inference_mode():
+        torch.manual_seed(4)
+        sampled = base_policy.act(obs, torch.tensor([False, False]))
+        torch.manual_seed(4)
+        sampled_wide = base_policy.act(widened, torch.tensor([False, False]))
+    assert torch.equal(sampled["response"], sampled_wide["response"])
+    torch.testing.assert_close(sampled["logp"], sampled_wide["logp"], rtol=1e-4, atol=1e-5)

@@ -103,6 +103,15 @@ class ChatPreprocessor:
         return torch.tensor(ids + [PAD_ACTION] * (self.max_new_tokens - len(ids)), dtype=torch.int64)
 
 
+def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids`` / ``mask`` without the leading columns that are padding in every row. Prompts are left-padded to
+    ``max_prompt_tokens`` (arithmetic's average 46 of 64): those columns cost prefill and training time and change
+    nothing, since positions count from each row's first real token and padding is masked."""
+    real_columns = mask.bool().any(dim=0).nonzero()
+    start = int(real_columns[0]) if len(real_columns) else mask.shape[1] - 1
+    return ids[:, start:], mask[:, start:]
+
+
 def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # noqa: N802  (stands in for a decoder's forward)
     """What a decoder returns, holding the hidden states it is handed (``CausalLMActorCritic._head_logits``)."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -170,6 +179,7 @@ class CausalLMActorCritic(ActorCritic):
                            "value": value.float()}, batch_size=[rows])
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = trim_left_padding(ids, mask)
         recorder = SampledLogProbs()
         processors = sampling_processors(self.sampling, greedy, recorder)
         config = explicit_generation_config(greedy, self.max_new_tokens, self.min_new_tokens, self.pad_id, self.stop_ids)
@@ -199,8 +209,12 @@ class CausalLMActorCritic(ActorCritic):
 
     def evaluate(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token log-probs and entropies ``[B, max_new_tokens]`` (0 outside the response) and V(prompt)."""
-        ids, prompt_mask = obs["input_ids"], obs["attention_mask"]
-        response = action.long()
+        ids, prompt_mask = trim_left_padding(obs["input_ids"], obs["attention_mask"])
+        # Columns after the batch's longest response are padding in every row: not computed (their log-probs
+        # and entropies are 0 anyway), put back as zeros at the end.
+        full_width = action.shape[1]
+        used_columns = self.action_mask(action).any(dim=0).nonzero()
+        response = action[:, :int(used_columns[-1]) + 1 if len(used_columns) else 1].long()
         real = self.action_mask(response)
         tokens = torch.cat([ids, response.masked_fill(~real, self.pad_id)], dim=1)
         mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)
@@ -211,7 +225,9 @@ class CausalLMActorCritic(ActorCritic):
         logp, entropy = self._token_stats(hidden[:, width - 1:-1], tokens[:, width:])
         zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
         value = self.value_head(hidden[:, width - 1]).squeeze(-1)
-        return torch.where(real, logp, zero), torch.where(real, entropy, zero), value
+        restore = (0, full_width - response.shape[1])
+        return (torch.nn.functional.pad(torch.where(real, logp, zero), restore),
+                torch.nn.functional.pad(torch.where(real, entropy, zero), restore), value)
 
     def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's vocabulary logits of decoder outputs ``hidden`` ``[B, n, H]``, computed by the model's own
@@ -248,7 +264,7 @@ class CausalLMActorCritic(ActorCritic):
         return token_cloning_loss(self.evaluate, obs, response, self.action_mask(response))
 
     def value(self, obs: TensorDict) -> torch.Tensor:
-        hidden = self._hidden(obs["input_ids"], obs["attention_mask"])
+        hidden = self._hidden(*trim_left_padding(obs["input_ids"], obs["attention_mask"]))
         return self.value_head(hidden[:, -1]).squeeze(-1)
 
     def value_parameters(self) -> list[nn.Parameter]:
