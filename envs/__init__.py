@@ -1,24 +1,26 @@
 """Environment registry: a new environment is one file in ``envs/`` plus one config.
 
-An env module registers a TaskSet factory with ``@register_env("name")``, optionally with a
-``final_evaluation`` the runtime runs on the final weights after training. Env modules must not
+An env module registers a TaskSet factory with ``@register_env("name", options=NameOptions)``, optionally
+with a ``final_evaluation`` the runtime runs on the final weights after training. ``NameOptions`` (a
+``ConfigSection``) declares every option the env takes, typed, with its default, range and help:
+``make_task_set`` checks ``env_kwargs`` against it and hands the factory the checked options, so the
+factory only constructs. Env modules must not
 import their (optional, heavy) simulator package at module level; they import it inside the
 factory, so that ``import envs`` and the discovery of env modules stay cheap and never fail
 because some other environment's package is missing.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.registry import Registry
+from async_rl.validation import ConfigSection, validate_model
 from envs.base import TaskEnv, TaskSet
 
-__all__ = ["ENVS", "FinalEvaluation", "TaskEnv", "TaskSet", "available_envs", "final_evaluation_for", "make_task_set",
-           "register_env"]
+__all__ = ["ENVS", "FinalEvaluation", "TaskEnv", "TaskSet", "available_envs", "env_options", "env_options_model",
+           "final_evaluation_for", "make_task_set", "register_env"]
 
 # fn(task_set, act, preprocess, seed) -> report. ``act(obs_batch, deterministic) -> env actions
 # [B, action_dim]`` runs the current policy on a batch of preprocessed observations (a TensorDict);
@@ -26,13 +28,14 @@ __all__ = ["ENVS", "FinalEvaluation", "TaskEnv", "TaskSet", "available_envs", "f
 # ({"eval/...": float}), ``text`` (printable), ``files`` ({name: JSON-able}) and any raw fields.
 FinalEvaluation = Callable[[TaskSet, Callable[[Any, bool], np.ndarray], Callable[..., Any], int], dict]
 
-ENVS: Registry[Callable[..., TaskSet]] = Registry("environment", package=__name__, skip=("base",))
+ENVS: Registry[Callable[[Any], TaskSet]] = Registry("environment", package=__name__, skip=("base",))
 
 
-def register_env(name: str, final_evaluation: Optional[FinalEvaluation] = None
-                 ) -> Callable[[Callable[..., TaskSet]], Callable[..., TaskSet]]:
-    """Decorator: register ``fn(**kwargs) -> TaskSet`` under ``name`` (and its final evaluation)."""
-    return ENVS.register(name, final_evaluation=final_evaluation)
+def register_env(name: str, *, options: Optional[type[ConfigSection]] = None, final_evaluation: Optional[FinalEvaluation] = None
+                 ) -> Callable[[Callable[[Any], TaskSet]], Callable[[Any], TaskSet]]:
+    """Decorator: register ``fn(options) -> TaskSet`` under ``name``, where ``options`` is an instance of the
+    ``options`` model (and the env's final evaluation)."""
+    return ENVS.register(name, options=options, final_evaluation=final_evaluation)
 
 
 def available_envs() -> list[str]:
@@ -45,12 +48,19 @@ def final_evaluation_for(name: str) -> Optional[FinalEvaluation]:
     return ENVS.entry(name).meta.get("final_evaluation")
 
 
+def env_options_model(name: str) -> type[ConfigSection]:
+    """The options model environment ``name`` registered; unknown names raise ConfigError."""
+    return ENVS.entry(name).meta["options"]
+
+
+def env_options(name: str, kwargs: Any) -> ConfigSection:
+    """``kwargs`` checked against environment ``name``'s options: an unknown key, a wrong type or a value out
+    of range is a one-line ConfigError naming the key."""
+    return validate_model(env_options_model(name), kwargs, f"{name} env option")
+
+
 def make_task_set(name: str, **kwargs: Any) -> TaskSet:
-    """Build the TaskSet of environment ``name``; unknown names and options raise ConfigError."""
-    builder = ENVS.get(name)
-    params = inspect.signature(builder).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        for key in kwargs:
-            if key not in params:
-                raise ConfigError(unknown_key_message(key, params, f"'{name}' env option"))
-    return builder(**kwargs)
+    """Build the TaskSet of environment ``name``; unknown names and bad options raise ConfigError."""
+    if env_options_model(name) is None:  # TRANSITION: an env not yet given its options model
+        return ENVS.get(name)(**kwargs)
+    return ENVS.get(name)(env_options(name, kwargs))

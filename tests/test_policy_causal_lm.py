@@ -11,6 +11,7 @@ from async_rl.algo import Objective, LossInputs
 from async_rl.algo.functional import aggregate
 from async_rl.errors import ConfigError
 from async_rl.policies.causal_lm import PAD_ACTION, CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
+from async_rl.policies import prepare_policy
 from async_rl.policies.lm_loading import default_gguf
 from async_rl.policies.nets import cast_parameters
 
@@ -174,8 +175,10 @@ def test_adapter_sync_lists_its_tensors_while_the_reference_forward_runs(base_po
 
 
 def test_bad_policy_kwargs_are_one_config_error():
-    with pytest.raises(ConfigError, match="unknown policy_kwargs key 'max_tokens'"):
-        prepare_causal_lm({"text": True}, 1, None, {"max_tokens": 3})
+    with pytest.raises(ConfigError, match="unknown causal_lm policy option 'max_tokens'"):
+        prepare_policy("causal_lm", {"text": True}, 1, None, {"max_tokens": 3})
+    with pytest.raises(ConfigError, match="causal_lm policy option 'top_p' = 0: Input should be greater than 0"):
+        prepare_policy("causal_lm", {"text": True}, 1, None, {"top_p": 0})
     with pytest.raises(ConfigError, match="text prompts"):
         prepare_causal_lm({"state_dim": 3}, 1, None, {})
     with pytest.raises(ConfigError, match="no such file"):

@@ -1,6 +1,8 @@
 """Policies (actor-critics) and their worker-side preprocessors, by name.
 
-A new policy is one module in this package that calls ``register_policy``; modules are discovered
+A new policy is one module in this package that calls ``register_policy`` with the model of its options (a
+``ConfigSection``: every ``policy_kwargs`` key, typed, with its default, range and help); ``policy_kwargs`` are
+checked against it wherever a policy or its preprocessor is built, and before Ray starts. Modules are discovered
 on the first lookup of an unknown name. They import heavy packages (transformers, peft) inside
 functions, so that discovering every policy stays cheap.
 """
@@ -9,27 +11,45 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from async_rl.errors import ConfigError
+from async_rl.plugin_options import given_options
 from async_rl.policies.base import ActorCritic, ObsSpec, Preprocessor
 from async_rl.registry import Registry
+from async_rl.validation import ConfigSection, validate_model
 
 # lora.py is the trainers' LoRA helper (it imports peft), not a policy.
 POLICIES: Registry[Callable[..., ActorCritic]] = Registry("policy", package=__name__, skip=("base", "lora"))
 
 
-def register_policy(name: str, preprocessor: Callable[..., Preprocessor], prepare: Optional[Callable[..., dict]] = None):
+def register_policy(name: str, preprocessor: Callable[..., Preprocessor], *, options: Optional[type[ConfigSection]] = None,
+                    prepare: Optional[Callable[..., dict]] = None):
     """Register an ActorCritic factory ``fn(obs_spec, action_dim, **kwargs)`` and its preprocessor
-    factory ``fn(obs_spec, **kwargs)`` (it receives the policy's kwargs too).
+    factory ``fn(obs_spec, **kwargs)`` (it receives the policy's kwargs too); ``options`` is the model of
+    those kwargs (the factories receive the ones given, checked and converted).
 
     ``prepare(obs_spec, action_dim, model_path, kwargs) -> kwargs`` (optional) runs in the driver
-    before Ray starts: it checks the kwargs and ``model_path`` (ConfigError) and returns the
-    kwargs both factories receive.
+    before Ray starts, on checked kwargs: it checks what needs the env or the files (``model_path``,
+    the env's prompts; ConfigError) and returns the kwargs both factories receive.
     """
-    return POLICIES.register(name, preprocessor=preprocessor, prepare=prepare)
+    return POLICIES.register(name, preprocessor=preprocessor, options=options, prepare=prepare)
 
 
 def available_policies() -> list[str]:
     """Sorted names of every registered policy (discovers the policy modules)."""
     return POLICIES.names()
+
+
+def policy_options_model(name: str) -> type[ConfigSection]:
+    """The options model policy ``name`` registered; unknown names raise ConfigError."""
+    return POLICIES.entry(name).meta["options"]
+
+
+def policy_kwargs_checked(name: str, kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` checked against policy ``name``'s options (an unknown key, a wrong type or a value out of range
+    is a one-line ConfigError naming the key): the ones given, converted."""
+    model = policy_options_model(name)
+    if model is None:  # TRANSITION: a policy not yet given its options model
+        return dict(kwargs)
+    return given_options(validate_model(model, kwargs, f"{name} policy option"))
 
 
 def _entry(name: str) -> tuple[Callable[..., ActorCritic], Callable[..., Preprocessor], Optional[Callable[..., dict]]]:
@@ -39,18 +59,19 @@ def _entry(name: str) -> tuple[Callable[..., ActorCritic], Callable[..., Preproc
 
 def build_policy(name: str, obs_spec: ObsSpec, action_dim: int, **kwargs: Any) -> ActorCritic:
     """Build the actor-critic ``name`` for observations ``obs_spec`` and ``action_dim`` actions."""
-    return _entry(name)[0](obs_spec, action_dim, **kwargs)
+    return _entry(name)[0](obs_spec, action_dim, **policy_kwargs_checked(name, kwargs))
 
 
 def build_preprocessor(name: str, obs_spec: ObsSpec, **kwargs: Any) -> Preprocessor:
     """The worker-side preprocessing of policy ``name`` (no model weights)."""
-    return _entry(name)[1](obs_spec, **kwargs)
+    return _entry(name)[1](obs_spec, **policy_kwargs_checked(name, kwargs))
 
 
 def prepare_policy(name: str, obs_spec: ObsSpec, action_dim: int, model_path: Optional[str],
                    kwargs: dict[str, Any]) -> dict[str, Any]:
     """Check the policy's kwargs and ``model_path`` before Ray starts; returns the kwargs to build with."""
     factory, preprocessor, prepare = _entry(name)
+    kwargs = policy_kwargs_checked(name, kwargs)
     if prepare is not None:
         return prepare(obs_spec, action_dim, model_path, kwargs)
     if model_path is not None:
@@ -70,4 +91,4 @@ def prepare_policy(name: str, obs_spec: ObsSpec, action_dim: int, model_path: Op
 
 
 __all__ = ["POLICIES", "ActorCritic", "ObsSpec", "Preprocessor", "available_policies", "build_policy", "build_preprocessor",
-           "prepare_policy", "register_policy"]
+           "policy_kwargs_checked", "policy_options_model", "prepare_policy", "register_policy"]

@@ -25,7 +25,6 @@ the trainer's log-probs before an update are the sampler's.
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -38,6 +37,7 @@ from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.lm_loading import resolve_lm_path
+from async_rl.policies.lm_options import CausalLMOptions
 from async_rl.policies.lm_sampling import (SampledLogProbs, SamplingParams, explicit_generation_config,
                                            neutral_generation_config, sampling_processors, zero_dropout_config,
                                            zero_dropout_modules)
@@ -274,27 +274,12 @@ class CausalLMActorCritic(ActorCritic):
 # ---- registration ----------------------------------------------------------------------------
 def prepare_causal_lm(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str],
                       policy_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Driver side, before Ray starts: unknown kwargs and a bad model are ConfigErrors; a GGUF file
-    (or the default model) is converted once to a Hugging Face folder; the env's example prompts
-    must fit ``max_prompt_tokens``."""
+    """Driver side, before Ray starts, on kwargs checked against ``CausalLMOptions``: the env must give text
+    prompts; a bad model is a ConfigError; a GGUF file (or the default model) is converted once to a Hugging
+    Face folder; the env's example prompts must fit ``max_prompt_tokens``."""
     kwargs = dict(policy_kwargs)
-    known = set(inspect.signature(CausalLMActorCritic.__init__).parameters) - {"self", "obs_spec", "action_dim"}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise ConfigError(f"unknown policy_kwargs key '{unknown[0]}' for the causal_lm policy; valid: {', '.join(sorted(known))}")
     if "text" not in obs_spec:
         raise ConfigError("policy causal_lm needs an environment with text prompts (e.g. --env arithmetic or humaneval)")
-    for key in ("max_prompt_tokens", "max_new_tokens"):
-        if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < 1):
-            raise ConfigError(f"policy_kwargs {key} must be a positive integer, got {kwargs[key]!r}")
-    try:
-        sampling = SamplingParams(*(kwargs.get(k, d) for k, d in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0),
-                                                                   ("min_p", 0.0))))
-        problem = sampling.check()
-    except TypeError as exc:
-        problem = str(exc)
-    if problem:
-        raise ConfigError(f"policy_kwargs {problem}")
     kwargs["model_path"] = str(resolve_lm_path(model_path or kwargs.get("model_path")))
     preprocess = ChatPreprocessor(obs_spec, **kwargs)
     for prompt in obs_spec.get("example_prompts", ()):
@@ -310,4 +295,5 @@ def lm_target_modules() -> Sequence[str]:
     return ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-register_policy("causal_lm", preprocessor=ChatPreprocessor, prepare=prepare_causal_lm)(CausalLMActorCritic)
+register_policy("causal_lm", preprocessor=ChatPreprocessor, options=CausalLMOptions, prepare=prepare_causal_lm)(
+    CausalLMActorCritic)

@@ -1,0 +1,36 @@
+"""The options of the causal LM policy (``policy_kwargs`` of ``--policy causal_lm``): what the model is, how long
+prompts and responses may be, and the sampling distribution (``lm_sampling``)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import pydantic
+
+from async_rl.validation import ConfigSection
+
+
+class CausalLMOptions(ConfigSection):
+    """The causal LM policy's options."""
+
+    model_path: Optional[str] = None
+    """a Hugging Face folder or a .gguf file (--model-path wins); null = the default small model"""
+    max_prompt_tokens: pydantic.PositiveInt = 256
+    """prompts are left-padded to this many tokens; a longer prompt of the env is refused before the run"""
+    max_new_tokens: pydantic.PositiveInt = 64
+    """longest response"""
+    min_new_tokens: pydantic.NonNegativeInt = 0
+    """eos is suppressed before this many tokens (benchmarks set max_new_tokens to compare equal lengths)"""
+    temperature: pydantic.PositiveFloat = 1.0
+    """the sampling distribution is softmax(logits / temperature)"""
+    top_k: pydantic.NonNegativeInt = 0
+    """sample from the k likeliest tokens; 0 = off"""
+    top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0)
+    """nucleus sampling; 1 = off"""
+    min_p: float = pydantic.Field(0.0, ge=0.0, lt=1.0)
+    """drop tokens below min_p x the likeliest one's probability; 0 = off"""
+    system_prompt: Optional[str] = None
+    """a system message before every prompt"""
+    gradient_checkpointing: bool = False
+    """training recomputes each decoder layer in backward (less memory, ~1.35x the time)"""
+    disable_dropout: bool = True
+    """every dropout of the model off, so that the trainer computes what the sampler computed"""
