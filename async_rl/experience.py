@@ -38,6 +38,8 @@ STEP_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("action", None, "[A]", "inference", ("trainer",), "what the trainer evaluates; stored under the "
                                                              "policy's action_key (e.g. action_token)"),
     Field("logp", torch.float32, "[A] (or [1] per sequence)", "inference", ("trainer",), "behaviour log-prob"),
+    Field("logp_ref", torch.float32, "[A]", "inference", ("trainer",), "the reference policy's log-prob of the action; "
+                                                                       "only with reference_logp_on sampler"),
     Field("value", torch.float32, "[]", "inference", ("advantage", "trainer"), "behaviour V(s); the value clip's anchor"),
     Field("reward", torch.float32, "[]", "env", ("advantage",), "scaled; a time-limit cut adds gamma * V(next obs)"),
     Field("done", torch.bool, "[]", "env", ("advantage",), "the episode ended (terminated or truncated) here"),

@@ -43,6 +43,10 @@ def test_clip_config_file_feeds_clip_params(tmp_path):
         (["--clip-params", "{clip_epss: 0.1}"], "unknown clip param 'clip_epss' (did you mean 'clip_eps'?)"),
         (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
         (["--log-dir", str(LAUNCH)], "is a file; pass a directory"),
+        (["--reference-logp-on", "sampler"], "reference_logp_on sampler: nothing reads the reference policy"),
+        (["--reference-logp-on", "sampler", "--kl-ref-coef", "0.1"], "reference_logp_on sampler needs LoRA with --lora-sync adapters"),
+        (["--reference-logp-on", "sampler", "--kl-ref-coef", "0.1", "--lora-rank", "4", "--lora-sync", "adapters",
+          "--lora-trainable", "[value_head]"], "lora_trainable 'value_head' is trained whole and may enter the log-probs"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv, message):

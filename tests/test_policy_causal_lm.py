@@ -2,6 +2,7 @@
 file, converted once to a Hugging Face folder): behaviour log-probs, left padding, masking, LoRA
 with adapter-only weight sync."""
 import copy
+from pathlib import Path
 import types
 
 import pytest
@@ -262,3 +263,40 @@ def test_columns_of_padding_in_every_row_are_not_computed_and_change_nothing(bas
         sampled_wide = base_policy.act(widened, torch.tensor([False, False]))
     assert torch.equal(sampled["response"], sampled_wide["response"])
     torch.testing.assert_close(sampled["logp"], sampled_wide["logp"], rtol=1e-4, atol=1e-5)
+
+
+def test_the_samplers_reference_log_probs_are_the_trainers(base_policy, kwargs):
+    """``reference_logp_on: sampler``: the inference copy (frozen base + synced adapters) with its adapters off gives
+    the trainer's reference log-probs, for sampled rows only (greedy rows: 0), and leaves its adapters on after."""
+    from async_rl.actors.trainer_setup import training_model
+    from async_rl.config import load_config
+    from async_rl.policies.reference import ReferencePolicy, sampler_reference_logp
+
+    factory = lambda: copy.deepcopy(base_policy).drop_critic()  # noqa: E731
+    trained = training_model(lora_cfg("adapters"), factory)
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    sampler = training_model(lora_cfg("adapters"), factory).eval()
+    with torch.no_grad():
+        for (_, target), (_, sent) in zip(sampler.inference_tensors(), trained.inference_tensors(), strict=True):
+            target.copy_(sent)
+    flags = {n: p.requires_grad for n, p in sampler.named_parameters()}
+    obs = batch_of(kwargs)
+    with torch.inference_mode():
+        torch.manual_seed(5)
+        response = sampler.act(obs, torch.tensor([False, False]))["response"]
+        on_sampler = sampler_reference_logp(sampler, obs, response, torch.tensor([True, False]))
+        with_adapters = sampler.evaluate(obs, response)[0]
+    on_trainer = ReferencePolicy(trained.eval(), None)(obs, response)
+    real = sampler.action_mask(response)
+    torch.testing.assert_close(on_sampler[0][real[0]], on_trainer[0][real[0]], rtol=1e-4, atol=1e-5)
+    assert bool((on_sampler[1] == 0).all())  # not a sampled row
+    assert (with_adapters[0] - on_trainer[0])[real[0]].abs().max() > 1e-3  # the adapters matter: a real comparison
+    with torch.inference_mode():
+        torch.testing.assert_close(sampler.evaluate(obs, response)[0], with_adapters)  # adapters on again
+    assert flags == {n: p.requires_grad for n, p in sampler.named_parameters()}
+    lm = str(Path(__file__).resolve().parents[1] / "configs" / "lm_arithmetic.yaml")
+    cfg = load_config(["--reference-logp-on", "sampler", "--lora-trainable", "[value_head]"], lm)
+    assert cfg.reference_logp_on == "sampler"  # the causal LM's value head never enters its log-probs

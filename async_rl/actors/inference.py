@@ -24,6 +24,7 @@ from async_rl.errors import ActorTimeoutError
 from async_rl.actors.shared_slab import SlabOffer, SlabServer, SlabSpec
 from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
 from async_rl.policies.nets import cast_parameters
+from async_rl.policies.reference import sampler_reference_logp
 from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
 from async_rl.rendezvous import is_loopback
 from async_rl.weight_signature import tensor_signature
@@ -207,7 +208,9 @@ class InferenceActor:
     def __init__(self, index: int, policy_factory: Callable[[], torch.nn.Module], batch_size: int,
                  timeout_ms: float, gpu_id: Optional[int] = None, seed: int = 0, torch_threads: int = 1,
                  precision: str = "auto", forward_in_thread: Optional[bool] = None,
-                 weights_timeout_s: float = 600.0) -> None:
+                 weights_timeout_s: float = 600.0, reference_logp: bool = False) -> None:
+        """``reference_logp``: every sampled answer also carries ``logp_ref``, the reference policy's log-probs
+        (this model with its LoRA adapters off: ``reference_logp_on sampler``)."""
         if gpu_id is not None:  # before CUDA initialises in this process
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         configure_torch(seed + 10_000 * (index + 1), torch_threads)
@@ -220,6 +223,7 @@ class InferenceActor:
         self.model = cast_parameters(policy_factory().to(self.device), dtype).eval()
         # Only what the experience record keeps leaves this actor (to_wire ships it as float32).
         self._shipped = inference_keys(self.model.action_key, self.model.behaviour_stats)
+        self._reference_logp = reference_logp
         self._batch_size, self._timeout_s = batch_size, timeout_ms / 1000.0
         if forward_in_thread is None:
             forward_in_thread = self.device.type == "cuda" or self.num_parameters() > INLINE_FORWARD_MAX_PARAMETERS
@@ -235,7 +239,11 @@ class InferenceActor:
 
     def _forward(self, obs: TensorDict, deterministic: torch.Tensor) -> TensorDict:
         with torch.inference_mode():
-            out = self.model.act(obs.to(self.device), deterministic.to(self.device)).select(*self._shipped).to("cpu")
+            obs, deterministic = obs.to(self.device), deterministic.to(self.device)
+            out = self.model.act(obs, deterministic).select(*self._shipped)
+            if self._reference_logp:
+                out["logp_ref"] = sampler_reference_logp(self.model, obs, out[self.model.action_key], ~deterministic)
+            out = out.to("cpu")
         if not self.model.has_critic:  # its value head is never trained nor sent: serve 0, not its random output
             out["value"] = torch.zeros_like(out["value"])
         return out

@@ -65,7 +65,10 @@ def batch_fields(steps: TensorDict, model: TrainModel) -> dict[str, Optional[Ten
     reference), the group fields (``group_id``, ``success``) where the records carry them, and the
     mask of variable-length actions (a response's tokens) where the policy has one."""
     action = steps[model.action_key]
-    reference = None if model.reference is None else model.reference(steps["obs"], action)
+    if "logp_ref" in steps.keys():  # computed by the sampler (reference_logp_on sampler)
+        reference = steps["logp_ref"]
+    else:
+        reference = None if model.reference is None else model.reference(steps["obs"], action)
     mask = None if model.action_mask is None else model.action_mask(action)
     return {"logp_ref": reference, "group_id": steps.get("group_id", None), "success": steps.get("success", None),
             "mask": mask}

@@ -118,7 +118,8 @@ class Runtime:
             f"inference-{i}": InferenceActor.options(**self.placement.inference_options(i), name=self.named(f"inference-{i}"),
                                                          **restartable).remote(
                 i, self.inference_factory, cfg.inference_batch, cfg.inference_timeout_ms, self.placement.inference_gpu(i),
-                cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread, cfg.actor_timeout_s)
+                cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread, cfg.actor_timeout_s,
+                cfg.reference_logp_on == "sampler")
             for i in range(cfg.num_inference_actors)}, timeout, cfg.actor_max_restarts, on_restart=count)
         self.trainers = ActorGroup("trainer", {
             f"trainer-{r}": TrainerActor.options(**self.placement.trainer_options(r)).remote(

@@ -28,6 +28,9 @@ class ActorCritic(torch.nn.Module):
     # experience record (async_rl/experience.py); the rest of ``act``'s answer is dropped by the
     # inference actor. None today: the ratio uses the stored ``logp``.
     behaviour_stats: tuple[str, ...] = ()
+    # Name prefixes of parameters that no log-prob reads (a value head): trained whole under LoRA, they leave the
+    # reference policy as it was, so the sampler's model with its adapters off computes it (reference_logp_on sampler).
+    logp_free_prefixes: tuple[str, ...] = ()
 
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
         """Sample (or, where ``deterministic`` [B] is true, take the mode of) actions for a batch."""

@@ -4,6 +4,10 @@ With LoRA it is the trained model itself with its adapters off (no second copy);
 LoRA trains whole (``lora_trainable``: an action head, ``log_std``) are not undone by switching the
 adapters off, so their start values are kept (small) and put in place for the reference's forward.
 Otherwise a frozen copy of the initial weights, built once on the trainer and never updated.
+
+``reference_logp_on: sampler`` computes the same log-probs on the inference actor right after sampling
+(``sampler_reference_logp``): it holds the same frozen base under the same adapters (``lora_sync: adapters``),
+so its model with the adapters off is the reference wherever no parameter trained whole enters the log-probs.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Optional
 import torch
 from tensordict import TensorDict
 
+from async_rl.errors import ConfigError
 from async_rl.policies.lora import adapters_disabled, is_lora_name, named_lora_layers
 
 
@@ -51,3 +56,35 @@ class ReferencePolicy:
             return self.frozen.evaluate(obs, action)[0]
         with adapters_disabled(self.trained):  # forward is evaluate (ActorCritic); an empty dict swaps nothing
             return torch.func.functional_call(self.trained, self.whole_at_start, (obs, action), strict=False)[0]
+
+
+def sampler_reference_logp(model: torch.nn.Module, obs: TensorDict, action: torch.Tensor,
+                           sampled: torch.Tensor) -> torch.Tensor:
+    """On the inference actor: log pi_ref(action | obs) ``[B, A]`` of the rows ``sampled`` [B] (bool), 0 elsewhere
+    (greedy answers are evaluations, never trained on), computed by ``model`` with its LoRA adapters off."""
+    logp_ref = torch.zeros(action.shape, dtype=torch.float32, device=action.device)
+    rows = sampled.to(torch.bool).reshape(-1).nonzero().flatten().to(action.device)
+    if len(rows):
+        with torch.no_grad(), adapters_disabled(model):
+            logp_ref[rows] = model.evaluate(obs[rows], action[rows])[0].float()
+    return logp_ref
+
+
+def check_sampler_reference(policy: str, lora_rank: int, lora_sync: str, lora_trainable: list[str],
+                            needs_reference: bool) -> None:
+    """``reference_logp_on: sampler`` applies where the inference actor's model with adapters off is the reference:
+    LoRA, adapter-only sync (with merged sync it holds no base), and no parameter trained whole that the log-probs
+    read (the policy's ``logp_free_prefixes``); and only where the objective reads a reference. Else one ConfigError."""
+    if not needs_reference:
+        raise ConfigError("reference_logp_on sampler: nothing reads the reference policy (kl_ref_coef is 0 and the "
+                          "clip mode reads none); drop --reference-logp-on")
+    if lora_rank == 0 or lora_sync != "adapters":
+        raise ConfigError("reference_logp_on sampler needs LoRA with --lora-sync adapters (the inference actor then holds "
+                          "the frozen base, the reference); pass --lora-rank N --lora-sync adapters or --reference-logp-on trainer")
+    from async_rl.policies import POLICIES  # noqa: PLC0415  (the registry imports this module's neighbours)
+
+    free = tuple(getattr(POLICIES.entry(policy).obj, "logp_free_prefixes", ()))
+    read = [prefix for prefix in lora_trainable if not prefix.startswith(free)]
+    if read:
+        raise ConfigError(f"reference_logp_on sampler: lora_trainable '{read[0]}' is trained whole and may enter the "
+                          f"log-probs, so adapters off is not the reference there; use --reference-logp-on trainer")
