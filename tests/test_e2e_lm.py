@@ -25,7 +25,10 @@ def _inspect(runtime):
     trainer = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
     batch = wait_for_replay(runtime, lambda b: int(b["policy_version"].max()) >= 1, timeout_s=300)
-    return {"trainer": trainer, "inference": inference, "replay": batch}
+    # The reference policy, built here as an inference copy is before any weights reach it (adapters still zero).
+    with torch.inference_mode():
+        reference = runtime.inference_factory().eval().evaluate(batch["obs"], batch["response"])[0]
+    return {"trainer": trainer, "inference": inference, "replay": batch, "reference_logp": reference}
 
 
 def test_grpo_on_arithmetic_with_the_real_model(tmp_path):
@@ -57,6 +60,10 @@ def test_grpo_on_arithmetic_with_the_real_model(tmp_path):
     real = response >= 0
     assert bool((logp[~real] == 0).all()) and bool((logp[real] <= 0).all())
     assert bool((real.sum(1) >= 1).all())
+    # The reference's log-probs came with the sample (reference_logp_on sampler): the base model's, as computed here.
+    logp_ref = batch["logp_ref"]
+    assert bool((logp_ref[~real] == 0).all())
+    torch.testing.assert_close(logp_ref, seen["reference_logp"], rtol=1e-4, atol=1e-4)
     assert batch["obs", "input_ids"].shape[1:] == (64,)
     # Trainers draw records one by one (only PACS draws whole groups), so what is left in the buffer may hold part
     # of a group, never more than all of it.
