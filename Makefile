@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`.
 PY := .venv/bin/python
 
-.PHONY: setup run test bench lock durations peers
+.PHONY: setup run test bench lock durations peers coverage
 
 # Installs exactly the lock in requirements/ (both venvs; a stamp skips it when nothing changed).
 setup:
@@ -16,6 +16,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900
+
+# What `make test` runs, under coverage.py (.coveragerc): line coverage of async_rl/ and envs/, Ray actors and
+# subprocesses included, into tests/coverage.json (tests/README.md, Coverage; per file: runs/coverage/report.txt).
+# `make coverage FILES="tests/test_x.py" OUT=runs/coverage/partial.json` measures some files only.
+coverage: setup
+	$(PY) tests/coverage_record.py --out $(or $(OUT),tests/coverage.json) -- \
+		$(PY) -m pytest $(or $(FILES),tests) -q -p no:cacheprovider --timeout=900
 
 bench: setup
 	for b in env_raw weight_sync inference throughput async_vs_sync learning chaos; do \
