@@ -9,6 +9,9 @@ writes the merged model (a Hugging Face folder launch/eval_lm.py scores) and --s
 times, completions and tokens generated, and seconds spent generating + scoring (TRL's
 ``_generate_and_score_completions``: prefill, sampling, reward, reference and old log-probs) against
 computing the loss and its backward (``training_step`` less the former).
+
+``--device cuda`` (bench_lm_peers.py --gpu): the same run on the first visible GPU, fp32 weights under bf16
+autocast (TRL's usual GPU set-up), generating and training on that one device.
 """
 from __future__ import annotations
 
@@ -34,13 +37,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the whole 2-core machine: one process)")
     ap.add_argument("--difficulty", type=int, default=1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import numpy as np
     import torch
+
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():  # before TRL's imports and the model
+        print("peers_trl_grpo: --device cuda but torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    import numpy as np
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -62,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         output_dir=str(Path(args.out_dir) / "trainer"), per_device_train_batch_size=16, gradient_accumulation_steps=2,
         num_generations=8, temperature=0.7, top_p=1.0, max_completion_length=24, learning_rate=2e-4, warmup_steps=2,
         lr_scheduler_type="constant_with_warmup", beta=0.001, loss_type="dapo", num_iterations=1, max_grad_norm=1.0,
-        max_steps=args.max_steps, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+        max_steps=args.max_steps, logging_steps=1, save_strategy="no", report_to="none", use_cpu=not on_gpu,
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
         seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
         # TRL turns activation recomputation on by default; this project does not recompute, and 135M parameters
         # fit either way: off, TRL is as fast as it can be here.
@@ -114,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     per_update = 16 * 2
     stats = {"updates": updates, "completions_trained": updates * per_update, "started": started,
              "update_times": update_times, "completion_tokens_mean": sum(lengths) / len(lengths) if lengths else None,
-             "threads": args.threads, **timings}
+             "threads": args.threads, "device": args.device, **timings}
     timed = timings["training_step_seconds"]  # training_step holds the generation (TRL generates inside it)
     stats["loss_and_backward_seconds"] = max(timed - timings["generate_and_score_seconds"], 0.0)
     Path(args.stats).write_text(json.dumps(stats, indent=2) + "\n")

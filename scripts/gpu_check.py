@@ -11,6 +11,11 @@ Steps, each a subprocess with its own time limit (so one hang cannot eat the bud
    memory (two processes cannot share one GPU in one NCCL group).
 3. ``lm_grpo``: ``benchmarks/gpu_lm_grpo.py``: a short GRPO run of the causal-LM policy (one ZeRO-2 bf16 LoRA
    update path end to end, adapters synced to the inference actor) and its generation tokens/s.
+4. ``lm_peers``: ``benchmarks/bench_lm_peers.py --gpu --quick --updates 3 --heldout 16`` (issue 49's work on the GPU preset:
+   trainer and generation on separate GPUs where 2+ are visible, sharing one otherwise) for this project's
+   asynchronous run and TRL's GRPOTrainer: completions trained/s, generation tokens/s, held-out accuracy. TRL
+   needs ``make peers`` (.venv-peers); without it only this project's run is measured and
+   ``lm_peers_trl_skipped`` says why.
 
 Writes ``--out`` (flat JSON: ``<step>_<figure>`` keys, each step's ``<step>_ok`` and ``<step>_seconds``, the card's
 name, the date) and prints one line per step. Exit codes: 0 every step passed, 1 a step failed, 2 bad
@@ -30,9 +35,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("tests", "weight_sync", "lm_grpo")
-# Each step's share of the budget (the rest is start-up slack); a step is killed at its share.
-SHARES = {"tests": 0.3, "weight_sync": 0.15, "lm_grpo": 0.5}
+sys.path.insert(0, str(ROOT))
+from benchmarks.bench_lm_peers import missing_peers  # noqa: E402  (stdlib imports only: no torch)
+
+STEPS = ("tests", "weight_sync", "lm_grpo", "lm_peers")
+# Each step's share of the budget; a step is killed at its share. lm_grpo took 154 s on an H200 (RESULTS section 20):
+# 0.35 of 8 minutes is 168 s. lm_peers (not yet run on a GPU): two model start-ups, 3 updates each and two CPU
+# evaluations of LM_PEERS_HELDOUT problems, estimated at ~2.2 of its 2.8 minutes.
+SHARES = {"tests": 0.2, "weight_sync": 0.1, "lm_grpo": 0.35, "lm_peers": 0.35}
+LM_PEERS_UPDATES = 3  # two intervals between updates: the fewest a rate needs, and one more
+LM_PEERS_HELDOUT = 16  # one batch of eval_lm: the scoring path is checked, accuracy is the full benchmark's figure
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -94,11 +106,28 @@ def run_step(command: list[str], limit_s: float, log: Path) -> tuple[int, str, f
     return code, output, time.monotonic() - started
 
 
+def lm_peers_command(args: argparse.Namespace, work: Path) -> tuple[list[str], dict[str, Any]]:
+    """The lm_peers step's command and the figures it adds itself (why TRL was skipped)."""
+    trl_missing = missing_peers()
+    systems = ["ours"] if trl_missing else ["ours", "trl"]  # --sync left to the full benchmark: the budget
+    # a random model's accuracy means nothing and TRL would need it saved: the real model or none
+    model = ["--model-path", args.lm_model_path] if args.lm_model_path else []
+    for stale in ("lm_peers.json", "lm_peers.partial.json"):  # an earlier check's figures must not pass for these
+        (work / stale).unlink(missing_ok=True)
+    # --minutes caps each run: its 3 updates take seconds on a GPU, so the cap only stops a hang early
+    command = [args.python, "benchmarks/bench_lm_peers.py", "--gpu", "--quick", "--updates", str(LM_PEERS_UPDATES),
+               "--minutes", "2", "--heldout", str(LM_PEERS_HELDOUT), "--systems", *systems,
+               "--log-root", str(work / "lm_peers_runs"),
+               "--out", str(work / "lm_peers.json"), *model]
+    return command, ({"trl_skipped": trl_missing} if trl_missing else {})
+
+
 def step_commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str], Callable[[int, str], dict]]]:
     """Each step's command and how its figures are read (from its exit code and output)."""
     py = args.python
     lm_model = (["--model-path", args.lm_model_path] if args.lm_model_path else
                 ["--random-smollm2-shape", args.lm_random_smollm2_shape] if args.lm_random_smollm2_shape else [])
+    peers_command, peers_notes = lm_peers_command(args, work)
     return {
         "tests": ([py, "-m", "pytest", *args.tests, "-q", "-p", "no:cacheprovider", "--timeout=300", "-rs"],
                   lambda code, out: {**pytest_counts(out), "ok": code == 0}),
@@ -107,6 +136,10 @@ def step_commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[
                         lambda code, out: {**read_json(work / "weight_sync.json"), "ok": code == 0}),
         "lm_grpo": ([py, "benchmarks/gpu_lm_grpo.py", "--out", str(work / "lm_grpo.json"), *lm_model],
                     lambda code, out: {**read_json(work / "lm_grpo.json"), "ok": code == 0}),
+        # killed at its limit, the benchmark's .partial.json still holds the runs it finished
+        "lm_peers": (peers_command, lambda code, out: {**(read_json(work / "lm_peers.json") or
+                                                          read_json(work / "lm_peers.partial.json")),
+                                                       **peers_notes, "ok": code == 0}),
     }
 
 
@@ -143,6 +176,8 @@ def main(argv: Optional[list[str]] = None, detect: Callable[[], Optional[str]] =
             failed.append(step)
         print(f"gpu_check: {step}: {'ok' if result['ok'] else 'FAILED'} in {seconds:.0f} s (log {work / f'{step}.log'})",
               flush=True)
+        if result.get("trl_skipped"):
+            print(f"gpu_check: {step}: TRL skipped: {result['trl_skipped']}", flush=True)
         out.write_text(json.dumps(figures, indent=2) + "\n")  # what is measured so far survives a later hang
     figures["all_ok"] = not failed
     figures["total_seconds"] = round(time.monotonic() - started, 1)
