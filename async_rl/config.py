@@ -15,9 +15,12 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+import envs
 from async_rl.algo import load_clip_config
 from async_rl.config_schema import SECTIONS, RunConfig
 from async_rl.errors import ConfigError, unknown_key_message
+from async_rl.plugin_options import describe_options, yaml_inline
+from async_rl.policies import available_policies, policy_kwargs_checked, policy_options_model
 from async_rl.validation import validate_model
 
 
@@ -129,11 +132,6 @@ def _apply_variants(cfg_file: ConfigFile, resolved: dict[str, Any]) -> dict[str,
     return values
 
 
-def _show(value: Any) -> str:
-    """A default as YAML, on one line."""
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000).strip().removesuffix("...").strip()
-
-
 def build_arg_parser(description: str, defaults: Optional[dict[str, Any]] = None,
                      defaults_from: Optional[str] = None) -> argparse.ArgumentParser:
     """``--config``, ``--clip-config``, ``--print-config`` and one ``--flag`` per config key (values
@@ -156,14 +154,46 @@ def build_arg_parser(description: str, defaults: Optional[dict[str, Any]] = None
             default = defaults[name] if name in defaults else info.get_default(call_default_factory=True)
             choices = typing.get_args(info.annotation) if typing.get_origin(info.annotation) is Literal else ()
             text = " ".join([*([info.description] if info.description else []),
-                             *([f"one of {', '.join(choices)}"] if choices else []), f"(default: {_show(default)})"])
+                             *([f"one of {', '.join(choices)}"] if choices else []), f"(default: {yaml_inline(default)})"])
             text = text.replace("%", "%%")
             flag = "--" + name.replace("_", "-")
             if info.annotation is bool:
                 group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=text)
             else:
                 group.add_argument(flag, dest=name, type=str, metavar=name.upper(), help=text)
+    _add_plugin_option_flags(parser)
     return parser
+
+
+# --env.KEY / --policy.KEY set one key of env_kwargs / policy_kwargs (flag dest "env.KEY").
+_PLUGIN_KINDS = {"env": ("env_kwargs", envs.available_envs, envs.env_options_model),
+                 "policy": ("policy_kwargs", available_policies, policy_options_model)}
+
+
+def _add_plugin_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--env.KEY`` flag per option of any registered env (``--policy.KEY`` likewise); the chosen env's
+    options model checks it with the rest of ``env_kwargs``."""
+    for kind, (kwargs_key, names, options_model) in _PLUGIN_KINDS.items():
+        takers: dict[str, list[str]] = {}  # option -> the plugins that take it
+        for name in names():
+            for key in options_model(name).model_fields:
+                takers.setdefault(key, []).append(name)
+        group = parser.add_argument_group(f"{kind} options", f"one {kwargs_key} key each, over --{kwargs_key.replace('_', '-')}; "
+                                          f"--print-config lists the chosen {kind}'s with their types and help")
+        for key, plugins in sorted(takers.items()):
+            group.add_argument(f"--{kind}.{key.replace('_', '-')}", dest=f"{kind}.{key}", metavar="VALUE", type=str,
+                               help=f"{kwargs_key} {key} of {', '.join(plugins)}")
+
+
+def _with_plugin_option_flags(resolved: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """``resolved`` with each ``--env.KEY`` / ``--policy.KEY`` flag's value set in env_kwargs / policy_kwargs."""
+    out = dict(resolved)
+    for dest, value in flags.items():
+        kind, key = dest.split(".", 1)
+        kwargs_key = _PLUGIN_KINDS[kind][0]
+        given = out[kwargs_key] if kwargs_key in out else RunConfig.model_fields[kwargs_key].get_default(call_default_factory=True)
+        out[kwargs_key] = {**(given if isinstance(given, dict) else {}), key: value}
+    return out
 
 
 def _parse_cli_value(value: str) -> Any:
@@ -206,10 +236,14 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
     clip_file = load_clip_config(args["clip_config"]) if "clip_config" in args else None
     cli = {key: value if isinstance(value, bool) else _parse_cli_value(value)
            for key, value in args.items() if key not in _FILE_FLAGS}
+    option_flags = {key: cli.pop(key) for key in list(cli) if "." in key}
     resolved = _merge([f.values for f in files], clip_file, cli)
     if any(f.variants for f in files):
         resolved = _merge([_apply_variants(f, resolved) for f in files], clip_file, cli)
+    resolved = _with_plugin_option_flags(resolved, option_flags)
     cfg = validate_model(RunConfig, resolved, "config key")
+    envs.env_options(cfg.env, cfg.env_kwargs)  # the plugins' own options: one line now, before anything starts
+    policy_kwargs_checked(cfg.policy, cfg.policy_kwargs)
     _check_paths(cfg)
     if args.get("print_config"):
         print(format_config(cfg), end="")
@@ -218,10 +252,15 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
 
 
 def format_config(cfg: RunConfig) -> str:
-    """The config as sectioned YAML (loadable again with ``--config``)."""
+    """The config as sectioned YAML (loadable again with ``--config``), then, as comments, every option the
+    chosen env and policy take (``env_kwargs``, ``policy_kwargs``) with its type, default and help."""
     lines = []
     for section, values in cfg.sectioned().items():
-        lines += [f"{section}:", *(f"  {key}: {_show(value)}" for key, value in values.items())]
+        lines += [f"{section}:", *(f"  {key}: {yaml_inline(value)}" for key, value in values.items())]
+    for kind, name, model, key in (("env", cfg.env, envs.env_options_model(cfg.env), "env_kwargs"),
+                                   ("policy", cfg.policy, policy_options_model(cfg.policy), "policy_kwargs")):
+        lines += [f"# {kind} {name} takes these {key} (name: type = default  help):",
+                  *(f"#   {line}" for line in describe_options(model))]
     return "\n".join(lines) + "\n"
 
 

@@ -6,9 +6,10 @@ and what it should be, before Ray starts; ``--print-config`` lists every option 
 from __future__ import annotations
 
 import typing
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal, Sequence, Union
 
 import pydantic
+import yaml
 
 from async_rl.validation import ConfigSection
 
@@ -24,39 +25,49 @@ def given_options(options: ConfigSection) -> dict[str, Any]:
     return options.model_dump(exclude_unset=True)
 
 
-def type_name(annotation: Any) -> str:
-    """A field's type as a reader writes it: ``int``, ``list[str]``, ``one of cycle, sample``, ``int or null``."""
+def yaml_inline(value: Any) -> str:
+    """A value as YAML on one line (how flags and config files write it); a string with line breaks is
+    double-quoted, its breaks escaped."""
+    def dump(**style: Any) -> str:
+        return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000, **style
+                              ).strip().removesuffix("...").strip()
+
+    text = dump()
+    return dump(default_style='"') if "\n" in text else text
+
+
+def _bounds(metadata: list[Any]) -> str:
+    """The range constraints allow (">= 1", "> 0, <= 1"), or ""."""
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return ", ".join(f"{words[name]} {getattr(meta, name)}" for meta in metadata for name in words
+                     if getattr(meta, name, None) is not None)
+
+
+def type_name(annotation: Any, metadata: Sequence[Any] = ()) -> str:
+    """A field's type as a reader writes it: ``int (>= 1)``, ``list[str]``, ``one of cycle, sample``, ``int or null``."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    bounds = _bounds(list(metadata))
+    if origin is typing.Annotated:
+        return type_name(args[0], [*metadata, *args[1:]])
     if origin is Literal:
         return "one of " + ", ".join(str(a) for a in args)
     if origin is Union or type(annotation).__name__ == "UnionType":
         parts = [type_name(a) for a in args if a is not type(None)]
-        return " or ".join(parts) + (" or null" if type(None) in args else "")
-    if origin is typing.Annotated:
-        return type_name(args[0])
+        return " or ".join(parts) + (" or null" if type(None) in args else "") + (f" ({bounds})" if bounds else "")
     if origin is not None:
-        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
-    if annotation is type(None):
-        return "null"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _bounds(info: pydantic.fields.FieldInfo) -> str:
-    """The range a field's constraints allow (">= 1", "> 0, <= 1"), or ""."""
-    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    found = [f"{words[name]} {getattr(meta, name)}" for meta in info.metadata for name in words
-             if getattr(meta, name, None) is not None]
-    return ", ".join(found)
+        name = f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
+    elif isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        name = "{" + ", ".join(annotation.model_fields) + "}"
+    else:
+        name = getattr(annotation, "__name__", str(annotation))
+    return name + (f" ({bounds})" if bounds else "")
 
 
 def describe_options(model: OptionsModel) -> list[str]:
     """One line per option: ``name: type (range) = default  help`` (what ``--print-config`` shows)."""
     lines = []
     for name, info in model.model_fields.items():
-        default = info.get_default(call_default_factory=True)
-        bounds = _bounds(info)
-        kind = type_name(info.annotation) + (f" ({bounds})" if bounds else "")
-        shown = "null" if default is None else repr(default) if isinstance(default, str) else default
+        default = "required" if info.is_required() else yaml_inline(info.get_default(call_default_factory=True))
         help_text = " ".join((info.description or "").split())
-        lines.append(f"{name}: {kind} = {shown}" + (f"  {help_text}" if help_text else ""))
+        lines.append(f"{name}: {type_name(info.annotation, info.metadata)} = {default}" + (f"  {help_text}" if help_text else ""))
     return lines

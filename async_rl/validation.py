@@ -2,6 +2,9 @@
 every config section."""
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from typing import Any, Mapping, TypeVar
 
 import pydantic
@@ -29,8 +32,29 @@ def validate_model(model_cls: type[ModelT], data: Mapping[str, Any], what: str) 
         msg = err["msg"].removeprefix("Value error, ")
         if not err["loc"]:  # a check across several keys
             raise ConfigError(msg) from None
+        top = err["loc"][0]
+        if _is_union(model_cls.model_fields[top].annotation) if top in model_cls.model_fields else False:
+            # every form of the field refused the value: say what each wanted, without pydantic's form tags
+            wanted = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in exc.errors() if e["loc"][:1] == (top,))
+            raise ConfigError(f"{what} '{top}' = {data.get(top)!r}: {'; or '.join(wanted)}") from None
         key = ".".join(str(part) for part in err["loc"])
-        raise ConfigError(f"{what} '{key}' = {data.get(err['loc'][0])!r}: {msg}") from None
+        raise ConfigError(f"{what} '{key}' = {data.get(top)!r}: {msg}{_closest_choice(err)}") from None
+
+
+def _is_union(annotation: Any) -> bool:
+    """A field of several forms (``Union[str, list[int]]``); ``Optional[X]`` is one form or null."""
+    forms = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(forms) > 1
+
+
+def _closest_choice(err: Any) -> str:
+    """" (did you mean 'x'?)" for a misspelt choice of a Literal, else ""."""
+    expected = (err.get("ctx") or {}).get("expected")
+    if err["type"] != "literal_error" or not isinstance(err["input"], str) or not expected:
+        return ""
+    choices = [c.strip().strip("'") for c in expected.replace(" or ", ", ").split(", ")]
+    close = difflib.get_close_matches(err["input"], choices, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class ConfigSection(pydantic.BaseModel):

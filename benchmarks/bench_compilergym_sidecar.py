@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from envs.compiler_gym import compiler_gym_task_set  # noqa: E402
+from envs import make_task_set  # noqa: E402
 from envs.compiler_gym_client import compiler_gym_unavailable_reason  # noqa: E402
 
 FIRST_SEED = 1_000_000  # small held-out csmith programs (seeds whose -Oz is below -O0 are used)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"error: CompilerGym is not available: {reason}", file=sys.stderr)
         return 2
-    task_set = compiler_gym_task_set(mode="per_step", max_steps=10**6, train_seeds=(0, 1), eval_seeds=(FIRST_SEED, 1))
+    task_set = make_task_set("compiler_gym", mode="per_step", max_steps=10**6, train_seeds=(0, 1), eval_seeds=(FIRST_SEED, 1))
     env = task_set.make_env(0, seed=0, benchmarks=[f"generator://csmith-v0/{FIRST_SEED}"])
     try:
         uris = _programs(env, args.programs)

@@ -31,7 +31,7 @@ FinalEvaluation = Callable[[TaskSet, Callable[[Any, bool], np.ndarray], Callable
 ENVS: Registry[Callable[[Any], TaskSet]] = Registry("environment", package=__name__, skip=("base",))
 
 
-def register_env(name: str, *, options: Optional[type[ConfigSection]] = None, final_evaluation: Optional[FinalEvaluation] = None
+def register_env(name: str, *, options: type[ConfigSection], final_evaluation: Optional[FinalEvaluation] = None
                  ) -> Callable[[Callable[[Any], TaskSet]], Callable[[Any], TaskSet]]:
     """Decorator: register ``fn(options) -> TaskSet`` under ``name``, where ``options`` is an instance of the
     ``options`` model (and the env's final evaluation)."""
@@ -61,6 +61,4 @@ def env_options(name: str, kwargs: Any) -> ConfigSection:
 
 def make_task_set(name: str, **kwargs: Any) -> TaskSet:
     """Build the TaskSet of environment ``name``; unknown names and bad options raise ConfigError."""
-    if env_options_model(name) is None:  # TRANSITION: an env not yet given its options model
-        return ENVS.get(name)(**kwargs)
     return ENVS.get(name)(env_options(name, kwargs))

@@ -12,14 +12,26 @@ import functools
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 
 from async_rl.errors import ConfigError
+from async_rl.validation import ConfigSection
 
 OBS_SPEC = {"text": True}
 SPLITS = ("train", "heldout")
+
+
+class TextEnvOptions(ConfigSection):
+    """What every text env takes; each adds its own options."""
+
+    split: Literal["train", "heldout"] = "train"
+    """the problems episodes draw from: train, or heldout (those of the final evaluation)"""
+    tokenizer_path: Optional[str] = None
+    """the model's folder, to decode responses (the driver fills it from the policy's model)"""
+    seed: int = 0
+    """seeds the problems the env draws"""
 
 
 @dataclass
@@ -37,8 +49,9 @@ class TextTaskSetBase:
 
 
 def check_split(split: str, env: str) -> str:
+    """``split`` if it is one (the env's options refuse a bad one first: here it is a caller's bug)."""
     if split not in SPLITS:
-        raise ConfigError(f"{env} split must be one of {', '.join(SPLITS)}, got {split!r}")
+        raise ValueError(f"{env} split must be one of {', '.join(SPLITS)}, got {split!r}")
     return split
 
 

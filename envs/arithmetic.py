@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import numpy as np
+import pydantic
 
 from async_rl.errors import ConfigError
 from async_rl.rewards.functions import parse_reward_specs
 from async_rl.rewards.math_answer import answer_matches
 from envs import register_env
-from envs._text import check_split
+from envs._text import TextEnvOptions
 from envs.prompts import PromptTaskSet, heldout_evaluation
 
 
@@ -53,8 +54,8 @@ def is_heldout(expr: str) -> bool:
 
 
 def _level(difficulty: int) -> Level:
-    if difficulty not in LEVELS:
-        raise ConfigError(f"arithmetic difficulty must be one of {sorted(LEVELS)}, got {difficulty!r}")
+    if difficulty not in LEVELS:  # the env's options refuse it first; this is a caller's bug
+        raise ValueError(f"arithmetic difficulty must be one of {sorted(LEVELS)}, got {difficulty!r}")
     return LEVELS[difficulty]
 
 
@@ -87,7 +88,7 @@ def heldout_problems(n: int = 200, difficulty: int = 2) -> list[dict[str, Any]]:
     """The fixed held-out list: ``n`` distinct problems ``{"prompt", "answer", "expr"}``, the same in
     every process (the first ``n`` of a longer list are the same problems)."""
     if n < 1:
-        raise ConfigError(f"heldout_problems n must be >= 1, got {n}")
+        raise ValueError(f"heldout_problems n must be >= 1, got {n}")
     return [dict(p) for p in _heldout(int(n), int(difficulty))]
 
 
@@ -120,18 +121,20 @@ class ArithmeticRows:
         return f"arithmetic {'held-out' if self.heldout else 'training'} problem {index}"
 
 
-@register_env("arithmetic", final_evaluation=heldout_evaluation)
-def arithmetic_task_set(difficulty: int = 2, split: str = "train", tokenizer_path: Optional[str] = None,
-                        seed: int = 0, heldout_size: int = 200) -> PromptTaskSet:
-    """Arithmetic questions. difficulty: a key of ``LEVELS`` (1: a +- b up to 50 ... 5: three operands
-    up to 999 with *). split: ``train`` (generated, held-out expressions rejected) or ``heldout``
-    (the fixed list of ``heldout_size`` problems). tokenizer_path: the model's folder (filled by the
-    driver from --model-path), to decode responses. The prompts env over these rows, scored by ``math``."""
-    _level(difficulty)
-    if heldout_size < 1:
-        raise ConfigError(f"arithmetic heldout_size must be >= 1, got {heldout_size}")
-    return PromptTaskSet(split=check_split(split, "arithmetic"), tokenizer_path=tokenizer_path, seed=int(seed),
-                         train=ArithmeticRows(difficulty, heldout=False),
-                         heldout=ArithmeticRows(difficulty, heldout=True, heldout_size=int(heldout_size)),
+class ArithmeticOptions(TextEnvOptions):
+    """Arithmetic questions: split train is generated (held-out expressions rejected), heldout the fixed list."""
+
+    difficulty: int = pydantic.Field(2, ge=min(LEVELS), le=max(LEVELS))
+    """a key of LEVELS: 1 is a +- b up to 50 ... 5 three operands up to 999 with *"""
+    heldout_size: pydantic.PositiveInt = 200
+    """problems in the fixed held-out list"""
+
+
+@register_env("arithmetic", options=ArithmeticOptions, final_evaluation=heldout_evaluation)
+def arithmetic_task_set(options: ArithmeticOptions) -> PromptTaskSet:
+    """Arithmetic questions: the prompts env over these rows, scored by ``math``."""
+    return PromptTaskSet(split=options.split, tokenizer_path=options.tokenizer_path, seed=options.seed,
+                         train=ArithmeticRows(options.difficulty, heldout=False),
+                         heldout=ArithmeticRows(options.difficulty, heldout=True, heldout_size=options.heldout_size),
                          rewards=tuple(parse_reward_specs(["math"])), success_reward="math",
                          task_names=["arithmetic"])

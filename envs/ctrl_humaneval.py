@@ -23,9 +23,10 @@ import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
+import pydantic
 
 from async_rl.ctrl.cases import balanced, build_cases
 from async_rl.ctrl.critique import critic_prompt, parse_judgment, revision_prompt
@@ -34,7 +35,7 @@ from async_rl.ctrl.reward import REWARD_MODES, ResultCache, critique_reward, sco
 from async_rl.errors import ConfigError
 from async_rl.sandbox import CHANNEL_VIOLATIONS, REASONS, SandboxResult
 from envs import register_env
-from envs._text import EVAL_BATCH, PreparedStepEnv, TextTaskSetBase, action_key, check_split, response_text
+from envs._text import EVAL_BATCH, PreparedStepEnv, TextEnvOptions, TextTaskSetBase, action_key, response_text
 from envs.humaneval import shared_pool
 
 TextFn = Callable[[list[str]], list[str]]
@@ -168,75 +169,66 @@ def ctrl_final_evaluation(task_set: "CTRLTaskSet", act: Any, preprocess: Any, se
     return {"scalars": scalars, "text": text, "files": {"eval_cases.json": rows}, **figures}
 
 
-def check_reviser_options(max_new_tokens: Any, max_prompt_tokens: Any, batch_size: Any, timeout_s: Any) -> None:
-    for name, value in (("reviser_max_new_tokens", max_new_tokens), ("reviser_max_prompt_tokens", max_prompt_tokens),
-                        ("reviser_batch", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"ctrl_humaneval {name} must be a positive integer, got {value!r}")
-    if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ConfigError(f"ctrl_humaneval reviser_timeout_s must be positive, got {timeout_s!r}")
+class CTRLOptions(TextEnvOptions):
+    """CTRL critique training on HumanEval: the critic writes a critique, the frozen reviser revises, the tests score."""
+
+    timeout_s: pydantic.PositiveFloat = 3.0
+    """wall seconds for a revision's tests"""
+    ctrl_reward: Literal[REWARD_MODES] = "all_pass"
+    """a critique's reward: 1 if the revision passes every test, or the fraction it passes"""
+    missing_judgment_reward: float = pydantic.Field(0.0, ge=-1.0, le=0.0)
+    """the reward of a critique without its judgment line (0; -1 punishes it)"""
+    format_check: bool = True
+    """false revises and scores critiques without a judgment line too (a base model never taught the format
+    writes none, so no reward would ever differ)"""
+    reviser_model_path: Optional[str] = None
+    """the frozen reviser: a model, or a policy export of launch/sft.py; null = the policy's base model"""
+    reviser_max_new_tokens: pydantic.PositiveInt = 256
+    """the reviser's longest revision"""
+    reviser_max_prompt_tokens: pydantic.PositiveInt = 1536
+    """the reviser's longest prompt (problem, solution, critique)"""
+    reviser_batch: pydantic.PositiveInt = 8
+    """revisions per reviser call"""
+    reviser_timeout_s: pydantic.PositiveFloat = 900.0
+    """longest wait for one batch of revisions"""
+    mutations: pydantic.NonNegativeInt = 2
+    """verified-failing mutants per problem"""
+    samples: pydantic.NonNegativeInt = 0
+    """the base model's own solutions per problem (generated once, cached)"""
+    max_prompt_chars: Optional[pydantic.PositiveInt] = None
+    """drop cases whose critic prompt is longer (CPU runs); null = keep all"""
+    task_ids: Optional[list[str]] = None
+    """only these training problems (e.g. [HumanEval/23]); null = all"""
+    heldout_cases: Optional[int] = pydantic.Field(16, ge=2)
+    """the balanced held-out set of the final evaluation (half correct, half not); null = as many as balance allows"""
 
 
-@register_env("ctrl_humaneval", final_evaluation=ctrl_final_evaluation)
-def ctrl_humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0,
-                            timeout_s: float = 3.0, ctrl_reward: str = "all_pass", missing_judgment_reward: float = 0.0,
-                            format_check: bool = True,
-                            reviser_model_path: Optional[str] = None, reviser_max_new_tokens: int = 256,
-                            reviser_max_prompt_tokens: int = 1536, reviser_batch: int = 8,
-                            reviser_timeout_s: float = 900.0, mutations: int = 2, samples: int = 0,
-                            max_prompt_chars: Optional[int] = None, task_ids: Optional[list[str]] = None,
-                            heldout_cases: Optional[int] = 16) -> "CTRLTaskSet":
-    """CTRL critique training on HumanEval. ctrl_reward: all_pass | pass_rate. missing_judgment_reward: the
-    reward of a critique without its judgment line (0; -1 punishes it). format_check: false revises and
-    scores critiques without a judgment line too (a base model never taught the format, as the paper's SFT
-    stage teaches it, writes none: no reward would ever differ). reviser_model_path: the frozen
-    reviser (null: the policy's base model; a model, or a policy export of launch/sft.py such as a reviser
-    fine-tuned by async_rl.ctrl.revision_sft). reviser_*: its new-token and prompt limits, batch, timeout.
-    mutations: verified-failing mutants per problem; samples: the base model's own solutions per problem
-    (generated once, cached). max_prompt_chars: drop cases whose critic prompt is longer (CPU runs).
-    task_ids: only these training problems. heldout_cases: the balanced held-out set of the final evaluation."""
-    check_split(split, "ctrl_humaneval")
-    if ctrl_reward not in REWARD_MODES:
-        raise ConfigError(f"ctrl_reward must be one of {', '.join(REWARD_MODES)}, got {ctrl_reward!r}")
-    if not isinstance(missing_judgment_reward, (int, float)) or not -1.0 <= missing_judgment_reward <= 0.0:
-        raise ConfigError(f"missing_judgment_reward must be a number in [-1, 0], got {missing_judgment_reward!r}")
-    if not isinstance(format_check, bool):
-        raise ConfigError(f"ctrl_humaneval format_check must be true or false, got {format_check!r}")
-    check_reviser_options(reviser_max_new_tokens, reviser_max_prompt_tokens, reviser_batch, reviser_timeout_s)
-    for name, value in (("mutations", mutations), ("samples", samples)):
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"ctrl_humaneval {name} must be a non-negative integer, got {value!r}")
-    if not timeout_s > 0:
-        raise ConfigError(f"ctrl_humaneval timeout_s must be positive, got {timeout_s}")
-    if heldout_cases is not None and (isinstance(heldout_cases, bool) or not isinstance(heldout_cases, int)
-                                      or heldout_cases < 2):
-        raise ConfigError(f"ctrl_humaneval heldout_cases must be an integer >= 2 (half correct, half not) or null, "
-                          f"got {heldout_cases!r}")
+@register_env("ctrl_humaneval", options=CTRLOptions, final_evaluation=ctrl_final_evaluation)
+def ctrl_humaneval_task_set(options: CTRLOptions) -> "CTRLTaskSet":
+    """CTRL critique training on HumanEval: the cases of both splits, built before Ray starts."""
     from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
 
+    reviser_model_path = options.reviser_model_path
     if reviser_model_path is not None:  # a bad path is one line here, before Ray starts
         from async_rl.ctrl.reviser import check_reviser_path  # noqa: PLC0415
 
         reviser_model_path = check_reviser_path(reviser_model_path)
     sample_model = None
-    if samples:
-        sample_model = str(resolve_lm_path(tokenizer_path))  # the base model the critic starts from
-    built = {s: build_cases(s, seed, mutations, samples, sample_model, timeout_s, task_ids if s == "train" else None)
+    if options.samples:
+        sample_model = str(resolve_lm_path(options.tokenizer_path))  # the base model the critic starts from
+    built = {s: build_cases(s, options.seed, options.mutations, options.samples, sample_model, options.timeout_s,
+                            options.task_ids if s == "train" else None)
              for s in ("train", "heldout")}
-    if max_prompt_chars is not None:
-        built = {s: [c for c in cases if len(critic_prompt(c["prompt"], c["solution"])) <= max_prompt_chars]
+    if options.max_prompt_chars is not None:
+        built = {s: [c for c in cases if len(critic_prompt(c["prompt"], c["solution"])) <= options.max_prompt_chars]
                  for s, cases in built.items()}
     if not built["train"] or not built["heldout"]:
-        raise ConfigError(f"ctrl_humaneval has no training or no held-out case left (task_ids {task_ids}, "
-                          f"max_prompt_chars {max_prompt_chars}); widen them")
+        raise ConfigError(f"ctrl_humaneval has no training or no held-out case left (task_ids {options.task_ids}, "
+                          f"max_prompt_chars {options.max_prompt_chars}); widen them")
     longest = [max((critic_prompt(c["prompt"], c["solution"]) for c in cases), key=len) for cases in built.values()]
-    return CTRLTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), timeout_s=float(timeout_s),
-                       ctrl_reward=ctrl_reward, missing_judgment_reward=float(missing_judgment_reward),
-                       format_check=format_check,
-                       reviser_model_path=reviser_model_path, reviser_max_new_tokens=reviser_max_new_tokens,
-                       reviser_max_prompt_tokens=reviser_max_prompt_tokens, reviser_batch=reviser_batch,
-                       reviser_timeout_s=float(reviser_timeout_s), heldout_cases=heldout_cases,
-                       train=built["train"], heldout=built["heldout"],
+    # The task set carries the options that scoring and the reviser read; the case-building ones stay here.
+    carried = options.model_dump(exclude={"mutations", "samples", "max_prompt_chars", "task_ids", "reviser_model_path"})
+    return CTRLTaskSet(**carried, reviser_model_path=reviser_model_path, train=built["train"], heldout=built["heldout"],
                        obs_spec={"text": True, "example_prompts": longest})
 
 

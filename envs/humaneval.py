@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import pydantic
+
 from async_rl.code_blocks import extract_code
 from async_rl.errors import ConfigError
 from async_rl.rewards.code_tests import shared_pool  # noqa: F401  (ctrl_humaneval imports it from here)
 from async_rl.rewards.functions import parse_reward_specs
 from async_rl.sandbox import SandboxPool, SandboxResult, run_tests
 from envs import register_env
-from envs._text import check_split
+from envs._text import TextEnvOptions, check_split
 from envs.prompts import PromptTaskSet, heldout_evaluation
 
 HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, 164, 5))  # 0, 5, ..., 160: 33 problems
@@ -141,17 +143,19 @@ def _split_problems(split: str) -> tuple:
     return tuple(humaneval_problems(split))
 
 
-@register_env("humaneval", final_evaluation=heldout_evaluation)
-def humaneval_task_set(split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0,
-                       timeout_s: float = 3.0) -> PromptTaskSet:
-    """HumanEval. split: ``train`` (131 problems) or ``heldout`` (``HELDOUT_TASK_IDS``). tokenizer_path:
-    the model's folder (filled by the driver from --model-path). timeout_s: wall seconds per response.
-    The prompts env over the problems, scored by ``code_tests``."""
-    check_split(split, "humaneval")
-    if not timeout_s > 0:
-        raise ConfigError(f"humaneval timeout_s must be positive, got {timeout_s}")
+class HumanEvalOptions(TextEnvOptions):
+    """HumanEval: split train is 131 problems, heldout the 33 of ``HELDOUT_TASK_IDS``."""
+
+    timeout_s: pydantic.PositiveFloat = 3.0
+    """wall seconds for a response's tests"""
+
+
+@register_env("humaneval", options=HumanEvalOptions, final_evaluation=heldout_evaluation)
+def humaneval_task_set(options: HumanEvalOptions) -> PromptTaskSet:
+    """HumanEval: the prompts env over its problems, scored by ``code_tests``."""
     _data_file()
-    rewards = parse_reward_specs(["code_tests"], {"code_tests": {"timeout_s": float(timeout_s)}})
-    return PromptTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), train=HumanEvalRows("train"),
+    rewards = parse_reward_specs(["code_tests"], {"code_tests": {"timeout_s": options.timeout_s}})
+    return PromptTaskSet(split=options.split, tokenizer_path=options.tokenizer_path, seed=options.seed,
+                         train=HumanEvalRows("train"),
                          heldout=HumanEvalRows("heldout"), rewards=tuple(rewards), success_reward="code_tests",
                          task_names=["humaneval"])

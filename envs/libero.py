@@ -50,11 +50,13 @@ import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional, Sequence, Union
+from typing import Any, ClassVar, Literal, Optional, Sequence, Union
 
 import numpy as np
+import pydantic
 
-from async_rl.errors import ConfigError, unknown_key_message
+from async_rl.errors import ConfigError
+from async_rl.validation import ConfigSection
 from envs import register_env
 from envs.libero_setup import (INSTALL_HINT, SOFTWARE_GL, configure_rendering, ensure_libero_config, fast_render_settings,
                                gl_renderer_name, import_benchmark, libero_package_dir, switch_to_fast_render)
@@ -84,29 +86,22 @@ TaskSpec = Union[int, str]
 
 
 def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, TaskSpec, Sequence[TaskSpec]]) -> list[int]:
-    if isinstance(tasks, str) and tasks == "all":
+    """Task indices of the suite's standard order; an index past the suite or an unknown name (which the
+    options cannot know without the suite) is a one-line ConfigError."""
+    if tasks == "all":
         return list(range(len(all_names)))
-    items = [tasks] if isinstance(tasks, (int, str)) else list(tasks)
-    if not items:
-        raise ConfigError(f"libero tasks is empty; give task indices, task names or \"all\" for {suite}")
     indices: list[int] = []
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise ConfigError(f"libero task {item!r} must be an index or a task name")
-        if isinstance(item, int):
-            if not 0 <= item < len(all_names):
-                raise ConfigError(f"libero task index {item} is out of range: {suite} has tasks 0..{len(all_names) - 1}")
-            idx = item
-        elif item in all_names:
-            idx = all_names.index(item)
-        else:
+    for item in [tasks] if isinstance(tasks, (int, str)) else tasks:
+        if isinstance(item, int) and item >= len(all_names):
+            raise ConfigError(f"libero task index {item} is out of range: {suite} has tasks 0..{len(all_names) - 1}")
+        if isinstance(item, str) and item not in all_names:
             close = difflib.get_close_matches(item, all_names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"unknown {suite} task '{item}'{hint}; give an index 0..{len(all_names) - 1} or one "
                               f"of its task names")
-        if idx in indices:
-            raise ConfigError(f"libero task {item!r} is listed twice")
-        indices.append(idx)
+        indices.append(item if isinstance(item, int) else all_names.index(item))
+    if len(set(indices)) != len(indices):
+        raise ConfigError(f"libero tasks {tasks!r} name a task twice; list each once")
     return indices
 
 
@@ -114,86 +109,86 @@ _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
 def parse_init_states(spec: Union[str, Sequence[int]]) -> Optional[list[int]]:
-    """``init_states`` as sorted distinct indices, or None for "all"; bad input is a one-line ConfigError."""
+    """``init_states`` as sorted distinct indices, or None for "all"; bad input is a one-line ValueError."""
     hint = 'give "all", a list of indices or an inclusive range such as "0-39"'
     if isinstance(spec, str):
         if spec == "all":
             return None
         match = _RANGE.match(spec)
         if not match:
-            raise ConfigError(f"libero init_states {spec!r} is not a range; {hint}")
+            raise ValueError(f"libero init_states {spec!r} is not a range; {hint}")
         first, last = int(match.group(1)), int(match.group(2))
         if first > last:
-            raise ConfigError(f"libero init_states range {spec!r} is empty (its start is past its end); {hint}")
+            raise ValueError(f"libero init_states range {spec!r} is empty (its start is past its end); {hint}")
         return list(range(first, last + 1))
-    if not isinstance(spec, (list, tuple)) or not spec:
-        raise ConfigError(f"libero init_states must not be {spec!r}; {hint}")
-    for k in spec:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ConfigError(f"libero init_states index {k!r} must be a non-negative integer; {hint}")
+    if not spec:
+        raise ValueError(f"libero init_states must not be {spec!r}; {hint}")
+    if any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in spec):
+        raise ValueError(f"libero init_states {spec!r} must be non-negative integers; {hint}")
     if len(set(spec)) != len(spec):
-        raise ConfigError(f"libero init_states lists an index twice: {list(spec)}")
+        raise ValueError(f"libero init_states lists an index twice: {list(spec)}")
     return sorted(spec)
 
 
-@register_env("libero")
-def libero_task_set(
-    suite: str = "libero_spatial",
-    tasks: Union[str, TaskSpec, list[TaskSpec]] = "all",
-    image_size: int = 128,
-    cameras: Sequence[str] = ("agentview", "wrist"),
-    max_episode_steps: Optional[int] = None,
-    init_state_order: str = "cycle",
-    settle_steps: int = 10,
-    fast_render: Optional[bool] = None,
-    render_backend: str = "auto",
-    reward_scale: float = 1.0,
-    init_states: Union[str, list[int]] = "all",
-) -> LiberoTaskSet:
-    """Build a LIBERO TaskSet.
+class LiberoOptions(ConfigSection):
+    """LIBERO's suites with camera images; see the module's docstring for what an episode is."""
 
-    suite: one of SUITES. tasks: "all", or task indices / names of the suite (its standard order).
-    image_size: square camera resolution. cameras: a subset of ("agentview", "wrist"); empty for
-    physics only. max_episode_steps: default is the suite's OpenVLA limit (SUITE_MAX_STEPS).
-    init_state_order: "cycle" (from a seed-chosen offset) or "sample" the task's fixed initial
-    states. settle_steps: unrendered no-op steps after each reset. fast_render: MSAA / shadows /
-    reflections off; None = on for a software renderer. render_backend: "auto", "egl", "osmesa".
-    reward_scale multiplies LIBERO's sparse success reward. init_states: which of each task's fixed
-    initial states the reset schedule uses, "all", a list of indices or an inclusive range "a-b"
-    (e.g. "0-39" for training, leaving 40-49 held out); ``reset(init_state=k)`` still takes any.
-    """
-    if suite not in SUITE_MAX_STEPS:
-        raise ConfigError(unknown_key_message(str(suite), SUITES, "LIBERO suite"))
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or not 8 <= image_size <= 1024:
-        raise ConfigError(f"libero image_size must be an integer in 8..1024, got {image_size!r}")
-    if not isinstance(cameras, (list, tuple)) or not all(isinstance(c, str) for c in cameras):
-        raise ConfigError(f"libero cameras must be a list drawn from {list(CAMERAS)}, got {cameras!r}")
-    for cam in cameras:
-        if cam not in CAMERAS:
-            raise ConfigError(unknown_key_message(cam, CAMERAS, "LIBERO camera"))
-    if len(set(cameras)) != len(cameras):
-        raise ConfigError(f"libero cameras lists a camera twice: {list(cameras)}")
-    if max_episode_steps is None:
-        max_episode_steps = SUITE_MAX_STEPS[suite]
-    if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
-        raise ConfigError(f"libero max_episode_steps must be a positive integer, got {max_episode_steps!r}")
-    if init_state_order not in INIT_STATE_ORDERS:
-        raise ConfigError(unknown_key_message(str(init_state_order), INIT_STATE_ORDERS, "libero init_state_order"))
-    if isinstance(settle_steps, bool) or not isinstance(settle_steps, int) or settle_steps < 0:
-        raise ConfigError(f"libero settle_steps must be a non-negative integer, got {settle_steps!r}")
-    if fast_render is not None and not isinstance(fast_render, bool):
-        raise ConfigError(f"libero fast_render must be true, false or null (auto), got {fast_render!r}")
-    if render_backend not in RENDER_BACKENDS:
-        raise ConfigError(unknown_key_message(str(render_backend), RENDER_BACKENDS, "libero render_backend"))
-    if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)):
-        raise ConfigError(f"libero reward_scale must be a number, got {reward_scale!r}")
+    suite: Literal[SUITES] = "libero_spatial"
+    """the LIBERO suite; its tasks' episode limits are OpenVLA's"""
+    tasks: Union[Literal["all"], pydantic.NonNegativeInt, str, list[Union[pydantic.NonNegativeInt, str]]] = "all"
+    """all, or task indices / names of the suite (its standard order)"""
+    image_size: int = pydantic.Field(128, ge=8, le=1024)
+    """square camera resolution"""
+    cameras: list[Literal[tuple(CAMERAS)]] = list(CAMERAS)
+    """the cameras rendered; [] = physics only (no renderer)"""
+    max_episode_steps: Optional[pydantic.PositiveInt] = None
+    """null = the suite's OpenVLA limit (SUITE_MAX_STEPS)"""
+    init_state_order: Literal[INIT_STATE_ORDERS] = "cycle"
+    """cycle through the task's fixed initial states from a seed-chosen offset, or sample them"""
+    settle_steps: pydantic.NonNegativeInt = 10
+    """unrendered no-op steps after each reset while objects settle"""
+    fast_render: Optional[bool] = None
+    """MSAA, shadows and reflections off; null = on for a software renderer"""
+    render_backend: Literal[RENDER_BACKENDS] = "auto"
+    """auto keeps a MUJOCO_GL already set, else EGL"""
+    reward_scale: float = 1.0
+    """multiplies LIBERO's sparse success reward"""
+    init_states: Union[str, list[pydantic.NonNegativeInt]] = "all"
+    """the initial states the reset schedule uses: all, a list of indices or an inclusive range "a-b" (e.g.
+    "0-39" for training, leaving 40-49 held out)"""
+
+    @pydantic.field_validator("tasks")
+    @classmethod
+    def _some_tasks(cls, tasks: Any) -> Any:
+        if isinstance(tasks, list) and not tasks:
+            raise ValueError('tasks is empty; give task indices, task names or "all"')
+        return tasks
+
+    @pydantic.field_validator("cameras")
+    @classmethod
+    def _distinct_cameras(cls, cameras: list[str]) -> list[str]:
+        if len(set(cameras)) != len(cameras):
+            raise ValueError(f"cameras lists a camera twice: {cameras}")
+        return cameras
+
+    @pydantic.field_validator("init_states")
+    @classmethod
+    def _parsable_init_states(cls, spec: Any) -> Any:
+        parse_init_states(spec)
+        return spec
+
+
+@register_env("libero", options=LiberoOptions)
+def libero_task_set(options: LiberoOptions) -> LiberoTaskSet:
+    """Build a LIBERO TaskSet: the suite's tasks, their files checked; ``reset(init_state=k)`` still takes any
+    initial state, ``init_states`` only restricts the reset schedule."""
+    suite, init_states = options.suite, options.init_states
     init_state_subset = parse_init_states(init_states)
-
     benchmark = import_benchmark()
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
         bench = benchmark.get_benchmark_dict()[suite]()
     all_names = bench.get_task_names()
-    indices = _resolve_tasks(suite, all_names, tasks)
+    indices = _resolve_tasks(suite, all_names, options.tasks)
     root = libero_package_dir()
     specs = [bench.get_task(i) for i in indices]
     bddl = [f"{t.problem_folder}/{t.bddl_file}" for t in specs]
@@ -216,14 +211,14 @@ def libero_task_set(
         instructions=[t.language for t in specs],
         bddl_files=bddl,
         init_state_files=inits,
-        image_size=image_size,
-        cameras=list(cameras),
-        max_episode_steps=max_episode_steps,
-        init_state_order=init_state_order,
-        settle_steps=settle_steps,
-        fast_render=fast_render,
-        render_backend=render_backend,
-        reward_scale=float(reward_scale),
+        image_size=options.image_size,
+        cameras=list(options.cameras),
+        max_episode_steps=options.max_episode_steps or SUITE_MAX_STEPS[suite],
+        init_state_order=options.init_state_order,
+        settle_steps=options.settle_steps,
+        fast_render=options.fast_render,
+        render_backend=options.render_backend,
+        reward_scale=options.reward_scale,
         init_states=init_state_subset,
     )
 

@@ -15,11 +15,13 @@ import difflib
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import numpy as np
+import pydantic
 
-from async_rl.errors import ConfigError, unknown_key_message
+from async_rl.errors import ConfigError
+from async_rl.validation import ConfigSection
 from envs import register_env
 
 OBS_DIM = 39
@@ -41,37 +43,42 @@ def _import_metaworld() -> Any:
     return metaworld
 
 
-@register_env("metaworld")
-def metaworld_task_set(
-    benchmark: str = "MT1",
-    task: str | None = _DEFAULT_TASK,
-    seed: int = 0,
-    max_episode_steps: int = 500,
-    reward_scale: float = 1.0,
-) -> MetaWorldTaskSet:
-    """Build a MetaWorld TaskSet.
+class MetaWorldOptions(ConfigSection):
+    """MetaWorld's multi-task benchmarks, state observations."""
 
-    benchmark: "MT1" (one task, named by ``task``), "MT10" or "MT50" (``task`` must be left at
-    its default or null). seed: seeds MetaWorld's goal generation (the 50 goal variations per
-    task). max_episode_steps: episodes are truncated after this many steps (MetaWorld's own
-    limit is 500; larger values lift it). reward_scale multiplies every reward.
-    """
-    bench = str(benchmark).upper()
-    if bench not in BENCHMARKS:
-        raise ConfigError(unknown_key_message(str(benchmark), BENCHMARKS, "MetaWorld benchmark"))
-    if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
-        raise ConfigError(f"metaworld max_episode_steps must be a positive integer, got {max_episode_steps!r}")
-    if bench != "MT1" and task not in (None, _DEFAULT_TASK):
-        raise ConfigError(
-            f"metaworld task '{task}' only applies to benchmark MT1, not {bench}; "
-            f"use benchmark: MT1 or set task: null"
-        )
+    benchmark: Literal[BENCHMARKS] = "MT1"
+    """MT1 (one task, named by task), MT10 or MT50 (task left at its default or null)"""
+    task: Optional[str] = _DEFAULT_TASK
+    """MT1's task, e.g. reach-v3, push-v3"""
+    seed: int = 0
+    """seeds MetaWorld's goal generation (the 50 goal variations per task)"""
+    max_episode_steps: pydantic.PositiveInt = 500
+    """episodes are truncated after this many steps (MetaWorld's own limit is 500; larger values lift it)"""
+    reward_scale: float = 1.0
+    """multiplies every reward"""
 
+    @pydantic.field_validator("benchmark", mode="before")
+    @classmethod
+    def _upper_case(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @pydantic.model_validator(mode="after")
+    def _task_fits_benchmark(self) -> "MetaWorldOptions":
+        if self.benchmark != "MT1" and self.task not in (None, _DEFAULT_TASK):
+            raise ValueError(f"metaworld task '{self.task}' only applies to benchmark MT1, not {self.benchmark}; "
+                             "use benchmark: MT1 or set task: null")
+        if self.benchmark == "MT1" and self.task is None:
+            raise ValueError(f"metaworld benchmark MT1 needs a task, e.g. task: {_DEFAULT_TASK}")
+        return self
+
+
+@register_env("metaworld", options=MetaWorldOptions)
+def metaworld_task_set(options: MetaWorldOptions) -> MetaWorldTaskSet:
+    """Build a MetaWorld TaskSet (the benchmark object is built here, once; the task set keeps plain data)."""
+    bench, task, seed = options.benchmark, options.task, options.seed
     metaworld = _import_metaworld()
     if bench == "MT1":
         valid = metaworld.env_dict.ALL_V3_ENVIRONMENTS
-        if task is None:
-            raise ConfigError(f"metaworld benchmark MT1 needs a task, e.g. task: {_DEFAULT_TASK}")
         if task not in valid:
             close = difflib.get_close_matches(str(task), list(valid), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -90,8 +97,8 @@ def metaworld_task_set(
         benchmark=bench,
         task_names=task_names,
         task_data=[by_name[name] for name in task_names],
-        max_episode_steps=max_episode_steps,
-        reward_scale=float(reward_scale),
+        max_episode_steps=options.max_episode_steps,
+        reward_scale=options.reward_scale,
         seed=seed,
     )
 

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence, Union
 
 import numpy as np
+import pydantic
 
 from async_rl.errors import ConfigError
 from async_rl.rewards.functions import TOTAL, RewardSpec, parse_reward_specs
 from async_rl.rewards.scoring import RewardSet, dry_run
 from envs import register_env
 from envs._prompt_rows import is_split_folder, prompt_text, read_rows, shared_prompts
-from envs._text import EVAL_BATCH, PreparedStepEnv, TextTaskSetBase, action_key, check_split, response_text
+from envs._text import EVAL_BATCH, PreparedStepEnv, TextEnvOptions, TextTaskSetBase, action_key, response_text
 
 DRY_RUN_ROWS = 4  # training rows every reward is called on before the run starts
 
@@ -69,36 +70,52 @@ class FileRows:
         return read_rows(self.path, self.split, self.flag).labels[index % self.size]
 
 
-def prompts_task_set(data: Optional[str] = None, heldout_data: Optional[str] = None,
-                     rewards: Union[str, Sequence[str]] = ("math",), reward_options: Optional[dict] = None,
-                     train_split: str = "train", heldout_split: str = "test", heldout_size: Optional[int] = None,
-                     success_reward: Optional[str] = None, success_threshold: float = 1.0, task_name: str = "prompts",
-                     split: str = "train", tokenizer_path: Optional[str] = None, seed: int = 0) -> "PromptTaskSet":
-    """data: the training rows (--data); heldout_data: the held-out rows (--heldout-data), or none when data is
-    a saved DatasetDict (its heldout_split). rewards: NAME_OR_PATH[=WEIGHT] each (--reward); reward_options:
-    {built-in: {option: value}}. heldout_size: evaluate only the first N held-out rows. success_reward: the
-    reward whose value >= success_threshold counts as solved (default: the first). task_name: how logs name it."""
-    if data is None:
+class PromptsOptions(TextEnvOptions):
+    """Your own prompts and rewards."""
+
+    data: Optional[str] = None
+    """the training rows (--data): JSONL, Parquet or a datasets folder"""
+    heldout_data: Optional[str] = None
+    """the held-out rows (--heldout-data); null when data is a saved DatasetDict (its heldout_split)"""
+    rewards: Union[str, list[str]] = ["math"]
+    """reward functions, NAME_OR_PATH[=WEIGHT] each (--reward): a built-in or a module:function"""
+    reward_options: Optional[dict[str, dict[str, Any]]] = None
+    """{built-in reward: {option: value}}"""
+    train_split: str = "train"
+    """the training split of a saved DatasetDict"""
+    heldout_split: str = "test"
+    """the held-out split of a saved DatasetDict"""
+    heldout_size: Optional[pydantic.PositiveInt] = None
+    """evaluate only the first N held-out rows; null = all"""
+    success_reward: Optional[str] = None
+    """the reward whose value >= success_threshold counts as solved; null = the first"""
+    success_threshold: float = 1.0
+    """a row is solved when success_reward's value is at least this"""
+    task_name: str = "prompts"
+    """how logs name the task"""
+
+
+def prompts_task_set(options: PromptsOptions) -> "PromptTaskSet":
+    """The prompts env over the rows of ``options.data``, held-out rows apart, scored by ``options.rewards``."""
+    if options.data is None:  # not a schema constraint: launch/ds_lm_grpo.py's --data fills it after the config loads
         raise ConfigError("env prompts needs its training rows: --data FILE (JSONL, Parquet or a datasets folder)")
-    check_split(split, "prompts")
-    data, heldout_data = _absolute(data), _absolute(heldout_data)  # Ray's workers may start in another folder
+    data, heldout_data = _absolute(options.data), _absolute(options.heldout_data)  # Ray's workers may start elsewhere
     dict_folder = is_split_folder(str(data))
-    train = FileRows(str(data), train_split if dict_folder else None, "--data")
+    train = FileRows(str(data), options.train_split if dict_folder else None, "--data")
     if heldout_data is not None:
-        heldout = FileRows(str(heldout_data), heldout_split if is_split_folder(str(heldout_data)) else None,
+        heldout = FileRows(str(heldout_data), options.heldout_split if is_split_folder(str(heldout_data)) else None,
                            "--heldout-data")
     elif dict_folder:
-        heldout = FileRows(str(data), heldout_split, "--data")
+        heldout = FileRows(str(data), options.heldout_split, "--data")
     else:
         raise ConfigError(f"--data {data}: no held-out rows; pass --heldout-data FILE (prompts never seen in training), "
                           "or a datasets folder with a held-out split")
-    if heldout_size is not None and heldout_size < 1:
-        raise ConfigError(f"prompts heldout_size must be >= 1, got {heldout_size}")
-    specs = parse_reward_specs(rewards, reward_options)
-    task_set = PromptTaskSet(split=split, tokenizer_path=tokenizer_path, seed=int(seed), train=train, heldout=heldout,
-                             rewards=tuple(specs), success_reward=_success_name(specs, success_reward),
-                             success_threshold=float(success_threshold), heldout_size=heldout_size,
-                             task_names=[task_name])
+    specs = parse_reward_specs(options.rewards, options.reward_options)
+    task_set = PromptTaskSet(split=options.split, tokenizer_path=options.tokenizer_path, seed=options.seed, train=train,
+                             heldout=heldout, rewards=tuple(specs),
+                             success_reward=_success_name(specs, options.success_reward),
+                             success_threshold=options.success_threshold, heldout_size=options.heldout_size,
+                             task_names=[options.task_name])
     shared = shared_prompts(read_rows(train.path, train.split, train.flag).rows,
                             read_rows(heldout.path, heldout.split, heldout.flag).rows)
     if shared:
@@ -297,4 +314,4 @@ def heldout_evaluation(task_set: PromptTaskSet, act: Any, preprocess: Any, seed:
             "text": f"{name}: {len(rows)} held-out problems, greedy: mean reward {reward:.3f}, solved {success:.3f}"}
 
 
-register_env("prompts", final_evaluation=heldout_evaluation)(prompts_task_set)
+register_env("prompts", options=PromptsOptions, final_evaluation=heldout_evaluation)(prompts_task_set)

@@ -21,7 +21,7 @@ from envs.libero import parse_init_states
 
 
 def parse_init_states_flag(text: str) -> list[int]:
-    """--init-states "40-49" or "0,3,7": the env's own ``init_states`` parser (one-line ConfigErrors)."""
+    """--init-states "40-49" or "0,3,7": the env's own ``init_states`` parser (one-line ValueErrors)."""
     if "," in text:
         try:
             return parse_init_states([int(x) for x in text.split(",")])

@@ -24,7 +24,8 @@ CASES = [
     ("too_many_cpus", ["--num-rollout-workers", "64", "--worker-num-cpus", "1"], "are available; lower the counts"),
     ("no_gpu", ["--device", "cuda"], "GPU(s) visible"),
     ("missing_extra", ["--block-module", "metaworld"], "MetaWorld is not installed"),
-    ("policy_kwarg", ["--policy-kwargs", "{d_model: 64}"], "policy 'mlp' does not fit this env and policy_kwargs"),
+    ("policy_kwarg", ["--policy-kwargs", "{d_model: 64}"], "unknown mlp policy option 'd_model'"),
+    ("env_option", ["--env.max-episode-steps", "0"], "metaworld env option 'max_episode_steps' = 0: Input should be greater than 0"),
     ("base_missing", ["--config", "{tmp}/preset.yaml"], "{tmp}/preset.yaml: base nowhere.yaml: no such file"),
     ("key_in_wrong_section", ["--config", "{tmp}/sections.yaml"], "config key 'gamma' belongs to section 'objective', not 'scale'"),
 ]

@@ -395,7 +395,7 @@ def test_eval_search_options_are_checked_before_any_server_starts(tmp_path):
 
     with pytest.raises(ConfigError, match="compiler_gym eval_search 'beam' is not a search; valid: none, greedy"):
         make_task_set("compiler_gym", eval_search="beam")
-    with pytest.raises(ConfigError, match="eval_search_budget must be a non-negative integer"):
+    with pytest.raises(ConfigError, match=r"option 'eval_search_budget' = -5: Input should be greater than or equal to 0"):
         make_task_set("compiler_gym", eval_search="greedy", eval_search_budget=-5)
     with pytest.raises(ConfigError, match="compiler_gym eval_benchmark_dir .*missing: no such directory"):
         make_task_set("compiler_gym", eval_benchmark_dir=str(tmp_path / "missing"))
@@ -421,9 +421,9 @@ def test_eval_search_flags_reach_the_env_factory_before_ray_starts():
     config = str(Path(__file__).resolve().parents[1] / "configs" / "compilergym_mlp.yaml")
     with pytest.raises(ConfigError, match="compiler_gym eval_search 'beam' is not a search"):
         prepare(load_config(["--eval-search", "beam", "--swanlab-mode", "disabled"], config))
-    with pytest.raises(ConfigError, match="compiler_gym eval_search_budget must be a non-negative integer"):
+    with pytest.raises(ConfigError, match=r"compiler_gym env option 'eval_search_budget' = -1: Input should be greater than or equal to 0"):
         prepare(load_config(["--eval-search", "greedy", "--swanlab-mode", "disabled",
                              "--env-kwargs", "{eval_search_budget: -1}"], config))
     # An env without a final-evaluation search says so.
-    with pytest.raises(ConfigError, match="unknown 'metaworld' env option 'eval_search'"):
+    with pytest.raises(ConfigError, match="unknown metaworld env option 'eval_search'"):
         prepare(load_config(["--eval-search", "greedy", "--env", "metaworld", "--env-kwargs", "{}"], None))

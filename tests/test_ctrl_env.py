@@ -68,9 +68,9 @@ def test_format_check_off_revises_critiques_without_a_judgment_line():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"ctrl_reward": "half"}, "ctrl_reward must be one of all_pass, pass_rate"),
-    ({"missing_judgment_reward": 1.0}, "missing_judgment_reward must be a number in [-1, 0]"),
-    ({"reviser_batch": 0}, "reviser_batch must be a positive integer"),
+    ({"ctrl_reward": "half"}, "option 'ctrl_reward' = 'half': Input should be 'all_pass' or 'pass_rate'"),
+    ({"missing_judgment_reward": 1.0}, "option 'missing_judgment_reward' = 1.0: Input should be less than or equal to 0"),
+    ({"reviser_batch": 0}, "option 'reviser_batch' = 0: Input should be greater than 0"),
     ({"reviser_model_path": "/no/such/model"}, "--reviser-model-path /no/such/model: no such file or directory"),
     ({"task_ids": ["HumanEval/0"]}, "no training or no held-out case left"),  # a held-out id is never trained on
 ])
@@ -82,5 +82,5 @@ def test_bad_options(options, message):
 def test_the_launch_says_a_bad_shorthand_flag_in_one_line_before_ray():
     done = subprocess.run([sys.executable, str(ROOT / "launch" / "ds_ctrl_grpo.py"), "--ctrl-reward", "half"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 2 and done.stderr.strip() == ("error: ctrl_reward must be one of all_pass, pass_rate, "
-                                                            "got 'half'")
+    assert done.returncode == 2 and done.stderr.strip() == ("error: ctrl_humaneval env option 'ctrl_reward' = 'half': "
+                                                            "Input should be 'all_pass' or 'pass_rate'")

@@ -166,7 +166,7 @@ RECORD = ["record", "--tasks", "0", "--episodes", "1", "--quiet"]
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--suite", "libero_spatail"], ["unknown LIBERO suite 'libero_spatail'", "did you mean 'libero_spatial'"]),
+    (["--suite", "libero_spatail"], ["option 'suite' = 'libero_spatail'", "did you mean 'libero_spatial'"]),
     (["--init-states", "10-5"], ["range '10-5' is empty", "0-39"]),
     (["--init-states", "0-50"], ["goes past the last initial state", "0..49"]),
     (["--init-states", "zero"], ["is not a range"]),
@@ -237,7 +237,7 @@ def test_task_set_init_states_option():
     assert ts.init_states == [2, 7] and ts.init_state_choices(1) == [2, 7]
     everything = envs.make_task_set("libero", suite="libero_spatial", tasks=[0], cameras=[])
     assert everything.init_states is None and everything.init_state_choices(0) == list(range(50))
-    for bad, words in [([], "must not be []"), ([1, 1], "lists an index twice"), ([-1], "non-negative"),
+    for bad, words in [([], "must not be []"), ([1, 1], "lists an index twice"), ([-1], "greater than or equal to 0"),
                        ("3-1", "is empty"), ("0-50", "0..49")]:
         with pytest.raises(ConfigError, match=None) as err:
             envs.make_task_set("libero", suite="libero_spatial", tasks=[0], cameras=[], init_states=bad)

@@ -41,14 +41,14 @@ def test_unknown_env_name_lists_valid_names():
 
 
 def test_unknown_env_option():
-    with pytest.raises(ConfigError, match=r"unknown 'metaworld' env option 'benchmrk'.*benchmark"):
+    with pytest.raises(ConfigError, match=r"unknown metaworld env option 'benchmrk'.*benchmark"):
         make_task_set("metaworld", benchmrk="MT10")
 
 
 def test_unknown_task_and_benchmark():
     with pytest.raises(ConfigError, match=r"unknown MetaWorld task 'reach-v2'.*did you mean 'reach-v3'"):
         make_task_set("metaworld", benchmark="MT1", task="reach-v2")
-    with pytest.raises(ConfigError, match=r"unknown MetaWorld benchmark 'MT11'"):
+    with pytest.raises(ConfigError, match=r"metaworld env option 'benchmark' = 'MT11': Input should be 'MT1', 'MT10' or 'MT50'"):
         make_task_set("metaworld", benchmark="MT11")
     with pytest.raises(ConfigError, match=r"MT1 needs a task"):
         make_task_set("metaworld", benchmark="MT1", task=None)

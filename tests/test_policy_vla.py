@@ -238,7 +238,7 @@ def test_bad_model_path_and_kwargs_are_config_errors(tmp_path, model_path):
     (tmp_path / "text_only" / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ConfigError, match="not a vision-language model"):
         check_model_dir(tmp_path / "text_only")
-    with pytest.raises(ConfigError, match="unknown policy_kwargs key 'hidden_sizes'"):
+    with pytest.raises(ConfigError, match="unknown vla policy option 'hidden_sizes'"):
         prepare_policy("vla", SPEC, 7, model_path, {"hidden_sizes": [64]})
     with pytest.raises(ConfigError, match="cameras"):
         prepare_policy("vla", SPEC, 7, model_path, {"cameras": ["frontview"]})

@@ -196,7 +196,7 @@ def test_the_humaneval_env_reward():
     """The env's step reward (HumanEval/2: a float, judged with abs(...) < eps; HumanEval/38: a prompt helper)."""
     humaneval, index, problem = _humaneval_case("HumanEval/2")
     _, index38, problem38 = _humaneval_case("HumanEval/38")
-    task_set = humaneval.humaneval_task_set(split="train", timeout_s=TIMEOUT_S)
+    task_set = humaneval.humaneval_task_set(humaneval.HumanEvalOptions(split="train", timeout_s=TIMEOUT_S))
     answers = {**{k: _answer(c) for k, c in _codes(problem["entry_point"]).items()},
                "right": _answer(problem["code_prompt"] + problem["canonical_solution"])}
     envs = {name: task_set.make_env(0, seed=i) for i, name in enumerate(answers)}

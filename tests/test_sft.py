@@ -25,9 +25,9 @@ ENV_KWARGS = {"suite": "libero_spatial", "tasks": [0, 1], "image_size": 64, "cam
 
 def _write_demos(root: Path, episodes: int = 4, steps: int = 24) -> Path:
     from async_rl.demos.storage import FORMAT, episode_file, write_episode, write_manifest
-    from envs.libero import libero_task_set
+    from envs import make_task_set
 
-    task_set = libero_task_set(**ENV_KWARGS)
+    task_set = make_task_set("libero", **ENV_KWARGS)
     rng = np.random.default_rng(0)
     entries = []
     for k in range(episodes):

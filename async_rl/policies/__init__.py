@@ -20,7 +20,7 @@ from async_rl.validation import ConfigSection, validate_model
 POLICIES: Registry[Callable[..., ActorCritic]] = Registry("policy", package=__name__, skip=("base", "lora"))
 
 
-def register_policy(name: str, preprocessor: Callable[..., Preprocessor], *, options: Optional[type[ConfigSection]] = None,
+def register_policy(name: str, preprocessor: Callable[..., Preprocessor], *, options: type[ConfigSection],
                     prepare: Optional[Callable[..., dict]] = None):
     """Register an ActorCritic factory ``fn(obs_spec, action_dim, **kwargs)`` and its preprocessor
     factory ``fn(obs_spec, **kwargs)`` (it receives the policy's kwargs too); ``options`` is the model of
@@ -46,10 +46,7 @@ def policy_options_model(name: str) -> type[ConfigSection]:
 def policy_kwargs_checked(name: str, kwargs: Any) -> dict[str, Any]:
     """``kwargs`` checked against policy ``name``'s options (an unknown key, a wrong type or a value out of range
     is a one-line ConfigError naming the key): the ones given, converted."""
-    model = policy_options_model(name)
-    if model is None:  # TRANSITION: a policy not yet given its options model
-        return dict(kwargs)
-    return given_options(validate_model(model, kwargs, f"{name} policy option"))
+    return given_options(validate_model(policy_options_model(name), kwargs, f"{name} policy option"))
 
 
 def _entry(name: str) -> tuple[Callable[..., ActorCritic], Callable[..., Preprocessor], Optional[Callable[..., dict]]]:

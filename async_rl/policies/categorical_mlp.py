@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import pydantic
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -18,9 +19,17 @@ from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.features import AutophasePreprocessor, feature_dim
 from async_rl.policies.nets import cast_inputs, mlp
+from async_rl.validation import ConfigSection
 
 
 MASKED_LOGIT = -1e9
+
+
+class CategoricalMLPOptions(ConfigSection):
+    """The categorical MLP policy's options."""
+
+    hidden_sizes: list[pydantic.PositiveInt] = [128, 128]
+    """widths of the hidden layers of the policy and value MLPs"""
 
 
 class CategoricalMLPActorCritic(ActorCritic):
@@ -61,4 +70,4 @@ class CategoricalMLPActorCritic(ActorCritic):
         return list(self.value_net.parameters())
 
 
-register_policy("categorical_mlp", preprocessor=AutophasePreprocessor)(CategoricalMLPActorCritic)
+register_policy("categorical_mlp", preprocessor=AutophasePreprocessor, options=CategoricalMLPOptions)(CategoricalMLPActorCritic)

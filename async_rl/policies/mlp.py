@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import pydantic
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -13,6 +14,7 @@ from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.categorical_mlp import CategoricalMLPActorCritic
 from async_rl.policies.features import AutophasePreprocessor, StatePreprocessor
 from async_rl.policies.nets import cast_inputs, mlp
+from async_rl.validation import ConfigSection
 
 
 class MLPActorCritic(ActorCritic):
@@ -69,6 +71,19 @@ class MLPActorCritic(ActorCritic):
         return list(self.value_net.parameters())
 
 
+class MLPOptions(ConfigSection):
+    """The MLP policy's options (on an env with discrete actions only hidden_sizes applies)."""
+
+    hidden_sizes: list[pydantic.PositiveInt] = [256, 256]
+    """widths of the hidden layers of the policy and value MLPs (discrete actions: 128, 128 unless given)"""
+    init_log_std: float = -0.5
+    """the Gaussian's initial log standard deviation (state-independent, trained)"""
+    min_log_std: float = -5.0
+    """the log-std is clamped to [min_log_std, max_log_std]"""
+    max_log_std: float = 1.0
+    """the upper bound of the clamped log-std"""
+
+
 def _mlp_policy(obs_spec: ObsSpec, action_dim: int, **kwargs: Any) -> ActorCritic:
     """``mlp``: tanh-Gaussian for continuous actions; Categorical where the env declares ``num_actions``."""
     if "num_actions" in obs_spec:
@@ -82,4 +97,4 @@ def _mlp_preprocessor(obs_spec: ObsSpec, **_policy_kwargs: Any) -> Any:
     return StatePreprocessor(obs_spec)
 
 
-register_policy("mlp", preprocessor=_mlp_preprocessor)(_mlp_policy)
+register_policy("mlp", preprocessor=_mlp_preprocessor, options=MLPOptions)(_mlp_policy)

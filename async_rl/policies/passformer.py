@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+import pydantic
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -28,6 +29,24 @@ from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.features import compiler_features, feature_dim
 from async_rl.policies.nets import cast_inputs
 from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from async_rl.validation import ConfigSection
+
+
+class PassformerOptions(ConfigSection):
+    """The Passformer policy's options (the tiny BART's shape applies when no model is given)."""
+
+    model_path: Optional[str] = None
+    """a BartForConditionalGeneration save_pretrained folder (--model-path wins); null = a tiny BART from scratch"""
+    d_model: pydantic.PositiveInt = 64
+    """the tiny BART's width"""
+    layers: pydantic.PositiveInt = 2
+    """encoder and decoder layers each"""
+    heads: pydantic.PositiveInt = 4
+    """attention heads per layer"""
+    ffn_dim: pydantic.PositiveInt = 128
+    """the feed-forward layers' width"""
+    temperature: pydantic.PositiveFloat = 1.0
+    """pass tokens are sampled from softmax(logits / temperature), and that is the policy trained"""
 
 
 class PassformerPreprocessor:
@@ -92,7 +111,7 @@ class PassformerActorCritic(ActorCritic):
         d = self.seq2seq.config.d_model
         self.feature_proj = nn.Linear(feature_dim(obs_spec), d)
         self.value_head = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, 1))
-        self.temperature = _check_temperature(temperature)
+        self.temperature = float(temperature)
         # Only pass tokens and <eos> may be generated.
         allowed = torch.zeros(self.seq2seq.config.vocab_size, dtype=torch.bool)
         allowed[UNK_ID + 1 : self.num_pass_tokens] = True
@@ -170,17 +189,10 @@ class PassformerActorCritic(ActorCritic):
         return list(self.value_head.parameters())
 
 
-def _check_temperature(temperature: Any) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ConfigError(f"passformer temperature must be a number > 0, got {temperature!r}")
-    return float(temperature)
-
-
 def prepare_passformer(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Driver-side checks before Ray starts: ``--model-path`` must be a save_pretrained folder,
-    the sampling temperature positive."""
+    """Driver-side check before Ray starts (the kwargs are checked against ``PassformerOptions``):
+    ``--model-path`` must be a save_pretrained folder."""
     kwargs = dict(kwargs)
-    _check_temperature(kwargs.get("temperature", 1.0))
     model_path = model_path or kwargs.get("model_path")
     if model_path is not None:
         if not (Path(model_path) / "config.json").is_file():
@@ -190,4 +202,5 @@ def prepare_passformer(obs_spec: ObsSpec, action_dim: int, model_path: Optional[
     return kwargs
 
 
-register_policy("passformer", preprocessor=PassformerPreprocessor, prepare=prepare_passformer)(PassformerActorCritic)
+register_policy("passformer", preprocessor=PassformerPreprocessor, options=PassformerOptions, prepare=prepare_passformer)(
+    PassformerActorCritic)

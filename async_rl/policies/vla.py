@@ -34,6 +34,7 @@ import inspect
 from typing import Any, Literal, Mapping, Optional, Sequence
 
 import numpy as np
+import pydantic
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -50,11 +51,59 @@ from async_rl.policies.vla_heads import (NUM_BINS, ActionNormalizer, action_toke
 from async_rl.policies.vla_layouts import checkpoint_layout, flat_pixels, run_backbone
 from async_rl.policies.vla_loading import (OPENVLA_PROMPT, backbone_hidden_size, check_model_dir, image_size,
                                            load_backbone, load_norm_stats, load_processor, pixel_stats)
-from async_rl.policies.vla_tiny import tiny_vla_path
-
-TINY_VLA_SHAPE_KEYS = ("hidden_size", "num_layers", "vision_hidden_size", "patch_size", "vocab_size", "family")
+from async_rl.policies.vla_tiny import FAMILIES, tiny_vla_path
+from async_rl.validation import ConfigSection
 
 Head = Literal["continuous", "discrete"]
+
+
+class TinyVLAShape(ConfigSection):
+    """The tiny VLA built when no model is given (``vla_tiny.tiny_vla_spec``); its image size and action
+    dimension come from the env."""
+
+    hidden_size: pydantic.PositiveInt = 64
+    """the language model's width"""
+    num_layers: pydantic.PositiveInt = 2
+    """the language model's layers"""
+    vision_hidden_size: pydantic.PositiveInt = 32
+    """the vision tower's width"""
+    patch_size: pydantic.PositiveInt = 16
+    """the env's image size must be a multiple of it"""
+    vocab_size: pydantic.PositiveInt = 768
+    """the tokenizer's vocabulary (trained here)"""
+    family: Literal[FAMILIES] = "llava"
+    """the checkpoint layout it imitates"""
+
+
+class VLAOptions(ConfigSection):
+    """The VLA policies' options (vla: a Gaussian action head; vla_discrete: OpenVLA's action tokens)."""
+
+    model_path: Optional[str] = None
+    """a local checkpoint folder (--model-path wins); null = the cached tiny VLA (tiny_vla) for the env's image size"""
+    cameras: list[Literal["agentview", "wrist"]] = ["agentview"]
+    """the env's cameras the model sees, in this order"""
+    prompt: str = OPENVLA_PROMPT
+    """the prompt template; {instruction} is the task's instruction"""
+    max_prompt_tokens: pydantic.PositiveInt = 64
+    """prompts are left-padded to this many tokens; a longer instruction of the env is refused before the run"""
+    unnorm_key: Optional[str] = None
+    """the dataset whose action statistics un-normalise actions (null = the checkpoint's only one)"""
+    gripper: Literal["openvla_libero", "none"] = "openvla_libero"
+    """openvla_libero: the gripper dimension is mapped as OpenVLA's LIBERO eval does"""
+    value_hidden: pydantic.PositiveInt = 256
+    """width of the value head's hidden layer"""
+    init_log_std: float = -1.0
+    """the continuous head's initial log standard deviation"""
+    min_log_std: float = -5.0
+    """the continuous head's log-std is clamped to [min_log_std, max_log_std]"""
+    max_log_std: float = 0.5
+    """the upper bound of the clamped log-std"""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """the backbone's weights as loaded (auto and float32: float32)"""
+    trust_remote_code: bool = False
+    """run the checkpoint's own modeling code (OpenVLA needs it)"""
+    tiny_vla: Optional[TinyVLAShape] = None
+    """the tiny VLA's shape when no model is given, e.g. {patch_size: 8}"""
 
 
 # ---- worker side -----------------------------------------------------------------------------
@@ -270,22 +319,15 @@ class VLAActorCritic(ActorCritic):
 # ---- registration ----------------------------------------------------------------------------
 def prepare_vla(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], policy_kwargs: Mapping[str, Any],
                 head: Head = "continuous") -> dict[str, Any]:
-    """Driver-side check before Ray starts: unknown kwargs and a bad ``model_path`` are
-    ConfigErrors; without a model path the cached tiny VLA for the env's image size is used."""
+    """Driver-side check before Ray starts, on kwargs checked against ``VLAOptions``: a bad ``model_path``
+    or a camera the env does not render is a ConfigError; without a model path the cached tiny VLA for
+    the env's image size is used."""
     kwargs = dict(policy_kwargs)
-    known = set(inspect.signature(VLAActorCritic.__init__).parameters) - {"self", "obs_spec", "action_dim", "head"}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise ConfigError(f"unknown policy_kwargs key '{unknown[0]}' for the VLA policy; valid: {', '.join(sorted(known))}")
     model_path = model_path or kwargs.pop("model_path", None)
     if model_path is None:
         size = obs_spec.get("image_size", 64)
         size = int(size[0] if isinstance(size, (list, tuple)) else size)
-        shape = dict(kwargs.get("tiny_vla") or {})
-        if not set(shape) <= set(TINY_VLA_SHAPE_KEYS):
-            raise ConfigError(f"policy_kwargs tiny_vla {shape}: give only {', '.join(TINY_VLA_SHAPE_KEYS)} "
-                              f"(the image size and action dimension come from the env)")
-        model_path = str(tiny_vla_path(image_size=size, action_dim=action_dim, **shape))
+        model_path = str(tiny_vla_path(image_size=size, action_dim=action_dim, **(kwargs.get("tiny_vla") or {})))
     trust = bool(kwargs.get("trust_remote_code", False))
     path = check_model_dir(model_path, trust)
     load_norm_stats(path, kwargs.get("unnorm_key"))  # both heads un-normalise env actions with them
@@ -303,7 +345,9 @@ def prepare_vla(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], p
     return kwargs
 
 
-register_policy("vla", preprocessor=VLAPreprocessor, prepare=functools.partial(prepare_vla, head="continuous"))(
+register_policy("vla", preprocessor=VLAPreprocessor, options=VLAOptions,
+                prepare=functools.partial(prepare_vla, head="continuous"))(
     functools.partial(VLAActorCritic, head="continuous"))
-register_policy("vla_discrete", preprocessor=VLAPreprocessor, prepare=functools.partial(prepare_vla, head="discrete"))(
+register_policy("vla_discrete", preprocessor=VLAPreprocessor, options=VLAOptions,
+                prepare=functools.partial(prepare_vla, head="discrete"))(
     functools.partial(VLAActorCritic, head="discrete"))

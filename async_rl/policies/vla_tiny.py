@@ -99,8 +99,8 @@ def tiny_vla_spec(image_size: int = 64, action_dim: int = 7, hidden_size: int = 
     if image_size % patch_size:
         raise ConfigError(f"tiny VLA: image size {image_size} is not a multiple of its patch size {patch_size}; "
                           "render the env at a multiple of 16 (e.g. 64)")
-    if family not in FAMILIES:
-        raise ConfigError(f"tiny VLA: unknown family '{family}'; choose one of {', '.join(FAMILIES)}")
+    if family not in FAMILIES:  # the vla policy's options refuse a bad one first: here it is a caller's bug
+        raise ValueError(f"tiny VLA: unknown family '{family}'; choose one of {', '.join(FAMILIES)}")
     return {"format": TINY_VLA_FORMAT, "image_size": image_size, "action_dim": action_dim, "hidden_size": hidden_size,
             "num_layers": num_layers, "vision_hidden_size": vision_hidden_size, "patch_size": patch_size,
             "vocab_size": vocab_size, "family": family}

@@ -1,0 +1,96 @@
+"""Every registered env and policy declares its options: a wrong type and an unknown key are one line naming
+the key, before anything is built; --print-config lists every option with its type, default and help."""
+import typing
+
+import pydantic
+import pytest
+
+import envs
+from async_rl.config import load_config
+from async_rl.errors import ConfigError
+from async_rl.policies import available_policies, policy_kwargs_checked, policy_options_model
+
+ENVS = envs.available_envs()
+POLICIES = available_policies()
+
+
+def _options(kind, name):
+    return envs.env_options_model(name) if kind == "env" else policy_options_model(name)
+
+
+def _check(kind, name, kwargs):
+    return envs.env_options(name, kwargs) if kind == "env" else policy_kwargs_checked(name, kwargs)
+
+
+def _wrong_value(info):
+    """A value no option of field ``info``'s type accepts: a number where a mapping is allowed, else a mapping."""
+    text = str(info.annotation)
+    takes_mapping = "dict" in text or any(isinstance(a, type) and issubclass(a, pydantic.BaseModel)
+                                          for a in typing.get_args(info.annotation) + (info.annotation,))
+    return 3 if takes_mapping else {"wrong": "type"}
+
+
+PLUGINS = [("env", n) for n in ENVS] + [("policy", n) for n in POLICIES]
+
+
+def test_every_plugin_is_registered_with_options():
+    assert {"libero", "metaworld", "compiler_gym", "prompts", "arithmetic", "humaneval", "ctrl_humaneval"} <= set(ENVS)
+    assert {"mlp", "categorical_mlp", "passformer", "vla", "vla_discrete", "causal_lm"} <= set(POLICIES)
+
+
+@pytest.mark.parametrize("kind, name", PLUGINS)
+def test_a_wrong_type_and_an_unknown_key_are_one_line(kind, name):
+    model = _options(kind, name)
+    with pytest.raises(ConfigError) as err:
+        _check(kind, name, {"no_such_option": 1})
+    assert str(err.value).startswith(f"unknown {name} {kind} option 'no_such_option'") and "\n" not in str(err.value)
+    checked = [key for key, info in model.model_fields.items() if info.annotation is not typing.Any]
+    assert checked, f"{name} declares no typed option"
+    for key in checked:
+        bad = _wrong_value(model.model_fields[key])
+        with pytest.raises(ConfigError) as err:
+            _check(kind, name, {key: bad})
+        message = str(err.value)
+        assert "\n" not in message and f"{kind} option '{key}" in message, message
+
+
+@pytest.mark.parametrize("kind, name", PLUGINS)
+def test_every_option_has_help_and_its_default_is_valid(kind, name):
+    model = _options(kind, name)
+    for key, info in model.model_fields.items():
+        assert info.description, f"{name} {kind} option {key} has no help (a docstring under the field)"
+    model()  # the defaults pass the model's own checks
+
+
+@pytest.mark.parametrize("kind, name", [("policy", n) for n in POLICIES])
+def test_policy_defaults_are_the_factorys(kind, name):
+    """Policies receive the options given; the factory's own defaults fill the rest, so both must agree."""
+    import inspect
+
+    from async_rl.policies import POLICIES as REGISTRY
+
+    factory = REGISTRY.get(name)
+    target = factory.func if hasattr(factory, "func") else factory
+    target = target.__init__ if inspect.isclass(target) else target
+    params = inspect.signature(target).parameters
+    for key, info in _options(kind, name).model_fields.items():
+        if key in params and params[key].default is not inspect.Parameter.empty:
+            default = info.get_default(call_default_factory=True)
+            assert params[key].default == default or list(params[key].default) == default, (name, key)
+
+
+def test_print_config_lists_the_env_and_policy_options(capsys):
+    with pytest.raises(SystemExit) as done:
+        load_config(["--env", "metaworld", "--policy", "mlp", "--env-kwargs", "{task: push-v3}", "--print-config"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "# env metaworld takes these env_kwargs" in out and "# policy mlp takes these policy_kwargs" in out
+    for line in ("max_episode_steps: int (> 0) = 500  episodes are truncated", "hidden_sizes: list[int (> 0)] = [256, 256]"):
+        assert line in out
+
+
+def test_the_loader_refuses_a_bad_env_or_policy_option_before_anything_starts():
+    with pytest.raises(ConfigError, match=r"^metaworld env option 'max_episode_steps' = 0: Input should be greater than 0$"):
+        load_config(["--env", "metaworld", "--env-kwargs", "{max_episode_steps: 0}"])
+    with pytest.raises(ConfigError, match=r"^unknown mlp policy option 'hiden_sizes' \(did you mean 'hidden_sizes'\?\)"):
+        load_config(["--policy", "mlp", "--policy-kwargs", "{hiden_sizes: [8]}"])
