@@ -34,24 +34,13 @@ TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_star
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What the sampling distribution is, beside the model: all a policy kwarg can change."""
+    """What the sampling distribution is, beside the model: all a policy kwarg can change (their ranges are
+    checked by ``lm_options.CausalLMOptions``)."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
     min_p: float = 0.0  # 0.0: off
-
-    def check(self) -> Optional[str]:
-        """A one-line reason these are not valid, or None."""
-        if not self.temperature > 0:
-            return f"temperature must be > 0, got {self.temperature!r}"
-        if not 0 < self.top_p <= 1:
-            return f"top_p must be in (0, 1], got {self.top_p!r}"
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            return f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}"
-        if not 0 <= self.min_p < 1:
-            return f"min_p must be in [0, 1) (0: off), got {self.min_p!r}"
-        return None
 
 
 def neutral_generation_config(model_config: Any) -> Any:
