@@ -1,7 +1,8 @@
 """Typed run configuration: defaults < ``--config`` YAML < command-line flags.
 
 Everything is validated before Ray starts; a bad value is one line naming the key and the fix.
-The keys, their types and defaults: ``async_rl/config_schema.py``.
+The keys, their types and defaults: ``async_rl/config_schema.py``; ``env_kwargs`` and ``policy_kwargs`` are
+checked against the chosen env's and policy's options models (``--env.KEY`` / ``--policy.KEY`` set one).
 """
 from __future__ import annotations
 
@@ -257,10 +258,10 @@ def format_config(cfg: RunConfig) -> str:
     lines = []
     for section, values in cfg.sectioned().items():
         lines += [f"{section}:", *(f"  {key}: {yaml_inline(value)}" for key, value in values.items())]
-    for kind, name, model, key in (("env", cfg.env, envs.env_options_model(cfg.env), "env_kwargs"),
-                                   ("policy", cfg.policy, policy_options_model(cfg.policy), "policy_kwargs")):
-        lines += [f"# {kind} {name} takes these {key} (name: type = default  help):",
-                  *(f"#   {line}" for line in describe_options(model))]
+    for kind, (kwargs_key, _, options_model) in _PLUGIN_KINDS.items():
+        name = getattr(cfg, kind)
+        lines += [f"# {kind} {name} takes these {kwargs_key} (name: type = default  help):",
+                  *(f"#   {line}" for line in describe_options(options_model(name)))]
     return "\n".join(lines) + "\n"
 
 

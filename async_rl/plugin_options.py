@@ -16,10 +16,6 @@ from async_rl.validation import ConfigSection
 OptionsModel = type[ConfigSection]
 
 
-class NoOptions(ConfigSection):
-    """A plugin that takes no options."""
-
-
 def given_options(options: ConfigSection) -> dict[str, Any]:
     """The options a user gave, checked and converted (``"3"`` -> 3), without the defaults they left alone."""
     return options.model_dump(exclude_unset=True)

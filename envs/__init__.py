@@ -4,10 +4,9 @@ An env module registers a TaskSet factory with ``@register_env("name", options=N
 with a ``final_evaluation`` the runtime runs on the final weights after training. ``NameOptions`` (a
 ``ConfigSection``) declares every option the env takes, typed, with its default, range and help:
 ``make_task_set`` checks ``env_kwargs`` against it and hands the factory the checked options, so the
-factory only constructs. Env modules must not
-import their (optional, heavy) simulator package at module level; they import it inside the
-factory, so that ``import envs`` and the discovery of env modules stay cheap and never fail
-because some other environment's package is missing.
+factory only constructs. Env modules must not import their (optional, heavy) simulator package at module
+level; they import it inside the factory, so that ``import envs`` and the discovery of env modules stay
+cheap and never fail because some other environment's package is missing.
 """
 from __future__ import annotations
 

@@ -94,3 +94,11 @@ def test_the_loader_refuses_a_bad_env_or_policy_option_before_anything_starts():
         load_config(["--env", "metaworld", "--env-kwargs", "{max_episode_steps: 0}"])
     with pytest.raises(ConfigError, match=r"^unknown mlp policy option 'hiden_sizes' \(did you mean 'hidden_sizes'\?\)"):
         load_config(["--policy", "mlp", "--policy-kwargs", "{hiden_sizes: [8]}"])
+
+
+def test_env_and_policy_flags_set_one_key_each():
+    cfg = load_config(["--env", "metaworld", "--env-kwargs", "{task: push-v3}", "--env.max-episode-steps", "40",
+                       "--policy.hidden-sizes", "[8]"])
+    assert cfg.env_kwargs == {"task": "push-v3", "max_episode_steps": 40} and cfg.policy_kwargs == {"hidden_sizes": [8]}
+    with pytest.raises(ConfigError, match=r"^unknown metaworld env option 'image_size'"):  # another env's option
+        load_config(["--env", "metaworld", "--env.image-size", "64"])
