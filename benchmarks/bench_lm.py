@@ -109,6 +109,9 @@ def stored_over_real(checkpoint: Path) -> dict[str, float]:
 
     items = ckpt.load_tensordict(checkpoint / "replay.safetensors")
     rows = items.batch_size[0]
+    if rows == 0:  # every item was trained on before the run ended (a generation batch of one super-batch)
+        return {key: float("nan") for key in ("replay_bytes_per_response", "replay_real_token_bytes_per_response",
+                                              "replay_stored_over_real", "response_tokens_mean")}
     leaves = list(items.items(include_nested=True, leaves_only=True))
     stored = sum(v.numel() * v.element_size() for _, v in leaves) / rows
     width_p, width_r = items["obs", "input_ids"].shape[1], items["response"].shape[1]
