@@ -20,8 +20,7 @@ from async_rl.algo import (
     resolve_policy_loss_params,
 )
 from async_rl.algo.losses import PolicyLoss
-from async_rl.errors import unknown_key_message
-from async_rl.policies.reference import check_sampler_reference
+from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.supervised_config import SupervisedSection
 from async_rl.validation import ConfigSection
 
@@ -261,6 +260,26 @@ SECTIONS: dict[str, type[_Section]] = {
 }
 
 
+def _check_sampler_reference(policy: str, lora_rank: int, lora_sync: str, lora_trainable: list[str],
+                            needs_reference: bool) -> None:
+    """``reference_logp_on: sampler`` applies where the inference actor's model with adapters off is the reference:
+    LoRA, adapter-only sync (with merged sync it holds no base), and no parameter trained whole that the log-probs
+    read (the policy's ``logp_free_prefixes``); and only where the objective reads a reference. Else one ConfigError."""
+    if not needs_reference:
+        raise ConfigError("reference_logp_on sampler: nothing reads the reference policy (kl_ref_coef is 0 and the "
+                          "clip mode reads none); drop --reference-logp-on")
+    if lora_rank == 0 or lora_sync != "adapters":
+        raise ConfigError("reference_logp_on sampler needs LoRA with --lora-sync adapters (the inference actor then holds "
+                          "the frozen base, the reference); pass --lora-rank N --lora-sync adapters or --reference-logp-on trainer")
+    from async_rl.policies import POLICIES  # noqa: PLC0415  (policy discovery only where this key is set)
+
+    free = tuple(getattr(POLICIES.entry(policy).obj, "logp_free_prefixes", ()))
+    read = [prefix for prefix in lora_trainable if not prefix.startswith(free)]
+    if read:
+        raise ConfigError(f"reference_logp_on sampler: lora_trainable '{read[0]}' is trained whole and may enter the "
+                          f"log-probs, so adapters off is not the reference there; use --reference-logp-on trainer")
+
+
 class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSection, PolicySection, EnvSection, RunSection):
     """Every knob of a run, flat (``cfg.gamma``); ``cfg.section("objective")`` is one section, frozen."""
 
@@ -309,7 +328,7 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
         check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)
         check_recompute_logp(self.advantage, self.recompute_logp)
         if self.reference_logp_on == "sampler":
-            check_sampler_reference(self.policy, self.lora_rank, self.lora_sync, self.lora_trainable, self.kl_ref_coef > 0
+            _check_sampler_reference(self.policy, self.lora_rank, self.lora_sync, self.lora_trainable, self.kl_ref_coef > 0
                                     or "logp_ref" in PolicyLoss(self.clip_mode, self.clip_params).reads)
         check_group_minibatch(self.clip_mode, self.clip_params, self.group_size, self.train_batch_size)
         return self

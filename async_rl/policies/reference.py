@@ -17,7 +17,6 @@ from typing import Optional
 import torch
 from tensordict import TensorDict
 
-from async_rl.errors import ConfigError
 from async_rl.policies.lora import adapters_disabled, is_lora_name, named_lora_layers
 
 
@@ -69,22 +68,3 @@ def sampler_reference_logp(model: torch.nn.Module, obs: TensorDict, action: torc
             logp_ref[rows] = model.evaluate(obs[rows], action[rows])[0].float()
     return logp_ref
 
-
-def check_sampler_reference(policy: str, lora_rank: int, lora_sync: str, lora_trainable: list[str],
-                            needs_reference: bool) -> None:
-    """``reference_logp_on: sampler`` applies where the inference actor's model with adapters off is the reference:
-    LoRA, adapter-only sync (with merged sync it holds no base), and no parameter trained whole that the log-probs
-    read (the policy's ``logp_free_prefixes``); and only where the objective reads a reference. Else one ConfigError."""
-    if not needs_reference:
-        raise ConfigError("reference_logp_on sampler: nothing reads the reference policy (kl_ref_coef is 0 and the "
-                          "clip mode reads none); drop --reference-logp-on")
-    if lora_rank == 0 or lora_sync != "adapters":
-        raise ConfigError("reference_logp_on sampler needs LoRA with --lora-sync adapters (the inference actor then holds "
-                          "the frozen base, the reference); pass --lora-rank N --lora-sync adapters or --reference-logp-on trainer")
-    from async_rl.policies import POLICIES  # noqa: PLC0415  (the registry imports this module's neighbours)
-
-    free = tuple(getattr(POLICIES.entry(policy).obj, "logp_free_prefixes", ()))
-    read = [prefix for prefix in lora_trainable if not prefix.startswith(free)]
-    if read:
-        raise ConfigError(f"reference_logp_on sampler: lora_trainable '{read[0]}' is trained whole and may enter the "
-                          f"log-probs, so adapters off is not the reference there; use --reference-logp-on trainer")
