@@ -1,4 +1,4 @@
-"""This project's GRPO against TRL's GRPOTrainer on the same work and machine (issue 49), one after the other.
+"""This project's GRPO against TRL's GRPOTrainer on the same work and machine, one after the other.
 
     make peers                                                        # TRL into .venv-peers (once; or --setup)
     python benchmarks/bench_lm_peers.py --quick --out runs/bench/lm_peers_quick.json   # 1 seed x 4 updates

@@ -11,7 +11,7 @@ Steps, each a subprocess with its own time limit (so one hang cannot eat the bud
    memory (two processes cannot share one GPU in one NCCL group).
 3. ``lm_grpo``: ``benchmarks/gpu_lm_grpo.py``: a short GRPO run of the causal-LM policy (one ZeRO-2 bf16 LoRA
    update path end to end, adapters synced to the inference actor) and its generation tokens/s.
-4. ``lm_peers``: ``benchmarks/bench_lm_peers.py --gpu --quick --updates 3 --heldout 16`` (issue 49's work on the GPU preset:
+4. ``lm_peers``: ``benchmarks/bench_lm_peers.py --gpu --quick --updates 3 --heldout 16`` (the LM GRPO comparison with TRL on the GPU preset:
    trainer and generation on separate GPUs where 2+ are visible, sharing one otherwise) for this project's
    asynchronous run and TRL's GRPOTrainer: completions trained/s, generation tokens/s, held-out accuracy. TRL
    needs ``make peers`` (.venv-peers); without it only this project's run is measured and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What only a GPU can show, in one command: tests/gpu, the weight-sync benchmark on CUDA tensors, a short
-# causal-LM GRPO run (ZeRO-2 bf16 LoRA updates, generation tokens/s) and the quick GPU preset of issue 49's
+# causal-LM GRPO run (ZeRO-2 bf16 LoRA updates, generation tokens/s) and the quick GPU preset of the language-model
 # benchmark against TRL (bench_lm_peers.py --gpu), written to one JSON. At most ~8 minutes on one GPU
 # (--budget-minutes). On a machine without a GPU it says so in one line and exits 3.
 #

@@ -100,7 +100,7 @@ def test_the_layout_says_which_gpu_does_what():
     assert "share GPU 0" in bench.gpu_layout(1)
 
 
-def test_gpu_json_has_the_issue_keys_and_the_device(tmp_path, monkeypatch):
+def test_gpu_json_has_the_headline_keys_and_the_device(tmp_path, monkeypatch):
     calls = []
 
     def fake_ours(seed, minutes, sync, root, problems, flags, updates, gpu=False):
