@@ -33,7 +33,7 @@ def validate_model(model_cls: type[ModelT], data: Mapping[str, Any], what: str) 
         if not err["loc"]:  # a check across several keys
             raise ConfigError(msg) from None
         top = err["loc"][0]
-        if _is_union(model_cls.model_fields[top].annotation) if top in model_cls.model_fields else False:
+        if top in model_cls.model_fields and _is_union(model_cls.model_fields[top].annotation):
             # every form of the field refused the value: say what each wanted, without pydantic's form tags
             wanted = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in exc.errors() if e["loc"][:1] == (top,))
             raise ConfigError(f"{what} '{top}' = {data.get(top)!r}: {'; or '.join(wanted)}") from None
