@@ -200,7 +200,9 @@ class Runtime:
     def snapshot(self) -> dict[str, Any]:
         timeout = self.cfg.actor_timeout_s
         stats = ray.get(self.stats.snapshot.remote(), timeout=timeout)
-        rows = [s for s in self.inference.call("stats", what="stats").values() if s.get("batches")]
+        # Nice to have: an inference actor whose node just died (or that Ray is restarting) is left out
+        # here; the supervision (weight_sync.heal) brings it back, a metrics snapshot must not end the run.
+        rows = [s for s in self.inference.gather("stats").values() if s and s.get("batches")]
         inference = {k: sum(r[k] for r in rows) / len(rows) for k in ("batch_size", "forward_ms")} if rows else {}
         return {"stats": stats, "replay": self.replay_supervisor.counters(), "inference": inference}
 
