@@ -29,7 +29,7 @@ bench: setup
 		$(PY) benchmarks/bench_$$b.py --quick --out runs/bench/$$b.json || exit 1; done
 
 # Per-file and per-test wall time into tests/durations.json, with the machine's speed (the raw MetaWorld
-# env's steps/s) and load; `make durations FILES="tests/test_bf16.py tests/test_faults.py"` refreshes some files.
+# env's steps/s) and load; `make durations FILES="tests/policies/test_bf16.py tests/e2e/test_faults.py"` refreshes some files.
 durations: setup
 	$(PY) benchmarks/bench_env_raw.py --workers 1 --seconds 10 --out runs/bench/machine_speed.json
 	$(PY) -m pytest $(or $(FILES),tests) -q -p no:cacheprovider --timeout=900 --durations=0 \

@@ -253,7 +253,7 @@ class TimeoutsSection(_Section):
     """Ray restarts a killed rollout worker or inference actor up to this many times"""
 
 
-# Section name -> its typed view; every config key is in exactly one (tests/test_config.py checks).
+# Section name -> its typed view; every config key is in exactly one (tests/config/test_config.py checks).
 SECTIONS: dict[str, type[_Section]] = {
     "run": RunSection, "env": EnvSection, "policy": PolicySection, "objective": ObjectiveSection,
     "scale": ScaleSection, "timeouts": TimeoutsSection, "supervised": SupervisedSection,

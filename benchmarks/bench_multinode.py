@@ -4,7 +4,7 @@ and the weight broadcast's seconds (trainer rank 0 -> inference actor), across n
 
     sudo .venv/bin/python benchmarks/bench_multinode.py [--epochs 10] [--out results/multinode.json]
 
-Both runs use tests/test_multinode.py's layout flags (SPREAD; trainers 2 CPUs, inference 2, workers
+Both runs use tests/e2e/test_multinode.py's layout flags (SPREAD; trainers 2 CPUs, inference 2, workers
 1). Two nodes: A 3 CPUs, B 5 (rank 1, the inference actor and a worker on B). One node: A 8 CPUs,
 B joined with 0 CPUs (nothing placed there).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common import ROOT, parser, rate, report, scalars, training_steps  # noqa: I001 (common puts the checkout on sys.path)
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 from multinode_cluster import TwoNodeCluster, namespaces_unavailable  # noqa: E402
 from test_multinode import launch_flags, run_launch  # noqa: E402
 

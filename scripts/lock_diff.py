@@ -3,7 +3,7 @@
     python scripts/lock_diff.py LOCK [LOCK ...]            differences, one a line; exit 1 if any
     python scripts/lock_diff.py --extras LOCK [LOCK ...]   names installed but not locked, one a line
 
-Used by scripts/setup.sh (to remove what the lock does not hold) and tests/test_lock.py. Runs on
+Used by scripts/setup.sh (to remove what the lock does not hold) and tests/tools/test_lock.py. Runs on
 Python 3.10 too (CompilerGym's venv) and imports nothing outside the standard library.
 """
 from __future__ import annotations

@@ -109,7 +109,7 @@ torch_version() {
 # torch first, so that nothing else can pull a build of its own. The CPU build is locked: it comes
 # from a find-links folder or TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu), whose file
 # has the locked hash. A GPU machine takes torch==$TORCH_VERSION's CUDA build from the registry
-# instead, outside the lock (tests/test_lock.py then leaves torch and its nvidia-* packages out).
+# instead, outside the lock (tests/tools/test_lock.py then leaves torch and its nvidia-* packages out).
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     if [ -z "$(torch_version)" ]; then
         log "nvidia-smi found: torch==$TORCH_VERSION from the registry (its CUDA build, outside the lock)"

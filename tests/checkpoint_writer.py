@@ -1,4 +1,4 @@
-"""A checkpoint writer for the crash test (tests/test_checkpoint_crash.py), in its own module so
+"""A checkpoint writer for the crash test (tests/checkpoints/test_checkpoint_crash.py), in its own module so
 that a forkserver can preload it: it writes checkpoints with the real save functions, forever,
 until the test SIGKILLs it. Every file's content is a function of the epoch, so a loader can
 tell a complete checkpoint from a torn one."""

@@ -12,6 +12,9 @@ import torch
 from async_rl.process_setup import pythonpath_with
 
 TESTS = Path(__file__).resolve().parent
+# tests/ mirrors the package (tests/README.md, Layout): a Ray worker that unpickles a class or function of a
+# test module imports that module by its name, so every folder of tests goes on the workers' path.
+TEST_DIRS = [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name[0] not in "._" and p.name != "coverage_hook")]
 # --durations-json: per-file wall time kept in tests/durations.json (`make durations`, tests/README.md).
 pytest_plugins = ["durations_record"]
 
@@ -79,7 +82,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def ray_local():
     """A local 2-CPU Ray for one test module; its workers can import async_rl and the test modules."""
-    with child_pythonpath(TESTS.parent, TESTS):  # workers inherit the raylet's environment, fixed at init
+    with child_pythonpath(TESTS.parent, *TEST_DIRS):  # workers inherit the raylet's environment, fixed at init
         ray.init(num_cpus=2, include_dashboard=False, address="local", log_to_driver=False)
     yield
     ray.shutdown()

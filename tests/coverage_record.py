@@ -48,7 +48,7 @@ def run_measured(command: list[str], data_dir: Path) -> tuple[int, float, list[s
         shutil.rmtree(data_dir)
     data_dir.mkdir(parents=True)
     env = dict(os.environ)
-    env.pop("COVERAGE_PROCESS_CONFIG", None)  # a run nested in a measured one (tests/test_coverage_config.py)
+    env.pop("COVERAGE_PROCESS_CONFIG", None)  # a run nested in a measured one (tests/tools/test_coverage_config.py)
     env["COVERAGE_PROCESS_START"] = str(RCFILE)
     env["COVERAGE_FILE"] = str(data_dir / ".coverage")
     env["PYTHONPATH"] = os.pathsep.join([str(HOOK), *filter(None, [env.get("PYTHONPATH")])])

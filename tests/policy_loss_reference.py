@@ -1,4 +1,4 @@
-"""Reference policy losses for tests/test_algo_losses.py and tests/test_algo_loss_config.py: per element
+"""Reference policy losses for tests/algo/test_algo_losses.py and tests/test_algo_loss_config.py: per element
 (r, A) -> (loss, d loss / d logp, clipped?, extra diagnostics), written here from the specification in
 float64 Python (never from the code under test), and the cases they are compared on."""
 from __future__ import annotations

