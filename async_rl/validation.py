@@ -5,7 +5,8 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from typing import Any, Mapping, TypeVar
+from pathlib import Path
+from typing import Any, Mapping, Sequence, TypeVar
 
 import pydantic
 
@@ -61,3 +62,21 @@ class ConfigSection(pydantic.BaseModel):
     """A section of the run config: a frozen, typed view handed to the part of the runtime that reads it."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def checked_folder(path: str | Path, what: str, fix: str, *, holds: Sequence[str] = (),
+                   holds_one_of: Sequence[str] = ()) -> Path:
+    """``path`` (``~`` expanded) when it is a folder holding every entry of ``holds`` (files or folders, relative
+    paths) and, when given, at least one file of ``holds_one_of``; else a ConfigError "{what}: no such
+    directory; {fix}" (or "not a directory") or "{what}: no X there; {fix}". The one check of every folder a
+    user names (a model, an export, a program folder, an installed package's data)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"{what}: {'not a directory' if folder.exists() else 'no such directory'}; {fix}")
+    missing = [name for name in holds if not (folder / name).exists()]
+    if holds_one_of and not any((folder / name).is_file() for name in holds_one_of):
+        missing.append(" or ".join(holds_one_of))
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ConfigError(f"{what}: no {', '.join(missing[:3])}{more} there; {fix}")
+    return folder

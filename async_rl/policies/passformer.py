@@ -29,7 +29,10 @@ from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.features import compiler_features, feature_dim
 from async_rl.policies.nets import cast_inputs
 from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from async_rl.validation import ConfigSection
+from async_rl.validation import ConfigSection, checked_folder
+
+SAVED_BART_HINT = ("pass a BartForConditionalGeneration save_pretrained folder, or leave it out for the tiny default "
+                   "Passformer")
 
 
 class PassformerOptions(ConfigSection):
@@ -99,8 +102,7 @@ class PassformerActorCritic(ActorCritic):
         self.ir_tokens = int(obs_spec["ir_tokens"])
         vocab = self.num_pass_tokens + int(obs_spec["ir_vocab_size"])
         if model_path is not None:
-            if not Path(model_path).is_dir():
-                raise ConfigError(f"passformer model_path {model_path}: no such directory; pass a save_pretrained folder")
+            checked_folder(model_path, f"passformer model_path {model_path}", SAVED_BART_HINT, holds=("config.json",))
             self.seq2seq = BartForConditionalGeneration.from_pretrained(model_path)
             if self.seq2seq.config.vocab_size < vocab:
                 raise ConfigError(f"passformer model_path {model_path}: vocabulary of {self.seq2seq.config.vocab_size} "
@@ -195,9 +197,7 @@ def prepare_passformer(obs_spec: ObsSpec, action_dim: int, model_path: Optional[
     kwargs = dict(kwargs)
     model_path = model_path or kwargs.get("model_path")
     if model_path is not None:
-        if not (Path(model_path) / "config.json").is_file():
-            raise ConfigError(f"--model-path {model_path}: no config.json there; pass a BartForConditionalGeneration "
-                              "save_pretrained folder, or leave it out for the tiny default Passformer")
+        checked_folder(model_path, f"--model-path {model_path}", SAVED_BART_HINT, holds=("config.json",))
         kwargs["model_path"] = str(Path(model_path).resolve())
     return kwargs
 

@@ -17,36 +17,22 @@ import torch
 from torch import nn
 
 from async_rl.errors import ConfigError
+from async_rl.policies.model_folder import check_model_folder
 
 OPENVLA_PROMPT = "In: What action should the robot take to {instruction}?\nOut:"
 NORM_STATS_FILE = "dataset_statistics.json"  # the name OpenVLA saves next to its checkpoints
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json")
 
 
 def check_model_dir(model_path: str | Path, trust_remote_code: bool = False) -> Path:
     """A local model directory transformers can load, or ConfigError naming what is wrong."""
-    path = Path(model_path).expanduser()
-    hint = "pass a local directory holding a Hugging Face VLM checkpoint (config.json, weights, processor files)"
-    if not path.is_dir():
-        raise ConfigError(f"--model-path {model_path}: no such directory; {hint}")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"--model-path {model_path}: no config.json there, so it is not a model; {hint}")
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # noqa: BLE001  (any failure means: not a loadable model)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"--model-path {model_path}: transformers cannot read its config ({first}); {hint}"
-                          f"{'' if trust_remote_code else ' (OpenVLA needs policy_kwargs trust_remote_code: true)'}") from None
-    remote = trust_remote_code and "AutoModelForVision2Seq" in (getattr(config, "auto_map", None) or {})
-    if config.model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and not remote:
-        raise ConfigError(f"--model-path {model_path} holds a '{config.model_type}' model, not a vision-language "
-                          f"model (AutoModelForImageTextToText, or OpenVLA's code with trust_remote_code: true); {hint}")
-    if not any((path / f).is_file() for f in ("preprocessor_config.json", "processor_config.json", "tokenizer.json",
-                                                "tokenizer_config.json")):
-        raise ConfigError(f"--model-path {model_path}: no processor/tokenizer files; {hint}")
-    return path
+    return check_model_folder(
+        model_path, family="vision-language model (AutoModelForImageTextToText, or OpenVLA's code with "
+        "trust_remote_code: true)", auto_class_mapping="MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+        tokenizer_files=PROCESSOR_FILES, remote_auto_class="AutoModelForVision2Seq",
+        trust_remote_code=trust_remote_code,
+        fix="pass a local directory holding a Hugging Face VLM checkpoint (config.json, weights, processor files)",
+        unreadable_hint="" if trust_remote_code else " (OpenVLA needs policy_kwargs trust_remote_code: true)")
 
 
 def load_norm_stats(model_path: str | Path, unnorm_key: Optional[str] = None) -> dict[str, list]:

@@ -188,6 +188,22 @@ def test_bad_policy_kwargs_are_one_config_error():
         prepare_causal_lm({"text": True, "example_prompts": ["word " * 200]}, 1, None, {"max_prompt_tokens": 32})
 
 
+def test_a_model_path_that_is_no_causal_lm_folder_is_one_line(tmp_path):
+    """The model-folder checks the causal-LM and VLA policies share (policies/model_folder.py)."""
+    (tmp_path / "weights.bin").write_bytes(b"")
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "config.json").write_text('{"model_type": "vit"}')
+    (tmp_path / "no_tokenizer").mkdir()
+    (tmp_path / "no_tokenizer" / "config.json").write_text('{"model_type": "gpt2"}')
+    cases = [("weights.bin", "weights.bin: not a directory; pass --model-path a Hugging Face folder"),
+             ("vision", "holds a 'vit' model, not a causal language model; pass --model-path"),
+             ("no_tokenizer", "no tokenizer.json or tokenizer_config.json or tokenizer.model there; pass --model-path")]
+    for name, message in cases:
+        with pytest.raises(ConfigError) as err:
+            prepare_causal_lm({"text": True}, 1, str(tmp_path / name), {})
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_chunked_logits_and_gradient_checkpointing_change_no_logp_and_no_gradient(base_policy, kwargs, monkeypatch):
     """Training computes the vocabulary logits a few positions at a time (recomputed in backward), and
     optionally checkpoints the decoder layers: neither may change a log-prob, an entropy or a gradient."""
