@@ -19,6 +19,7 @@ import torch
 
 from async_rl.errors import ConfigError
 from async_rl.user_cache import user_cache_dir
+from async_rl.validation import checked_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = "policy.safetensors"
@@ -56,12 +57,9 @@ def export_policy(module: torch.nn.Module, directory: Path, meta: Mapping[str, A
 
 def read_export_meta(path: str | Path) -> dict[str, Any]:
     """The export's ``policy.json``; ConfigError naming the problem for anything that is not an export."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise ConfigError(f"init_from {path}: no such directory; pass a folder written by launch/sft.py")
-    if not (directory / META).is_file() or not (directory / WEIGHTS).is_file():
-        raise ConfigError(f"init_from {path}: no {META} / {WEIGHTS} there (not a policy export, or an unfinished one); "
-                          f"pass a folder written by launch/sft.py")
+    # An unfinished export lacks policy.json (written last).
+    directory = checked_folder(path, f"init_from {path}", "pass a folder written by launch/sft.py (a policy export)",
+                               holds=(META, WEIGHTS))
     try:
         meta = json.loads((directory / META).read_text())
     except (OSError, ValueError) as exc:
@@ -117,13 +115,17 @@ def check_init_from(path: str, policy: str, env: str, model_path: str | None = N
     if "model" in meta and not same_model(meta["model"], model_identity(model_path)):
         raise ConfigError(f"init_from {path} was trained from another base model than this run's {model_path}; pass "
                           f"--init-from null (or an export made from that model)")
-    if meta.get("policy") != policy:
-        raise ConfigError(f"init_from {path} holds a '{meta.get('policy')}' policy, this run trains '{policy}'; "
-                          f"pass --policy {meta.get('policy')} or another export")
-    if meta.get("env") != env:
-        raise ConfigError(f"init_from {path} was trained on env '{meta.get('env')}', this run is '{env}'; "
-                          f"pass an export made for {env}")
+    check_export_made_for(meta, f"init_from {path}", policy=policy, env=env)
     return str(Path(path).resolve())
+
+
+def check_export_made_for(meta: Mapping[str, Any], what: str, **wanted: str) -> None:
+    """An export's ``policy.json`` (``meta``) records each of ``wanted`` (policy, env) as this run's; else a
+    ConfigError naming ``what`` (the flag and path), the recorded value and the fix."""
+    for key, value in wanted.items():
+        if meta.get(key) != value:
+            raise ConfigError(f"{what} was made for {key} '{meta.get(key)}', not this run's '{value}'; pass an export "
+                              f"made for {key} '{value}' (or --{key} {meta.get(key)})")
 
 
 def load_initial_weights(policy: torch.nn.Module, path: str | Path) -> torch.nn.Module:

@@ -12,7 +12,8 @@ from async_rl import checkpoint as ckpt
 from async_rl.algo import advantage_estimator
 from async_rl.errors import ConfigError
 from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
-from async_rl.policies.initial_weights import load_initial_weights, read_export_meta, resolve_export
+from async_rl.policies.initial_weights import (check_export_made_for, load_initial_weights, read_export_meta,
+                                              resolve_export)
 from async_rl.policies.lora import apply_lora
 
 TEXT_SPEC = {"text": True}
@@ -69,8 +70,7 @@ def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] =
 def _export_policy(path: str, overrides: Optional[dict[str, Any]]) -> tuple[CausalLMActorCritic, ChatPreprocessor, str]:
     """The causal-LM policy of a supervised export (LoRA already merged into its weights)."""
     meta = read_export_meta(resolve_export(path))
-    if meta.get("policy") != "causal_lm":
-        raise ConfigError(f"--init-from {path} holds a '{meta.get('policy')}' policy, not a causal_lm one")
+    check_export_made_for(meta, f"--init-from {path}", policy="causal_lm")
     kwargs = dict(meta.get("policy_kwargs") or {})
     saved = kwargs.pop("model_path", None)  # the exporting machine's converted folder; else the default model
     kwargs.update(overrides or {})

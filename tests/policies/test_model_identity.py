@@ -45,3 +45,23 @@ def test_an_export_of_another_model_is_still_refused(lm_cache, tmp_path):
     export = _export(tmp_path / "export", "Qwen2-0.5B.Q4_0-11fa1eb9a842")
     with pytest.raises(ConfigError, match="trained from another base model"):
         check_init_from(export, "causal_lm", "lm_arithmetic", str(lm_cache / "SmolLM2-135M-Instruct.Q4_1-fb2afd734771"))
+
+
+@pytest.mark.parametrize("policy, env, words", [
+    ("vla", "lm_arithmetic", ["was made for policy 'causal_lm', not this run's 'vla'", "--policy causal_lm"]),
+    ("causal_lm", "humaneval", ["was made for env 'lm_arithmetic', not this run's 'humaneval'", "--env lm_arithmetic"]),
+])
+def test_an_export_for_another_policy_or_env_is_one_line(lm_cache, tmp_path, policy, env, words):
+    export = _export(tmp_path / "export", None)
+    with pytest.raises(ConfigError) as err:
+        check_init_from(export, policy, env)
+    assert all(w in str(err.value) for w in words) and "\n" not in str(err.value)
+
+
+def test_a_folder_that_is_not_an_export_names_the_missing_files(tmp_path):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / WEIGHTS).write_bytes(b"")  # an unfinished export: policy.json is written last
+    with pytest.raises(ConfigError, match=f"init_from .*half: no {META} there; pass a folder written by launch/sft.py"):
+        check_init_from(str(tmp_path / "half"), "causal_lm", "lm_arithmetic")
+    with pytest.raises(ConfigError, match="init_from .*nowhere: no such directory"):
+        check_init_from(str(tmp_path / "nowhere"), "causal_lm", "lm_arithmetic")
