@@ -56,10 +56,11 @@ import numpy as np
 import pydantic
 
 from async_rl.errors import ConfigError
-from async_rl.validation import ConfigSection
+from async_rl.validation import ConfigSection, checked_folder
 from envs import register_env
 from envs.libero_setup import (INSTALL_HINT, SOFTWARE_GL, configure_rendering, ensure_libero_config, fast_render_settings,
-                               gl_renderer_name, import_benchmark, libero_package_dir, switch_to_fast_render)
+                               gl_renderer_name, import_benchmark, import_libero, libero_package_dir,
+                               switch_to_fast_render)
 
 # Episode step limits of OpenVLA's LIBERO eval (openvla/openvla,
 # experiments/robot/libero/run_libero_eval.py: "max_steps = 220  # longest training demo has 193
@@ -92,13 +93,11 @@ def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, TaskSpec,
         return list(range(len(all_names)))
     indices: list[int] = []
     for item in [tasks] if isinstance(tasks, (int, str)) else tasks:
-        if isinstance(item, int) and item >= len(all_names):
-            raise ConfigError(f"libero task index {item} is out of range: {suite} has tasks 0..{len(all_names) - 1}")
-        if isinstance(item, str) and item not in all_names:
-            close = difflib.get_close_matches(item, all_names, n=1)
+        if item not in range(len(all_names)) and item not in all_names:  # an index past the suite or an unknown name
+            close = difflib.get_close_matches(str(item), all_names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"unknown {suite} task '{item}'{hint}; give an index 0..{len(all_names) - 1} or one "
-                              f"of its task names")
+            raise ConfigError(f"unknown {suite} task {item!r}{hint}; give an index 0..{len(all_names) - 1} or one of "
+                              f"its task names")
         indices.append(item if isinstance(item, int) else all_names.index(item))
     if len(set(indices)) != len(indices):
         raise ConfigError(f"libero tasks {tasks!r} name a task twice; list each once")
@@ -193,12 +192,8 @@ def libero_task_set(options: LiberoOptions) -> LiberoTaskSet:
     specs = [bench.get_task(i) for i in indices]
     bddl = [f"{t.problem_folder}/{t.bddl_file}" for t in specs]
     inits = [f"{t.problem_folder}/{t.init_states_file}" for t in specs]
-    for rel in bddl:
-        if not (root / "bddl_files" / rel).is_file():
-            raise ConfigError(f"LIBERO task file {root / 'bddl_files' / rel} is missing; {INSTALL_HINT}")
-    for rel in inits:
-        if not (root / "init_files" / rel).is_file():
-            raise ConfigError(f"LIBERO init-state file {root / 'init_files' / rel} is missing; {INSTALL_HINT}")
+    for folder, files in (("bddl_files", bddl), ("init_files", inits)):
+        checked_folder(root / folder, f"LIBERO's {folder} {root / folder}", INSTALL_HINT, holds=files)
     if init_state_subset is not None:  # bounds need the files' counts (50 per task in every suite)
         count = min(len(load_init_states(root / "init_files" / rel)) for rel in inits)
         if max(init_state_subset) >= count:
@@ -319,12 +314,8 @@ class LiberoTaskEnv:
         ts = task_set
         self.render_backend = configure_rendering(ts.render_backend) if ts.cameras else "none"
         root = ensure_libero_config()
-        try:
-            from libero.libero.envs.env_wrapper import ControlEnv  # noqa: PLC0415
-            from robosuite.utils.transform_utils import quat2axisangle  # noqa: PLC0415
-        except ImportError as exc:
-            raise ConfigError(f"LIBERO failed to import ({exc}); {INSTALL_HINT}") from None
-        self._quat2axisangle = quat2axisangle
+        control_env = import_libero("libero.libero.envs.env_wrapper").ControlEnv
+        self._quat2axisangle = import_libero("robosuite.utils.transform_utils").quat2axisangle
         self.task_name = ts.task_names[task_index]
         self.instruction = ts.instructions[task_index]
         self.cameras = list(ts.cameras)
@@ -336,7 +327,7 @@ class LiberoTaskEnv:
         self._seed = int(seed) % 2**32
         self.init_state_index = -1
         render = bool(self.cameras)
-        self._env = ControlEnv(
+        self._env = control_env(
             bddl_file_name=str(root / "bddl_files" / ts.bddl_files[task_index]),
             use_camera_obs=render,
             has_renderer=False,

@@ -8,6 +8,7 @@ off; ~3x faster in software rendering).
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from async_rl.errors import ConfigError
+from async_rl.validation import checked_folder
 
 SOFTWARE_GL = ("llvmpipe", "softpipe", "swrast", "software", "osmesa")
 INSTALL_HINT = "run: make setup  (or: bash scripts/setup.sh), which installs LIBERO and its assets"
@@ -33,11 +35,8 @@ def libero_package_dir() -> Path:
         raise ConfigError(f"LIBERO is not installed (missing Python modules: {', '.join(missing)}); {INSTALL_HINT}")
     spec = importlib.util.find_spec("libero")
     root = Path(next(iter(spec.submodule_search_locations))) / "libero"
-    if not (root / "bddl_files").is_dir() or not (root / "init_files").is_dir():
-        raise ConfigError(f"the installed 'libero' package at {root.parent} has no bddl_files/init_files; {INSTALL_HINT}")
-    if not (root / "assets" / "scenes").is_dir():
-        raise ConfigError(f"LIBERO's assets are missing ({root / 'assets'} does not exist); {INSTALL_HINT}")
-    return root
+    return checked_folder(root, f"the installed LIBERO package {root}", INSTALL_HINT,
+                          holds=("bddl_files", "init_files", "assets/scenes"))
 
 
 def _config_dir() -> Path:
@@ -85,13 +84,18 @@ def ensure_libero_config() -> Path:
     return root
 
 
-def import_benchmark() -> Any:
-    ensure_libero_config()
+def import_libero(module: str) -> Any:
+    """``module`` (of LIBERO or robosuite; ``ensure_libero_config`` first); a failed import (a broken
+    installation) is a ConfigError naming the set-up."""
     try:
-        from libero.libero import benchmark  # noqa: PLC0415  (optional dependency)
+        return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(f"LIBERO failed to import ({exc}); {INSTALL_HINT}") from None
-    return benchmark
+
+
+def import_benchmark() -> Any:
+    ensure_libero_config()
+    return import_libero("libero.libero.benchmark")
 
 
 # ---- rendering --------------------------------------------------------------------------

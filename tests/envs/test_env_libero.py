@@ -83,7 +83,7 @@ def test_task_selection_all_names_and_limits():
 @pytest.mark.parametrize("kwargs, words", [
     ({"suite": "libero_spatail"}, ["option 'suite' = 'libero_spatail'", "did you mean 'libero_spatial'"]),
     ({"tasks": ["pick_up_the_black_bowl_between_the_plate_and_the_ramekin"]}, ["unknown libero_spatial task", "did you mean"]),
-    ({"tasks": [10]}, ["out of range", "0..9"]),
+    ({"tasks": [10]}, ["unknown libero_spatial task 10;", "give an index 0..9"]),
     ({"tasks": []}, ["tasks is empty"]),
     ({"tasks": [1, 1]}, ["name a task twice"]),
     ({"cameras": ["agentview", "front"]}, ["option 'cameras.1'", "'agentview' or 'wrist'"]),
@@ -336,4 +336,5 @@ def test_missing_assets_is_a_config_error(tmp_path):
     """
     res = _run_python(code, _subprocess_env(PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{ROOT}"), tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "CONFIG_ERROR LIBERO's assets are missing" in res.stdout and "make setup" in res.stdout
+    assert "CONFIG_ERROR the installed LIBERO package" in res.stdout and "no assets/scenes there" in res.stdout
+    assert "make setup" in res.stdout
