@@ -1,10 +1,12 @@
 """What every policy provides to the runtime."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 import torch
 from tensordict import TensorDict
+
+from async_rl.errors import ConfigError
 
 ObsSpec = Mapping[str, Any]  # e.g. {"state_dim": 39}; what the env tells the policy about observations
 
@@ -100,3 +102,14 @@ class ActorCritic(torch.nn.Module):
         # Under LoRA a value weight lives at <layer>.base_layer.<leaf>; merged, it is <layer>.<leaf>.
         value_names = {n.replace(".base_layer.", ".") for n, p in self.named_parameters() if id(p) in value_ids}
         return [(n, t) for n, t in tensors if n not in value_names]
+
+
+def check_env_prompts_fit(encode: Callable[[str], Any], prompts: Iterable[str]) -> None:
+    """Every prompt the env shows in its obs_spec, encoded as the policy will (``encode`` raises a ValueError
+    naming the prompt limit and the fix when one is too long): a ConfigError in the driver, before Ray starts,
+    instead of a failure in every actor."""
+    for prompt in prompts:
+        try:
+            encode(prompt)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None

@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from async_rl.algo.behaviour_cloning import token_cloning_loss
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
-from async_rl.policies.base import ActorCritic, ObsSpec
+from async_rl.policies.base import ActorCritic, ObsSpec, check_env_prompts_fit
 from async_rl.policies.lm_loading import resolve_lm_path
 from async_rl.policies.lm_options import CausalLMOptions
 from async_rl.policies.lm_sampling import (SampledLogProbs, SamplingParams, explicit_generation_config,
@@ -282,12 +282,7 @@ def prepare_causal_lm(obs_spec: ObsSpec, action_dim: int, model_path: Optional[s
     if "text" not in obs_spec:
         raise ConfigError("policy causal_lm needs an environment with text prompts (e.g. --env arithmetic or humaneval)")
     kwargs["model_path"] = str(resolve_lm_path(model_path or kwargs.get("model_path")))
-    preprocess = ChatPreprocessor(obs_spec, **kwargs)
-    for prompt in obs_spec.get("example_prompts", ()):
-        try:
-            preprocess.prompt_ids(prompt)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    check_env_prompts_fit(ChatPreprocessor(obs_spec, **kwargs).prompt_ids, obs_spec.get("example_prompts", ()))
     return kwargs
 
 

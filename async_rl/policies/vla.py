@@ -43,7 +43,7 @@ from async_rl.algo import categorical_entropy, tanh_gaussian_entropy, tanh_gauss
 from async_rl.algo.behaviour_cloning import behaviour_cloning_loss, gaussian_bc_loss
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
-from async_rl.policies.base import ActorCritic, ObsSpec
+from async_rl.policies.base import ActorCritic, ObsSpec, check_env_prompts_fit
 from async_rl.policies.nets import cast_inputs
 from async_rl.policies.vla_heads import (NUM_BINS, ActionNormalizer, action_token_log_prob, action_token_logits,
                                          gaussian_head, gaussian_params, normalized_to_tokens, tokens_to_normalized,
@@ -336,12 +336,7 @@ def prepare_vla(obs_spec: ObsSpec, action_dim: int, model_path: Optional[str], p
     if available is not None and any(c not in available for c in cameras):
         raise ConfigError(f"policy_kwargs cameras {list(cameras)}: the environment renders {list(available)}")
     kwargs["model_path"] = str(path)
-    preprocess = VLAPreprocessor(obs_spec, **kwargs)
-    for instruction in obs_spec.get("instructions", []):  # the env's prompts must fit max_prompt_tokens
-        try:
-            preprocess._prompt_tokens(instruction)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    check_env_prompts_fit(VLAPreprocessor(obs_spec, **kwargs)._prompt_tokens, obs_spec.get("instructions", []))
     return kwargs
 
 
