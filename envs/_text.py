@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 
 from async_rl.errors import ConfigError
-from async_rl.validation import ConfigSection
+from async_rl.validation import ConfigSection, checked_folder
 
 OBS_SPEC = {"text": True}
 SPLITS = ("train", "heldout")
@@ -63,9 +63,8 @@ def load_tokenizer(path: str) -> Any:
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    if not p.is_dir():
-        raise ConfigError(f"tokenizer_path {path}: no such folder or .gguf file; pass the model's folder")
-    return AutoTokenizer.from_pretrained(str(p))
+    return AutoTokenizer.from_pretrained(str(checked_folder(p, f"tokenizer_path {path}",
+                                                            "pass the model's folder or its .gguf file")))
 
 
 def response_text(action: Union[str, np.ndarray, list], tokenizer_path: Optional[str], env: str) -> str:

@@ -147,3 +147,11 @@ def test_humaneval_scoring(tokenizer_dir):
     counts = env.counters()
     assert (counts["humaneval_ok"], counts["humaneval_no_code"], counts["humaneval_syntax_error"]) == (2, 1, 1)
     assert counts["humaneval_timeout"] == 0
+
+
+def test_a_missing_tokenizer_path_is_one_line(tmp_path):
+    from envs._text import load_tokenizer
+
+    with pytest.raises(ConfigError, match=r"tokenizer_path .*none: no such directory; pass the model's folder or its "
+                                          r"\.gguf file"):
+        load_tokenizer(str(tmp_path / "none"))
