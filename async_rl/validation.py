@@ -18,12 +18,16 @@ ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 def validate_model(model_cls: type[ModelT], data: Mapping[str, Any], what: str) -> ModelT:
     """Build `model_cls` from `data`; raise ConfigError naming the first bad key.
 
-    `what` says where the keys come from (e.g. "clip param", "config key").
+    `what` says where the keys come from (e.g. "clip param", "config key"). A key the model lists in its
+    ``renamed_keys`` class attribute (old key -> how to write it now) is refused with that spelling.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what}s must be a mapping of key: value, got {type(data).__name__}")
     valid = model_cls.model_fields.keys()
+    renamed: Mapping[str, str] = getattr(model_cls, "renamed_keys", {})
     for key in data:
+        if key in renamed:
+            raise ConfigError(f"{what} '{key}' is now {renamed[key]}")
         if key not in valid:
             raise ConfigError(unknown_key_message(str(key), valid, what))
     try:

@@ -38,7 +38,7 @@ PARAM_KEYS = [
     "is_eps_high",
     "ratio_level",
     "beta",
-    "reward_method",
+    "score",
     "score_against",
     "adv_estimator",
     "use_weight",

@@ -14,7 +14,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Optional
+from typing import Any, Callable, ClassVar, Literal, Mapping, Optional
 
 import pydantic
 import torch
@@ -43,6 +43,9 @@ class PolicyLossParams(pydantic.BaseModel):
     """Hyper-parameters shared by the clip modes (``--clip-config`` loads these)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+    # Keys of earlier versions: a clip config that still uses one is refused with its new spelling.
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "reward_method": "'score': reward_method 1 is score: log_ratio, reward_method 2 is score: mean_logp"}
 
     clip_eps: float = pydantic.Field(0.2, gt=0.0, lt=1.0)
     clip_eps_low: Optional[float] = pydantic.Field(None, gt=0.0, lt=1.0)
@@ -59,12 +62,12 @@ class PolicyLossParams(pydantic.BaseModel):
     ratio_level: Literal["token", "sequence", "geometric"] = "token"
     """token: one ratio per action element (dimension / token); sequence: the joint ratio of the whole
     action (sum of its log-ratios); geometric: their mean (GSPO). The last two need advantages [B, 1]."""
-    # PACS: score = beta * sum(log pi - log pi_anchor) (reward_method "1") or
-    # beta * mean(log pi) (reward_method "2"), compared within its group (adv_estimator), used as a logit.
+    # PACS: an action's score, compared within its group (adv_estimator), is the logit of its success.
     beta: float = pydantic.Field(1.0, gt=0.0)
-    reward_method: Literal["1", "2"] = "1"
+    score: Literal["log_ratio", "mean_logp"] = "log_ratio"
+    """PACS: log_ratio = beta * sum(log pi - log pi_anchor) over the action; mean_logp = beta * mean(log pi)"""
     score_against: Literal["behaviour", "reference"] = "behaviour"
-    """PACS reward_method 1: the anchor pi_anchor of the score. behaviour: the policy before this update (the
+    """PACS score log_ratio: the anchor pi_anchor of the score. behaviour: the policy before this update (the
     batch's logp_old, recorded at sampling or recomputed with --recompute-logp), as the PACS reference code
     does (old_log_probs); reference: the frozen reference policy (adapters off / initial weights)"""
     adv_estimator: Literal["rloo", "grpo", "naive"] = "rloo"
@@ -78,11 +81,6 @@ class PolicyLossParams(pydantic.BaseModel):
         if isinstance(value, int) and not isinstance(value, bool) and float in _types(cls.model_fields[info.field_name]):
             return float(value)
         return value
-
-    @pydantic.field_validator("reward_method", mode="before")
-    @classmethod
-    def _method_as_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     # The bounds in use: a side that is not given takes the general value.
     eps_low = _given_or("clip_eps_low", "clip_eps")
@@ -318,7 +316,7 @@ def _cispo_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
 
 
 def _pacs_reads(p: PolicyLossParams) -> tuple[str, ...]:
-    against_reference = p.reward_method == "1" and p.score_against == "reference"
+    against_reference = p.score == "log_ratio" and p.score_against == "reference"
     return ("group_id", "success", *(("logp_ref",) if against_reference else ()))
 
 
@@ -326,18 +324,18 @@ def _pacs_reads(p: PolicyLossParams) -> tuple[str, ...]:
 def _pacs_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
     """PACS ("PACS: Implicit Actor Critic Coupling via a Supervised Learning Framework for RLVR", arXiv
     2509.02522): the action's score, compared within its group, is the logit of a binary cross-entropy against
-    the episode's success. reward_method 1 scores beta x the response's log-ratio to the policy before this
+    the episode's success. Score ``log_ratio`` is beta x the response's log-ratio to the policy before this
     update (``score_against: behaviour``, the default: the authors' code, github.com/ritzz-ai/PACS,
     ``src/pacs/pacs_core_algos.py`` ``compute_reward``, is called with ``old_log_probs``, the actor's own
     log-probs recomputed before the update; their reference policy enters only an optional KL loss) or to the
-    frozen reference (``score_against: reference``)."""
+    frozen reference (``score_against: reference``); score ``mean_logp`` is beta x its mean log-prob."""
     against_reference = p.score_against == "reference"
-    if x.group_id is None or x.success is None or (p.reward_method == "1" and against_reference and x.logp_ref is None):
+    if x.group_id is None or x.success is None or (p.score == "log_ratio" and against_reference and x.logp_ref is None):
         raise ValueError("clip mode 'pacs' needs group_id and success in the batch (group rollouts) and, with "
-                         "reward_method 1 and score_against reference, the reference log-probs")
-    if p.reward_method == "1" and against_reference:
+                         "score log_ratio and score_against reference, the reference log-probs")
+    if p.score == "log_ratio" and against_reference:
         score = p.beta * per_action(x.logp - x.logp_ref.detach(), x.element_mask, "sum")
-    elif p.reward_method == "1":  # the ratio is at the sequence level (per_action): log_ratio is the summed one
+    elif p.score == "log_ratio":  # the ratio is at the sequence level (per_action): log_ratio is the summed one
         score = p.beta * x.log_ratio
     else:
         score = p.beta * per_action(x.logp, x.element_mask, "mean")

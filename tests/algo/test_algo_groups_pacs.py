@@ -128,13 +128,13 @@ def _weights(labels, ids, valid, mode):
     return w
 
 
-def pacs_reference(logp, logp_anchor, ids, labels, mask, beta, method, estimator, weight_mode):
-    """Mean over valid actions of w * BCE-with-logits(group estimator(score), success); reward_method 1 scores
-    beta * sum(logp - logp_anchor)."""
+def pacs_reference(logp, logp_anchor, ids, labels, mask, beta, score, estimator, weight_mode):
+    """Mean over valid actions of w * BCE-with-logits(group estimator(score), success); score log_ratio is
+    beta * sum(logp - logp_anchor), mean_logp beta * mean(logp)."""
     B, A = logp.shape
     elems = [[j for j in range(A) if mask[b][j]] for b in range(B)]
     valid = [bool(e) for e in elems]
-    scores = [beta * (sum(logp[b, j] - logp_anchor[b, j] for j in elems[b]) if method == "1"
+    scores = [beta * (sum(logp[b, j] - logp_anchor[b, j] for j in elems[b]) if score == "log_ratio"
                       else sum(logp[b, j] for j in elems[b]) / max(len(elems[b]), 1)) for b in range(B)]
     logits = group_reference(scores, ids, estimator, valid)
     w = _weights(labels, ids, valid, weight_mode) if weight_mode else [1.0] * B
@@ -156,16 +156,16 @@ def _pacs_case(seed=0):
 
 
 @pytest.mark.parametrize("estimator", ["rloo", "grpo", "naive"])
-@pytest.mark.parametrize("method", ["1", "2"])
+@pytest.mark.parametrize("score", ["log_ratio", "mean_logp"])
 @pytest.mark.parametrize("weight_mode", [None, "question", "only_positive", "only_negative"])
 @pytest.mark.parametrize("score_against", ["behaviour", "reference"])
-def test_pacs_matches_loop_reference(estimator, method, weight_mode, score_against):
+def test_pacs_matches_loop_reference(estimator, score, weight_mode, score_against):
     logp, logp_ref, labels, mask = _pacs_case()
-    params = {"beta": 0.5, "reward_method": method, "adv_estimator": estimator, "score_against": score_against}
+    params = {"beta": 0.5, "score": score, "adv_estimator": estimator, "score_against": score_against}
     if weight_mode:
         params.update(use_weight=True, weight_mode=weight_mode)
     x = logp.clone().requires_grad_(True)
-    # reward_method 1 scores against the policy before the update (the PACS authors' old_log_probs) or the reference.
+    # score log_ratio is taken against the policy before the update (the PACS authors' old_log_probs) or the reference.
     logp_old = logp - 0.1 * torch.arange(logp.numel(), dtype=F64).reshape(logp.shape).sin()
     loss, m = compute_policy_loss("pacs", x, logp_old, torch.zeros(len(GROUPS), 1, dtype=F64), mask=mask,
                                   params=params, logp_ref=logp_ref, group_id=torch.tensor(GROUPS),
@@ -173,7 +173,7 @@ def test_pacs_matches_loop_reference(estimator, method, weight_mode, score_again
     loss.backward()
     ref_x = logp.clone().requires_grad_(True)
     anchor = logp_old if score_against == "behaviour" else logp_ref
-    expected, scores, rows = pacs_reference(ref_x, anchor, GROUPS, labels, mask.tolist(), 0.5, method, estimator,
+    expected, scores, rows = pacs_reference(ref_x, anchor, GROUPS, labels, mask.tolist(), 0.5, score, estimator,
                                             weight_mode)
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-10, abs=1e-12)
@@ -186,7 +186,7 @@ def test_pacs_matches_loop_reference(estimator, method, weight_mode, score_again
 
 
 def test_pacs_hand_computed():
-    logp_old = torch.zeros(2, 1, dtype=F64)  # reward_method 1 scores against the policy before the update
+    logp_old = torch.zeros(2, 1, dtype=F64)  # score log_ratio: against the policy before the update
     # naive, beta 2: scores (= logits) 2 * 0.5 = 1 (success) and 2 * -1 = -2 (failure)
     logp = torch.tensor([[0.5], [-1.0]], dtype=F64, requires_grad=True)
     loss, _ = compute_policy_loss("pacs", logp, logp_old, torch.zeros(2, 1), params={"beta": 2, "adv_estimator": "naive"},
@@ -234,8 +234,20 @@ def test_pacs_needs_its_fields_and_scores_whole_actions():
         compute_policy_loss("pacs", torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2, 1), logp_ref=torch.zeros(2, 1))
     with pytest.raises(ConfigError, match="'ratio_level' does not apply to clip mode 'pacs'"):
         resolve_policy_loss_params("pacs", {"ratio_level": "geometric"})
-    p = resolve_policy_loss_params("pacs", {"reward_method": 2, "beta": 3})  # YAML ints are fine
-    assert (p.reward_method, p.beta, p.adv_estimator, p.use_weight) == ("2", 3.0, "rloo", False)
+    p = resolve_policy_loss_params("pacs", {"score": "mean_logp", "beta": 3})  # YAML ints are fine for floats
+    assert (p.score, p.beta, p.adv_estimator, p.use_weight) == ("mean_logp", 3.0, "rloo", False)
+
+
+@pytest.mark.parametrize("old", [1, "2"])
+def test_pacs_reward_method_of_earlier_versions_is_refused_with_its_new_spelling(old):
+    with pytest.raises(ConfigError) as exc:
+        resolve_policy_loss_params("pacs", {"reward_method": old})
+    msg = str(exc.value)
+    assert msg.startswith("clip param 'reward_method' is now 'score': reward_method 1 is score: log_ratio, "
+                          "reward_method 2 is score: mean_logp"), msg
+    assert "\n" not in msg
+    with pytest.raises(ConfigError, match="'score' = 1: Input should be 'log_ratio' or 'mean_logp'"):
+        resolve_policy_loss_params("pacs", {"score": 1})
 
 
 # ----------------------------------------------------------------------------------------
@@ -272,7 +284,7 @@ def test_kl_ref_as_reward_is_logged_not_added_and_missing_ref_is_refused():
     assert out.terms["kl_ref"] > 0 and out.terms["loss"] == pytest.approx(Objective("clip")(_inputs()).terms["loss"])
     assert not Objective("clip").needs_reference and not Objective("pacs").needs_reference
     assert Objective("pacs", {"score_against": "reference"}).needs_reference
-    assert not Objective("pacs", {"reward_method": "2", "score_against": "reference"}).needs_reference
+    assert not Objective("pacs", {"score": "mean_logp", "score_against": "reference"}).needs_reference
     assert "kl_ref" not in Objective("clip")(_inputs()).terms
     with pytest.raises(ValueError, match="no logp_ref"):
         Objective("clip", kl_ref_coef=0.1)(_inputs(with_ref=False))

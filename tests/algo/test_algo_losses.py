@@ -252,7 +252,7 @@ def test_unknown_mode_lists_every_mode_and_alias():
     ({"beta1": -0.1}, "beta1"),
     ({"is_eps_low": -0.1}, "is_eps_low"),
     ({"ratio_level": "tokens"}, "ratio_level"),
-    ({"reward_method": 3}, "reward_method"),
+    ({"score": "ratio"}, "score"),
     ({"weight_mode": "both"}, "weight_mode"),
     ({"is_eps_high": [1.0]}, "is_eps_high"),
 ])
