@@ -73,7 +73,7 @@ def compiler_gym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:
     return CompilerGymTaskSet(
         train_benchmarks=train, eval_benchmarks=evaluation, flags=flags, mode=o.mode, max_steps=o.max_steps,
         seq_len=o.seq_len, ir_tokens=o.ir_tokens, ir_vocab_size=o.ir_vocab_size,
-        reward=RewardConfig(o.baseline_thre, o.leakiness, o.step_penalty, o.reward_baseline, o.oz_floor, o.noop_penalty),
+        reward=RewardConfig(o.leaky_above, o.leakiness, o.step_penalty, o.reward_baseline, o.oz_floor, o.noop_penalty),
         python=str(python), site_data=str(site_data), call_timeout_s=o.call_timeout_s,
         start_timeout_s=o.start_timeout_s, episodes_per_program=o.episodes_per_program,
         reuse_programs=o.reuse_programs, eval_search=o.eval_search, eval_search_budget=o.eval_search_budget,

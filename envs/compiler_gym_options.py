@@ -2,7 +2,7 @@
 server's timeouts and the final evaluation's search. Every check that needs no file and no server is here."""
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import pydantic
 
@@ -16,6 +16,9 @@ SeedRange = tuple[pydantic.NonNegativeInt, pydantic.PositiveInt]
 class CompilerGymOptions(ConfigSection):
     """LLVM pass ordering on CompilerGym: programs are csmith seeds (train_seeds / eval_seeds), the files of
     benchmark_dir, or named datasets (online only)."""
+
+    # Options of earlier versions: env_kwargs that still use one are refused with the new spelling.
+    renamed_keys: ClassVar[dict[str, str]] = {"baseline_thre": "'leaky_above' (same meaning, same value)"}
 
     mode: Literal["per_step", "sequence"] = "per_step"
     """per_step: one pass per step, max_steps per episode; sequence: one step applies up to seq_len passes"""
@@ -45,10 +48,10 @@ class CompilerGymOptions(ConfigSection):
     """IR tokens per observation (0 = no IR; the passformer policy needs some, e.g. 256)"""
     ir_vocab_size: pydantic.PositiveInt = 4096
     """IR words are hashed into this many token ids"""
-    baseline_thre: float = 1.0
-    """the reduction (vs -Oz) above which the reward grows by leakiness only"""
+    leaky_above: float = 1.0
+    """the reduction (vs -Oz) above which the reward grows with slope leakiness only"""
     leakiness: float = 1.0
-    """the slope of the reward above baseline_thre (1.0 = no cap)"""
+    """the slope of the reward above leaky_above (1.0 = no cap)"""
     step_penalty: float = 0.0
     """subtracted per pass applied"""
     reward_baseline: Literal["oz", "initial"] = "oz"

@@ -3,7 +3,7 @@
 Reduction r = (c0 - c) / (c0 - c_oz) (``reward_baseline: oz``, 1.0 = as good as -Oz, so every
 program weighs the same whatever its size) or (c0 - c) / c0 (``initial``); the -Oz denominator is
 at least ``oz_floor * c0`` (programs that -Oz barely shrinks would otherwise give huge rewards);
-above ``baseline_thre`` it grows with slope ``leakiness``; minus ``step_penalty`` per pass and, per
+above ``leaky_above`` it grows with slope ``leakiness``; minus ``step_penalty`` per pass and, per
 step, ``noop_penalty`` per pass that left the instruction count unchanged (a pass spent for
 nothing). The env's per-step rewards are the increments of that shaped value, so an episode's
 return equals the reward of its whole sequence.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 class RewardConfig:
     """Shaping of the instruction-count reduction (see the module docstring)."""
 
-    baseline_thre: float = 1.0
+    leaky_above: float = 1.0
     leakiness: float = 1.0
     step_penalty: float = 0.0
     reward_baseline: str = "oz"  # "oz": 1.0 = matches -Oz; "initial": fraction of the -O0 count removed
@@ -34,6 +34,6 @@ class RewardConfig:
 
     def shaped(self, reduction: float, num_passes: int) -> float:
         r = reduction
-        if r > self.baseline_thre:
-            r = self.baseline_thre + (r - self.baseline_thre) * self.leakiness
+        if r > self.leaky_above:
+            r = self.leaky_above + (r - self.leaky_above) * self.leakiness
         return r - self.step_penalty * num_passes

@@ -25,7 +25,7 @@ SMALL_PROGRAM = "generator://csmith-v0/1000002"  # ~900 instructions at -O0, -Oz
 
 # ---- no server ---------------------------------------------------------------------------
 def test_reward_maths():
-    r = RewardConfig(baseline_thre=1.0, leakiness=0.5, step_penalty=0.01, reward_baseline="oz")
+    r = RewardConfig(leaky_above=1.0, leakiness=0.5, step_penalty=0.01, reward_baseline="oz")
     # c0 = 100, c_oz = 60: removing 40 instructions matches -Oz (reduction 1.0).
     assert r.reduction(100, 60, 60) == pytest.approx(1.0)
     assert r.reduction(100, 80, 60) == pytest.approx(0.5)
@@ -108,6 +108,15 @@ def test_bad_options_are_config_errors(tmp_path):
         make_task_set("compiler_gym", benchmark_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"option 'eval_fraction' = 1.0: Input should be less than 1"):
         make_task_set("compiler_gym", eval_fraction=1.0)
+    with pytest.raises(ConfigError) as exc:  # the option's name before it said what it is
+        make_task_set("compiler_gym", baseline_thre=1.2)
+    assert str(exc.value) == "compiler_gym env option 'baseline_thre' is now 'leaky_above' (same meaning, same value)"
+
+
+def test_leaky_above_and_leakiness_reach_the_reward():
+    reward = make_task_set("compiler_gym", leaky_above=0.5, leakiness=0.25).reward
+    assert (reward.leaky_above, reward.leakiness) == (0.5, 0.25)
+    assert reward.shaped(0.9, 0) == pytest.approx(0.5 + 0.4 * 0.25)
 
 
 # ---- the real server ---------------------------------------------------------------------
