@@ -3,7 +3,7 @@
     python benchmarks/bench_libero_finetune.py --out runs/bench/libero_finetune.json   # PPO 3 seeds, GRPO 1, 30 min each
     python benchmarks/bench_libero_finetune.py --quick --out runs/bench/libero_finetune_quick.json   # 1 seed, 3 min
     python benchmarks/bench_libero_finetune.py --reuse --out F.json   # runs already evaluated under --runs-dir are read
-    python benchmarks/bench_libero_finetune.py --seeds --grpo-seeds --ppo512-seeds 0 1 2 --out F.json   # PPO, 512-step
+    python benchmarks/bench_libero_finetune.py --seeds --grpo-seeds --ppo-large-batch-seeds 0 1 2 --out F.json   # PPO, 512-step
 
 1. ``sft_heldout``: the policy ``make run`` starts from (``configs/libero_ppo.yaml``'s ``init_from``), deterministic
    actions, on the held-out initial states (40-49 of each task; demonstrations and RL use 0-39).
@@ -11,10 +11,10 @@
    from that policy, with PPO (GAE, the config's critic warm-up and KL to the supervised policy) and with GRPO
    (``--advantage grpo --group-size 8``: 8 episodes from one initial state), and with ``--naive-seeds``
    success-filtered (``--advantage naive``: only successful episodes push the policy; flags in ``ESTIMATORS``), and
-   with ``--ppo512-seeds`` PPO on 512-step super-batches;
+   with ``--ppo-large-batch-seeds`` PPO on 512-step super-batches;
    then the same held-out evaluation of the run's newest weights. Each evaluation runs as two processes over halves of the states
    (``launch/eval_libero.py``), one training run at a time.
-Keys (NAME: ppo, grpo, naive, ppo512): ``NAME_heldout_seed<S>`` and their mean ``NAME_heldout``, ``NAME_gain`` (mean minus
+Keys (NAME: ppo, grpo, naive, ppo_large_batch): ``NAME_heldout_seed<S>`` and their mean ``NAME_heldout``, ``NAME_gain`` (mean minus
 ``sft_heldout``), the epochs and env steps of each run, and the load before and after each run. With 10 states
 per task and two tasks, one evaluation is 20 episodes: a single rate moves in steps of 0.05 (binomial noise ~±0.1).
 With ``--train-states FIRST-LAST`` the SFT policy and every run are also evaluated on those initial states of the
@@ -49,8 +49,8 @@ ESTIMATORS = {"ppo": [], "grpo": ["--advantage", "grpo", "--group-size", "8"],
               # PPO on super-batches of 512 steps (parts of several episodes, successes and failures, instead of one
               # episode's 32-step segment), one optimiser step per pass, the critic alone for the first 8 epochs
               # (~4,000 steps): RESULTS section 18.
-              "ppo512": ["--super-batch-size", "512", "--train-batch-size", "32", "--accumulation-steps", "16",
-                         "--replay-capacity", "1024", "--critic-warmup-epochs", "8", "--lr-policy", "2e-5"]}
+              "ppo_large_batch": ["--super-batch-size", "512", "--train-batch-size", "32", "--accumulation-steps", "16",
+                                  "--replay-capacity", "1024", "--critic-warmup-epochs", "8", "--lr-policy", "2e-5"]}
 
 
 def halves(states: list[int]) -> list[str]:
@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--grpo-seeds", type=int, nargs="*", default=[0], help="GRPO seeds (default 0; none: skip)")
     ap.add_argument("--naive-seeds", type=int, nargs="*", default=[],
                     help="seeds of success-filtered runs (--advantage naive, groups of 2; default none)")
-    ap.add_argument("--ppo512-seeds", type=int, nargs="*", default=[],
+    ap.add_argument("--ppo-large-batch-seeds", type=int, nargs="*", default=[],
                     help="seeds of PPO runs on 512-step super-batches (flags in ESTIMATORS; default none)")
     ap.add_argument("--init-states", default=None, help="held-out states, FIRST-LAST (default 40-49; quick 40-44)")
     ap.add_argument("--train-states", default=None, help="also evaluate on these training states, FIRST-LAST (e.g. 0-19)")
@@ -159,7 +159,7 @@ def main() -> None:
     if train_states:
         figures["sft_train"] = evaluated([], train_states, runs / "sft_train.json", args.reuse)["success_rate"]
     for name, name_seeds in (("ppo", seeds), ("grpo", args.grpo_seeds), ("naive", args.naive_seeds),
-                             ("ppo512", args.ppo512_seeds)):
+                             ("ppo_large_batch", args.ppo_large_batch_seeds)):
         rates, train_rates = [], []
         for seed in name_seeds:
             run_dir, held_json = runs / f"{name}_seed{seed}", runs / f"{name}_seed{seed}_heldout.json"
@@ -188,8 +188,8 @@ def main() -> None:
             figures[f"{name}_train_gain"] = round(figures[f"{name}_train"] - figures["sft_train"], 6)
     figures["bench_seconds"] = round(time.time() - started, 1)
     report(figures, args, headline=("sft_heldout", "ppo_heldout", "ppo_gain", "grpo_heldout", "grpo_gain",
-                                    "naive_heldout", "naive_gain", "ppo512_heldout", "ppo512_gain", "sft_train",
-                                    "ppo_train", "ppo_train_gain", "grpo_train", "grpo_train_gain"))
+                                    "naive_heldout", "naive_gain", "ppo_large_batch_heldout", "ppo_large_batch_gain",
+                                    "sft_train", "ppo_train", "ppo_train_gain", "grpo_train", "grpo_train_gain"))
 
 
 if __name__ == "__main__":

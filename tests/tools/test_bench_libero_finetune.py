@@ -32,16 +32,16 @@ def test_reuse_assembles_per_seed_means_and_gains_from_the_evaluations(tmp_path)
     runs.mkdir()
     for name, rates in {"sft_heldout": [1, 0, 0, 0], "ppo_seed0_heldout": [1, 1, 0, 0],
                         "ppo_seed1_heldout": [1, 1, 1, 0], "grpo_seed0_heldout": [0, 0, 0, 0],
-                        "naive_seed3_heldout": [1, 1, 1, 1], "ppo512_seed2_heldout": [1, 1, 0, 1]}.items():
+                        "naive_seed3_heldout": [1, 1, 1, 1], "ppo_large_batch_seed2_heldout": [1, 1, 0, 1]}.items():
         (runs / f"{name}.json").write_text(json.dumps(_held(rates)))
     for name, rates in {"sft_train": [1, 0], "ppo_seed0_train": [1, 1], "ppo_seed1_train": [1, 0],
                         "grpo_seed0_train": [0, 0],
                         "naive_seed3_train": [0, 1],
-                        "ppo512_seed2_train": [1, 1]}.items():  # --train-states 0-1: two training states
+                        "ppo_large_batch_seed2_train": [1, 1]}.items():  # --train-states 0-1: two training states
         (runs / f"{name}.json").write_text(json.dumps(_held(rates, [0, 1])))
     out = tmp_path / "figures.json"
     proc = subprocess.run([sys.executable, "benchmarks/bench_libero_finetune.py", "--reuse", "--seeds", "0", "1",
-                           "--naive-seeds", "3", "--ppo512-seeds", "2", "--train-states", "0-1", "--runs-dir", str(runs),
+                           "--naive-seeds", "3", "--ppo-large-batch-seeds", "2", "--train-states", "0-1", "--runs-dir", str(runs),
                            "--out", str(out)],
                           cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -54,6 +54,6 @@ def test_reuse_assembles_per_seed_means_and_gains_from_the_evaluations(tmp_path)
     assert figures["ppo_train_gain"] == pytest.approx(0.25) and figures["grpo_train_gain"] == pytest.approx(-0.5)
     assert figures["naive_heldout_seed3"] == 1.0 and figures["naive_gain"] == pytest.approx(0.75)
     assert figures["naive_train_gain"] == pytest.approx(0.0)
-    assert figures["ppo512_heldout_seed2"] == 0.75 and figures["ppo512_gain"] == pytest.approx(0.5)
-    assert figures["ppo512_train_gain"] == pytest.approx(0.5)
+    assert figures["ppo_large_batch_heldout_seed2"] == 0.75 and figures["ppo_large_batch_gain"] == pytest.approx(0.5)
+    assert figures["ppo_large_batch_train_gain"] == pytest.approx(0.5)
     assert "ppo_epochs_seed0" not in figures  # its run dir is not under --runs-dir: no epochs to read
