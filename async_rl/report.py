@@ -33,8 +33,11 @@ FIGURES = (
 # The summary's final metrics, in this order, where the run has them.
 HEADLINE = ("rollout/episode_return", "rollout/success_rate", "rollout/success_rate_recent", "rollout/env_steps_per_sec", "rollout/policy_lag", "train/policy_loss", "train/value_loss",
             "train/entropy", "train/clip_frac", "train/ess", "sync/policy_version", "rollout/total_env_steps")
-# The table's window: the mean of the last WINDOW logged values of each metric (a single logging
-# window can read 0 beside a recent mean of 0.46; the window says which figure a reader sees).
+# The table's window: the mean of the last WINDOW logged points of each metric, beside its last value. One
+# logging window of the rollout scalars holds a few episodes (LIBERO: 1-2), so its success can read 0 beside a
+# recent mean of 0.46. A fixed count of points, not a fraction of the run: the same smoothing in a short run
+# and a long one, and in a long run a figure of its end rather than of its middle; the table names the
+# window's epochs, so a reader sees how much of the run it covers.
 WINDOW = 10
 TOTALS = ("sync/policy_version", "rollout/total_env_steps")  # running totals: their last value, never a mean
 CONFIG_KEYS = ("env", "env_kwargs", "policy", "clip_mode", "advantage", "num_trainers", "num_rollout_workers",
@@ -61,18 +64,11 @@ class RunData:
         values = self.scalars.get(tag, ([], []))[1]
         return values[-1] if values else None
 
-    def windowed(self, tag: str, window: int = WINDOW) -> Optional[tuple[float, int, int, int]]:
-        """``(mean, count, first epoch, last epoch)`` of the last ``window`` values of ``tag``."""
-        steps, values = self.scalars.get(tag, ([], []))
-        if not values:
-            return None
+    def windowed(self, tag: str, window: int = WINDOW) -> tuple[float, int, int, int]:
+        """``(mean, count, first epoch, last epoch)`` of the last ``window`` values of ``tag`` (a tag the run logged)."""
+        steps, values = self.scalars[tag]
         tail = values[-window:]
         return sum(tail) / len(tail), len(tail), steps[-len(tail)], steps[-1]
-
-    def first_and_last(self, tag: str) -> Optional[tuple[tuple[int, float], tuple[int, float]]]:
-        """The first and the last ``(epoch, value)`` of ``tag``: an evaluation's before and after."""
-        steps, values = self.scalars.get(tag, ([], []))
-        return ((steps[0], values[0]), (steps[-1], values[-1])) if values else None
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -169,35 +165,48 @@ def summary_markdown(runs: Sequence[RunData], plots: Sequence[Path], out: Path) 
 
 
 def final_metrics(runs: Sequence[RunData]) -> list[str]:
-    """Markdown lines of the headline metrics (mean of each run's last logging windows, with the window
-    and the last value) and of every evaluation the runs logged (first and last, i.e. before and after
-    training where the run evaluated at its start; a final evaluation alone shows one figure)."""
-    def cell(run: RunData, tag: str) -> str:
-        got = run.windowed(tag)
-        if got is None:
-            return "-"
-        mean, count, first, last = got
+    """Markdown lines of two tables: the headline metrics (the mean of each run's last ``WINDOW`` logged points,
+    their epochs, and the last value) and every evaluation the runs logged (its first figure and its last:
+    before and after the training between them). With several runs, a column names the run of each row."""
+    several = len(runs) > 1
+
+    def row(tag: str, run: RunData, cells: Sequence[str]) -> str:
+        return f"| {tag} | " + (f"{run.label} | " if several else "") + " | ".join(cells) + " |"
+
+    def header(columns: Sequence[str], align: str) -> list[str]:
+        return ["| metric | " + ("run | " if several else "") + " | ".join(columns) + " |",
+                "|---|" + ("---|" if several else "") + align]
+
+    def windowed_cells(run: RunData, tag: str) -> list[str]:
+        mean, count, first, last = run.windowed(tag)
         if tag in TOTALS:
-            return f"{_fmt(run.final(tag))} (epoch {last})"
-        where = f"epoch {last}" if count == 1 else f"last {count}, epochs {first}-{last}"
-        return f"{_fmt(mean)} ({where}; last {_fmt(run.final(tag))})"
+            return ["-", "-", f"{_fmt(run.final(tag))} (epoch {last})"]
+        points = "1 point" if count == 1 else f"{count} points"
+        return [_fmt(mean), f"{first}-{last} ({points})", f"{_fmt(run.final(tag))} (epoch {last})"]
 
-    headline = [t for t in HEADLINE if any(t in run.scalars for run in runs)]
-    lines = ["## Final metrics", "", f"Mean of the last {WINDOW} logged values of each metric (its epochs), then the last value; totals: the last.",
-             "", "| metric | " + " | ".join(r.label for r in runs) + " |", "|---|" + "---|" * len(runs)]
-    lines += [f"| {t} | " + " | ".join(cell(r, t) for r in runs) + " |" for t in headline]
-    evaluated = sorted({t for run in runs for t in run.scalars if t.startswith("eval/") and not t.startswith("eval/media")})
+    lines = ["## Final metrics", "",
+             f"Each metric's mean over the last {WINDOW} points it logged (fewer where it logged fewer), beside its "
+             "last value: one logging window holds few episodes. Running totals: the last value.", ""]
+    lines += header([f"mean of the last {WINDOW} points", "their epochs", "last value"], "---:|---|---:|")
+    lines += [row(tag, run, windowed_cells(run, tag)) for tag in HEADLINE for run in runs if tag in run.scalars]
+
+    # The env's own figures (eval/success_rate, eval/heldout_reward) before the per-program or per-reward ones.
+    evaluated = sorted({t for run in runs for t in run.scalars if t.startswith("eval/") and not t.startswith("eval/media")},
+                       key=lambda t: (t.count("/"), t))
     if evaluated:
-        def before_after(run: RunData, tag: str) -> str:
-            got = run.first_and_last(tag)
-            if got is None:
-                return "-"
-            (e0, v0), (e1, v1) = got
-            return f"{_fmt(v1)} (epoch {e1})" if e0 == e1 else f"{_fmt(v0)} (epoch {e0}) → {_fmt(v1)} (epoch {e1})"
+        def before_after(run: RunData, tag: str) -> list[str]:
+            steps, values = run.scalars[tag]
+            last = f"{_fmt(values[-1])} (epoch {steps[-1]})"
+            if len(values) == 1:
+                return ["-", last, "-"]
+            return [f"{_fmt(values[0])} (epoch {steps[0]})", last, f"{values[-1] - values[0]:+.4g}"]
 
-        lines += ["", "## Evaluations", "", "Held-out and periodic evaluations: the first figure logged, then the last.", "",
-                  "| metric | " + " | ".join(r.label for r in runs) + " |", "|---|" + "---|" * len(runs)]
-        lines += [f"| {t} | " + " | ".join(before_after(r, t) for r in runs) + " |" for t in evaluated]
+        lines += ["", "## Evaluations", "",
+                  "Held-out and periodic evaluations: the first figure the run logged and the last, and the change "
+                  "between them. A dash under first: evaluated once (an env's final evaluation runs only at the end), "
+                  "so the run holds no earlier figure to compare with.", ""]
+        lines += header(["first (epoch)", "last (epoch)", "change"], "---:|---:|---:|")
+        lines += [row(tag, run, before_after(run, tag)) for tag in evaluated for run in runs if tag in run.scalars]
     return lines
 
 

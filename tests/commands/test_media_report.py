@@ -16,7 +16,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 from async_rl.logger import MetricsLogger
 from async_rl.media import frame_of, log_videos
-from async_rl.report import FIGURES, WINDOW, figure_tags, main as report_main, write_report
+from async_rl.report import FIGURES, figure_tags, main as report_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,27 +95,6 @@ def test_every_train_tag_is_plotted():
     assert grouped["train_diagnostics"] == ["train/some_new_stat"]
     assert {s for s, _, _ in FIGURES} >= set(grouped)
     assert "health/worker_restarts" not in sum(grouped.values(), [])
-
-
-def test_report_table_shows_windowed_means_and_evaluations_before_and_after(tmp_path):
-    # The last logging window reads 0 beside a recent mean of 0.5: the table must show the window's mean.
-    logger = MetricsLogger(str(tmp_path), "disabled", {})
-    successes = [1.0, 0.0] * WINDOW
-    for step, success in enumerate(successes):
-        logger.log({"rollout/success_rate": success, "rollout/episode_return": float(step),
-                    "rollout/total_env_steps": 100.0 * (step + 1)}, step)
-    logger.log({"eval/heldout_reward": 0.25}, 0)
-    logger.log({"eval/heldout_reward": 0.5}, len(successes) - 1)
-    logger.log({"eval/final_only": 0.75}, len(successes) - 1)
-    logger.close()
-    text = write_report([tmp_path]).read_text()
-    last = len(successes) - 1
-    assert f"| rollout/success_rate | 0.5 (last {WINDOW}, epochs {last - WINDOW + 1}-{last}; last 0) |" in text, text
-    mean_return = sum(range(last - WINDOW + 1, last + 1)) / WINDOW
-    assert f"| rollout/episode_return | {mean_return:.4g} (last {WINDOW}," in text, text
-    assert f"| rollout/total_env_steps | {100 * len(successes)} (epoch {last}) |" in text, text
-    assert f"| eval/heldout_reward | 0.25 (epoch 0) → 0.5 (epoch {last}) |" in text, text
-    assert f"| eval/final_only | 0.75 (epoch {last}) |" in text, text
 
 
 def test_swanlab_offline_log_and_tensorboard_layout(tmp_path):
