@@ -125,6 +125,15 @@ class Runtime:
             f"trainer-{r}": TrainerActor.options(**self.placement.trainer_options(r)).remote(
                 r, cfg.num_trainers, None, None, cfg, self.policy_factory, self.replay, self.placement.trainer_gpu(r))
             for r in range(cfg.num_trainers)}, timeout)
+        # The workers' and evaluators' processes start (and import their envs) while DeepSpeed sets the
+        # trainers up; the workers collect only once the inference actors hold the trainers' weights.
+        self.evaluators = ActorGroup.create("eval", cfg.num_eval_workers, self._new_evaluator, timeout_s=timeout,
+                                            max_restarts=cfg.actor_max_restarts, restart_counter="evaluator_restarts",
+                                            on_restart=count)
+        self.eval_poller = EvaluationPoller(self.evaluators, cfg.eval_interval_epochs, cfg.eval_episodes,
+                                            cfg.eval_deterministic, cfg.video_interval_evals, cfg.video_episodes)
+        self.workers = start_rollout_workers(self, count)
+        self.worker_runs: dict[str, ray.ObjectRef] = {}
         self.placement.rank0 = self.trainers["trainer-0"]  # its node hosts the training and weight-sync stores
         master = self.placement.training_master()
         self.info = self.trainers.call("setup", *master, timeout_s=cfg.startup_timeout_s,
@@ -136,15 +145,9 @@ class Runtime:
                                                  cfg.collective_timeout_s, timeout)
         self.weight_sync.join()
         self.weight_sync.broadcast(self.policy_version)  # inference starts from the trainers' weights
-        self.evaluators = ActorGroup.create("eval", cfg.num_eval_workers, self._new_evaluator, timeout_s=timeout,
-                                            max_restarts=cfg.actor_max_restarts, restart_counter="evaluator_restarts",
-                                            on_restart=count)
-        self.eval_poller = EvaluationPoller(self.evaluators, cfg.eval_interval_epochs, cfg.eval_episodes,
-                                            cfg.eval_deterministic, cfg.video_interval_evals, cfg.video_episodes)
-        self.workers = start_rollout_workers(self, count)
         self.worker_runs = self.workers.submit("run")
-        # The workers and evaluators were created just above: their first answer waits for their
-        # processes to start and import the envs (over a minute on a loaded machine).
+        # The workers' and evaluators' first answer waits for their processes to start and import the
+        # envs (over a minute on a loaded machine).
         for group in (self.inference, self.workers, self.evaluators):
             group.record_pids(cfg.startup_timeout_s)
 
@@ -225,7 +228,8 @@ class Runtime:
         timeout = self.cfg.actor_timeout_s
         if hasattr(self, "workers"):
             self.workers.submit("stop")
-            ray.wait(list(self.worker_runs.values()), num_returns=len(self.worker_runs), timeout=timeout)
+            if self.worker_runs:  # empty when start-up failed before the workers were set to collect
+                ray.wait(list(self.worker_runs.values()), num_returns=len(self.worker_runs), timeout=timeout)
         for group in ("evaluators", "trainers", "inference"):
             if hasattr(self, group):
                 refs = list(getattr(self, group).submit("shutdown").values())
