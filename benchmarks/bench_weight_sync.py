@@ -8,7 +8,7 @@ are visible (the group picks NCCL), both on GPU 0 where one is (gloo through hos
 share one GPU in an NCCL group); the object-store path then pickles CUDA tensors (or copies them to host numpy).
 
 Starts a local Ray (2 CPUs, bound to 127.0.0.1) and two async actors, a sender (rank 0) and a
-receiver (rank 1) of one ``async_rl.weight_sync_group.WeightSyncGroup`` (gloo on CPU). For 1, 10 and
+receiver (rank 1) of one ``async_rl.weights.group.WeightSyncGroup`` (gloo on CPU). For 1, 10 and
 100 MiB of float32, held as one tensor and as many tensors of 1 MiB (per-tensor overhead), and
 for the MetaWorld launch's MLP policy's ``inference_tensors`` (obs 39, 4 actions), it times each path end to end,
 from the sender starting to the receiver holding the values in its own preallocated tensors:
@@ -47,8 +47,8 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from async_rl.policies import build_policy  # noqa: E402
-from async_rl.rendezvous import find_free_port  # noqa: E402
-from async_rl.weight_sync_group import WeightSyncGroup  # noqa: E402
+from async_rl.weights.rendezvous import find_free_port  # noqa: E402
+from async_rl.weights.group import WeightSyncGroup  # noqa: E402
 from benchmarks import common  # noqa: E402
 
 _MiB = 1 << 20

@@ -26,9 +26,9 @@ from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_
 from async_rl.policies.nets import cast_parameters
 from async_rl.policies.reference import sampler_reference_logp
 from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
-from async_rl.rendezvous import is_loopback
-from async_rl.weight_signature import tensor_signature
-from async_rl.weight_sync_group import WeightSyncGroup
+from async_rl.weights.rendezvous import is_loopback
+from async_rl.weights.signature import tensor_signature
+from async_rl.weights.group import WeightSyncGroup
 
 ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
 # Auto mode runs the forward on the event loop for CPU models up to this size (the MetaWorld MLP

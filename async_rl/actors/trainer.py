@@ -31,9 +31,9 @@ from async_rl.logger import mean_metrics
 from async_rl.policies.initial_weights import export_policy
 from async_rl.policies.reference import ReferencePolicy, frozen_copy
 from async_rl.process_setup import clear_stale_build_locks, configure_torch, precision_dtype, resolve_device
-from async_rl.rendezvous import connect_store, find_free_port, host_store, interface_of, is_loopback
-from async_rl.weight_signature import tensor_signature
-from async_rl.weight_sync_group import WeightSyncGroup
+from async_rl.weights.rendezvous import connect_store, find_free_port, host_store, interface_of, is_loopback
+from async_rl.weights.signature import tensor_signature
+from async_rl.weights.group import WeightSyncGroup
 
 
 # An epoch "waited for data" when its super-batch was not ready: a prefetched one is handed over in

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from async_rl.errors import ActorFailedError, ActorTimeoutError
 from async_rl.orchestration.actor_group import ActorGroup, get_named
-from async_rl.weight_signature import check_signature
+from async_rl.weights.signature import check_signature
 
 console = Console(stderr=True)
 SENDER = "trainer-0"

@@ -15,7 +15,7 @@ from async_rl.config import load_config
 from async_rl.config_schema import RunConfig
 from async_rl.errors import ConfigError
 from async_rl.policies import build_policy
-from async_rl.rendezvous import find_free_port
+from async_rl.weights.rendezvous import find_free_port
 from trainer_batches import ACTIONS, SPEC, mlp_step_records
 
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=2, train_batch_size=4, accumulation_steps=2,

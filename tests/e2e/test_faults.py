@@ -218,8 +218,8 @@ def test_local_ray_listens_on_loopback_only(tmp_path):
 def test_weight_sync_store_listens_on_loopback_only():
     import psutil
 
-    from async_rl.rendezvous import find_free_port
-    from async_rl.weight_sync_group import WeightSyncGroup
+    from async_rl.weights.rendezvous import find_free_port
+    from async_rl.weights.group import WeightSyncGroup
 
     port = find_free_port()
     with WeightSyncGroup(0, 1, "127.0.0.1", port, timeout_s=10):

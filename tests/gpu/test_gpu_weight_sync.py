@@ -9,8 +9,8 @@ import pytest
 import ray
 import torch
 
-from async_rl.rendezvous import find_free_port
-from async_rl.weight_sync_group import WeightSyncGroup
+from async_rl.weights.rendezvous import find_free_port
+from async_rl.weights.group import WeightSyncGroup
 from conftest import assert_broadcast_delivered, released
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tests/gpu)")

@@ -13,7 +13,7 @@ import pytest
 
 from async_rl.cluster_probe import probe_cluster, version_mismatch
 from async_rl.process_setup import pythonpath_with
-from async_rl.rendezvous import find_free_port
+from async_rl.weights.rendezvous import find_free_port
 from multinode_cluster import PYTHON, RAY, _run, namespaces_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from async_rl.config_schema import RunConfig
 from async_rl.orchestration.actor_group import ActorGroup, get_named
 from async_rl.orchestration.runtime import epoch_on_every_rank
 from async_rl.policies import build_policy
-from async_rl.rendezvous import find_free_port
+from async_rl.weights.rendezvous import find_free_port
 from trainer_batches import ACTIONS, N, SPEC, random_step_records
 
 COLLECTIVE_TIMEOUT_S = 10.0

@@ -4,7 +4,7 @@ from tensordict import TensorDict
 
 from async_rl.policies import build_policy
 from async_rl.policies.lora import apply_lora, merged_named_tensors
-from async_rl.weight_signature import first_signature_difference, tensor_signature
+from async_rl.weights.signature import first_signature_difference, tensor_signature
 
 SPEC = {"state_dim": 39}
 

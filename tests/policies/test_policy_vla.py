@@ -18,7 +18,7 @@ from async_rl.policies.vla_heads import NUM_BINS, ActionNormalizer, normalized_t
 from async_rl.policies.vla_layouts import run_backbone
 from async_rl.policies.vla_loading import check_model_dir, load_backbone
 from async_rl.policies.vla_tiny import build_tiny_vla, tiny_vla_components
-from async_rl.weight_signature import first_signature_difference, tensor_signature
+from async_rl.weights.signature import first_signature_difference, tensor_signature
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"image_size": 64, "cameras": ["agentview", "wrist"], "proprio_dim": 8}

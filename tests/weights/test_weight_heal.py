@@ -19,7 +19,7 @@ from async_rl.config_schema import RunConfig
 from async_rl.orchestration.actor_group import ActorGroup
 from async_rl.orchestration.weight_sync_coordinator import WeightSyncCoordinator
 from async_rl.policies import build_policy
-from async_rl.rendezvous import find_free_port
+from async_rl.weights.rendezvous import find_free_port
 from trainer_batches import ACTIONS, N, SPEC, random_step_records
 
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=1, train_batch_size=4, accumulation_steps=1,

@@ -11,9 +11,9 @@ import torch
 
 from async_rl.errors import ConfigError
 from conftest import assert_broadcast_delivered, released
-from async_rl.rendezvous import find_free_port
-from async_rl.weight_sync_group import WeightSyncGroup
-from async_rl.weight_transport import choose_transport
+from async_rl.weights.rendezvous import find_free_port
+from async_rl.weights.group import WeightSyncGroup
+from async_rl.weights.transport import choose_transport
 
 CPU = {"device": "cpu"}
 
@@ -46,7 +46,7 @@ class ForcedDeviceMember:
     """A weight-sync member whose device report is forced (this process has no GPU)."""
 
     def __init__(self, rank: int, report: dict):
-        import async_rl.weight_sync_group as weight_sync
+        import async_rl.weights.group as weight_sync
 
         torch.set_num_threads(1)
         weight_sync.device_report = lambda device: dict(report)  # what a member on that device would say

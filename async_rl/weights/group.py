@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from async_rl.errors import ActorTimeoutError, ConfigError
-from async_rl.rendezvous import POLL_S, connect_store, host_store, is_loopback, timedelta_s
-from async_rl.weight_signature import check_signature, normalise_signature, tensor_signature
-from async_rl.weight_transport import ProcessGroupNCCL, choose_transport, device_report, member_device
+from async_rl.weights.rendezvous import POLL_S, connect_store, host_store, is_loopback, timedelta_s
+from async_rl.weights.signature import check_signature, normalise_signature, tensor_signature
+from async_rl.weights.transport import ProcessGroupNCCL, choose_transport, device_report, member_device
 
 __all__ = ["WeightSyncGroup"]
 
