@@ -73,7 +73,7 @@ class EnvSection(_Section):
     """episodes per task that weight the workers' task sampling towards failing tasks"""
     sandbox_mode: Literal["strict", "weak"] = "strict"
     """generated code (humaneval, CTRL, code_tests): strict refuses to run it without namespace isolation;
-    weak allows running it WITHOUT isolation where namespaces do not work (async_rl/sandbox.py)"""
+    weak allows running it WITHOUT isolation where namespaces do not work (async_rl/sandbox/)"""
 
 
 class PolicySection(_Section):

@@ -6,7 +6,7 @@ gzip + json; its execution module is not a sandbox and is never imported). Each 
 that exercises the candidate becomes one test, renamed to call the entry point, with the plain
 statements before it (imports, assignments) prepended; asserts that test nothing (``assert True``)
 are dropped. The env is the ``prompts`` env over these problems as rows, scored by the built-in
-``code_tests`` reward: the tests run one by one, in ONE sandbox per response (``async_rl/sandbox.py``),
+``code_tests`` reward: the tests run one by one, in ONE sandbox per response (``async_rl/sandbox/``),
 after the prompt's imports and helper functions (``prefix``) and the model's code block.
 
 Held-out: every 5th task id (``HELDOUT_TASK_IDS``, 33 problems), never seen in training.

@@ -1,5 +1,5 @@
 """``code_tests``: the fraction of a row's tests that the completion's first code block passes, each test
-statement judged by the sandbox (``async_rl/sandbox.py``) against the block run after the row's ``prefix``.
+statement judged by the sandbox (``async_rl/sandbox/``) against the block run after the row's ``prefix``.
 Columns: ``tests`` (a list of Python statements, or one string: a single test), optional ``prefix`` (the
 prompt's imports and helpers the tests need: the judge takes them from here, so a completion that
 redefines one changes only its own calls) and optional ``entry_point`` (the name of the function under

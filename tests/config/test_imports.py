@@ -18,7 +18,7 @@ LAYERS = {
     "async_rl.plugin_options": 0,  # the options models' base, and how --print-config describes them
     "async_rl.process_setup": 0, "async_rl.cluster_probe": 0, "async_rl.logger": 0, "async_rl.checkpoint": 0,
     "async_rl.weights": 0,  # the weight-sync group: its process group, rendezvous, signatures, transport
-    "async_rl.sandbox": 0, "async_rl.sandbox_child": 0, "async_rl.code_blocks": 0,  # verifiable rewards
+    "async_rl.sandbox": 0, "async_rl.code_blocks": 0,  # verifiable rewards (the sandbox: a package)
     "async_rl.jsonl": 0,  # the evaluation commands' problem files
     "async_rl.rewards": 0,  # reward functions of the text envs (TRL's convention; the code_tests one runs the sandbox)
     "async_rl.user_cache": 0,

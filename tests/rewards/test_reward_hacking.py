@@ -263,7 +263,7 @@ def test_what_a_candidate_can_see_and_leave(tmp_path):
     finally:
         marker.unlink()
     assert not any(Path(p).exists() for p in ("/tmp/work/left_behind.txt", "/left_behind.txt"))
-    from async_rl.sandbox_run import candidate_uids
+    from async_rl.sandbox.run import candidate_uids
     low, high = candidate_uids()
     survivors = []
     for status in Path("/proc").glob("[0-9]*/status"):

@@ -254,7 +254,7 @@ def test_no_isolation_fails_closed_unless_weak_is_allowed(monkeypatch, tmp_path)
 
 def test_plain_data_wire_is_strict():
     """What crosses from a candidate to the judge: exact plain types only, rebuilt by the judge itself."""
-    from async_rl.sandbox_wire import NotPlain, dump_line, from_plain, parse_line, to_plain
+    from async_rl.sandbox.wire import NotPlain, dump_line, from_plain, parse_line, to_plain
 
     value = [None, True, 3, -2.5, float("inf"), "s", b"\x00b", 1 + 2j, (1, (2,)), {1, 2}, frozenset({3}),
              {"k": [1], 2: (3,)}]

@@ -86,7 +86,7 @@ def test_no_process_of_a_run_outlives_its_sigkilled_caller(sleeper, how):
            "pool": f"SandboxPool(workers=2).run(CODE, {tests!r}, timeout_s=60)",
            "weak": f"run_candidate(CODE, {tests!r}, '', None, 60.0, 1024, 32, 1 << 16, 1 << 20, 'weak')"}[how]
     caller = subprocess.Popen([sys.executable, "-c", "from async_rl.sandbox import SandboxPool, run_tests\n"
-                               f"from async_rl.sandbox_run import run_candidate\nCODE = {code!r}\n{run}\n"],
+                               f"from async_rl.sandbox.run import run_candidate\nCODE = {code!r}\n{run}\n"],
                               cwd=ROOT, stdout=subprocess.DEVNULL)
     survivors: dict[int, str] = {}
     try:

@@ -1,7 +1,7 @@
 """A cgroup v2 per sandboxed candidate (``pids.max``, ``memory.max``), where the machine offers one.
 
 ``cgroup_for(slot, ...)`` returns a folder under this process's own cgroup, with the two limits written;
-the candidate's harness moves itself into it before it forks the candidate (``sandbox_child.py``), so
+the candidate's harness moves itself into it before it forks the candidate (``sandbox/child.py``), so
 everything the candidate starts is counted there. A machine without a cgroup v2 that delegates the
 ``pids`` and ``memory`` controllers to this process (a v1 or hybrid hierarchy, a container without
 delegation) gets one line on stderr, once, and ``None``: the candidate's rlimits (RLIMIT_NPROC per uid,

@@ -1,6 +1,6 @@
 """The judge: the trusted process that runs a candidate's tests and decides every verdict.
 
-``async_rl/sandbox_run.py`` starts it as ``python -I -S -B -c <sandbox_wire.py + this file> FD`` (nothing
+``async_rl/sandbox/run.py`` starts it as ``python -I -S -B -c <sandbox/wire.py + this file> FD`` (nothing
 imports it); each run arrives on the Unix socket FD (its orders, and the two pipe ends of that run's
 candidate process) and its verdicts leave on stdout. Runs share nothing but imported modules: each has a
 fresh namespace, and a judge whose run did not end cleanly is killed, not reused. The judge holds
@@ -8,7 +8,7 @@ the test source, the prompt's helpers (``prefix``) and everything the tests expe
 process never sees any of it. The judge never runs candidate code: a name a test uses that the prompt
 does not define (the entry point, any function or value of the candidate) is asked of the candidate's
 process over two pipes (``get``, then ``call`` with plain-data arguments), and only plain data comes
-back (``sandbox_wire.py``), checked and rebuilt here. So an always-equal object, a patched builtin, a
+back (``sandbox/wire.py``), checked and rebuilt here. So an always-equal object, a patched builtin, a
 harness's frame or reporter: none of it exists on this side.
 
 It dies with its caller: a thread watches the socket and exits the judge once the caller's end is closed.
@@ -73,7 +73,7 @@ class Channel:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         try:
-            return parse_line(line)  # noqa: F821 (sandbox_wire.py's text runs before this file's)
+            return parse_line(line)  # noqa: F821 (sandbox/wire.py's text runs before this file's)
         except NotPlain:  # noqa: F821
             self._break("malformed")
 
@@ -225,7 +225,7 @@ def _receive(sock):
         if not chunk:
             return None
         data += chunk
-    return json.loads(data.decode()), fds  # json: imported by sandbox_wire.py, whose text runs first
+    return json.loads(data.decode()), fds  # json: imported by sandbox/wire.py, whose text runs first
 
 
 def _die_with_caller(sock):

@@ -1,6 +1,6 @@
-"""The candidate's side of the sandbox (``async_rl/sandbox.py`` starts it; nothing imports it).
+"""The candidate's side of the sandbox (``async_rl/sandbox/`` starts it; nothing imports it).
 
-It is started as ``python -I -S -B -c <sandbox_wire.py + this file>`` (inside ``unshare`` when
+It is started as ``python -I -S -B -c <sandbox/wire.py + this file>`` (inside ``unshare`` when
 namespaces are available), reads its orders as JSON on stdin (the code and the prompt's prefix; never
 the tests nor what they expect), then:
 
@@ -12,7 +12,7 @@ the tests nor what they expect), then:
    candidate, when the caller dies (a lifeline pipe reads EOF) or past a wall-clock backstop;
 3. the child confines itself (own session, rlimits, an unprivileged uid of its own when the caller is
    root, no capabilities, a seccomp filter: no new processes, signals only to itself), runs the code,
-   then answers the judge's requests (``sandbox_judge.py``) with plain data: the values its functions
+   then answers the judge's requests (``sandbox/judge.py``) with plain data: the values its functions
    return. It reports no verdict; whatever it writes on its channel is only ever an answer to check.
 
 Only the standard library: it runs without site-packages.
@@ -334,7 +334,7 @@ def _serve(code, send, requests):
                 answer["callable"] = True
             else:
                 if request["op"] == "call":
-                    args = from_plain(request["args"])  # noqa: F821 (sandbox_wire.py's text runs first)
+                    args = from_plain(request["args"])  # noqa: F821 (sandbox/wire.py's text runs first)
                     kwargs = {k: from_plain(v) for k, v in request["kwargs"].items()}  # noqa: F821
                     target = target(*args, **kwargs)
                 answer["value"] = to_plain(target)  # noqa: F821

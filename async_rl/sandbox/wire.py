@@ -1,7 +1,7 @@
 """Plain data on the wire between a candidate's process and the judge that decides its verdicts.
 
-Both ends of ``async_rl/sandbox.py`` run this file's text as part of their program (the candidate's
-harness ``sandbox_child.py`` and the judge ``sandbox_judge.py``; only the standard library). A value
+Both ends of ``async_rl/sandbox/`` run this file's text as part of their program (the candidate's
+harness ``sandbox/child.py`` and the judge ``sandbox/judge.py``; only the standard library). A value
 crosses as one JSON line whose every node is one of: null, a bool, an int, a float (NaN and the
 infinities included), a string, or an object with exactly one tag key:
 ``{"L": [...]}`` list, ``{"T": [...]}`` tuple, ``{"S": [...]}`` set, ``{"F": [...]}`` frozenset,

@@ -2,8 +2,8 @@
 
 ``run_tests(code, tests, prefix=..., entry_point=...)`` runs ``prefix + code`` in ONE fresh sandboxed
 process per candidate, and each test statement in a separate trusted process, the judge; it returns
-``SandboxResult(passed, total, reason)``. The candidate's side is ``async_rl/sandbox_child.py``, the
-judge ``async_rl/sandbox_judge.py``, what passes between them ``async_rl/sandbox_wire.py``.
+``SandboxResult(passed, total, reason)``. The candidate's side is ``async_rl/sandbox/child.py``, the
+judge ``async_rl/sandbox/judge.py``, what passes between them ``async_rl/sandbox/wire.py``.
 
 Who decides a verdict
 ---------------------
@@ -74,7 +74,7 @@ NOTHING of the machine beyond that: it can read and write the caller's files and
 as the judge's user (root's capabilities included, for a root caller) it may reach the judge and forge
 verdicts. Use it only on a machine that holds nothing to protect, for code that is not an adversary.
 
-Judges are processes of their own, reused from run to run (``async_rl/sandbox_run.py``: a fresh
+Judges are processes of their own, reused from run to run (``async_rl/sandbox/run.py``: a fresh
 namespace per run; one whose run did not end cleanly is killed), so a candidate costs one interpreter
 start, as before the judge existed. A judge exits as soon as its caller's end of their socket closes
 (the caller exited, SIGKILL included), whatever test it is running (once the running bytecode, a
@@ -108,7 +108,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from async_rl.errors import ConfigError
-from async_rl.sandbox_run import REASONS, SandboxResult, run_candidate
+from async_rl.sandbox.run import REASONS, SandboxResult, run_candidate
 
 __all__ = ["CHANNEL_VIOLATIONS", "REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable",
            "isolation_mode",
@@ -163,7 +163,7 @@ def isolation_mode() -> str:
                         "sandbox_mode: weak in the config, --sandbox-mode weak, or ASYNC_RL_SANDBOX_MODE=weak")
                 _mode = _variant = "weak"
                 print(f"[sandbox] {why}: running candidates in the weak mode, as allowed (no isolation of the "
-                      "machine; see async_rl/sandbox.py)", file=sys.stderr)
+                      "machine; see async_rl/sandbox/)", file=sys.stderr)
         return _mode
 
 
@@ -265,6 +265,3 @@ def _main(argv: Optional[list[str]] = None) -> int:
     print(json.dumps(result.to_json()))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(_main())

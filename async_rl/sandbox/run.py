@@ -1,12 +1,12 @@
 """One candidate's run: its sandboxed process, a judge, the channels between them, and the verdict.
 
-``run_candidate`` starts the candidate's process (``sandbox_child.py``, inside ``unshare`` unless the
-mode is weak), hands its tests to a judge (``sandbox_judge.py``), reads the judge's verdicts and the
+``run_candidate`` starts the candidate's process (``sandbox/child.py``, inside ``unshare`` unless the
+mode is weak), hands its tests to a judge (``sandbox/judge.py``), reads the judge's verdicts and the
 candidate's stdout and stderr under their caps, and kills what is left. Judges are trusted and hold no
 candidate state between runs (a fresh namespace per run), so a judge that finished a run cleanly is
 kept for the next one (``_JudgePool``): a Python start per candidate saved. A judge whose run did not
 end cleanly (timeout, a cap, a broken channel) is killed, never reused. The public face, the modes
-and the pool are ``async_rl/sandbox.py``.
+and the pool are ``async_rl/sandbox/``.
 """
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from async_rl.sandbox_limits import cgroup_for, release_cgroup
+from async_rl.sandbox.limits import cgroup_for, release_cgroup
 
 REASONS = ("ok", "no_code", "syntax_error", "crash", "exit", "timeout", "memory", "killed", "output_limit",
            "result_limit", "bad_result", "error")
 _HERE = Path(__file__).parent
-_WIRE = (_HERE / "sandbox_wire.py").read_text()
-_CHILD_SOURCE = _WIRE + (_HERE / "sandbox_child.py").read_text()
-_JUDGE_SOURCE = _WIRE + (_HERE / "sandbox_judge.py").read_text()
+_WIRE = (_HERE / "wire.py").read_text()
+_CHILD_SOURCE = _WIRE + (_HERE / "child.py").read_text()
+_JUDGE_SOURCE = _WIRE + (_HERE / "judge.py").read_text()
 _NAMESPACES = ("--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--")
 VARIANTS = {"root": ("unshare",) + _NAMESPACES,  # root caller: no user namespace, the candidate gets a uid
             "userns": ("unshare", "--user", "--map-root-user") + _NAMESPACES}
