@@ -22,7 +22,7 @@ from async_rl import checkpoint as ckpt
 from async_rl.algo import check_group_capacity
 from async_rl.cluster_probe import probe_cluster
 from async_rl.config import load_config
-from async_rl.config_schema import RunConfig
+from async_rl.config.schema import RunConfig
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.orchestration.evaluation import final_evaluation
 from async_rl.orchestration.metrics import MetricsReporter, snapshot_scalars, training_scalars

@@ -12,7 +12,7 @@ from async_rl.actors.trainer import TrainerActor
 from async_rl.actors.trainer_setup import warmup_cosine
 from async_rl.algo import LossInputs, Objective
 from async_rl.config import load_config
-from async_rl.config_schema import RunConfig
+from async_rl.config.schema import RunConfig
 from async_rl.errors import ConfigError
 from async_rl.policies import build_policy
 from async_rl.weights.rendezvous import find_free_port

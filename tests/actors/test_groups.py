@@ -23,7 +23,7 @@ def episode(group_id: int, rewards: list[float], version: int | list[int] = 0, s
 
 def assembler(group_size: int = 4, max_spread: int = 1, num_workers: int = 2, name: str = "grpo",
               id_base: int = 0) -> GroupAssembler:
-    from async_rl.config_schema import RunConfig
+    from async_rl.config.schema import RunConfig
 
     est, cfg = advantage_estimator(name), RunConfig(advantage=name, group_size=group_size)
     return GroupAssembler(group_size, max_spread, num_workers, lambda r: est.episode_advantages(r, cfg), seed=0,
@@ -323,7 +323,7 @@ def test_the_trainer_optimises_no_value_parameter_without_a_critic_under_lora_or
     import functools
 
     from async_rl.actors.trainer_setup import optimizer_groups, training_model
-    from async_rl.config_schema import RunConfig
+    from async_rl.config.schema import RunConfig
     from async_rl.orchestration.runtime import critic_free
     from async_rl.policies import build_policy
 

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from async_rl.actors.trainer import TrainerActor
-from async_rl.config_schema import RunConfig
+from async_rl.config.schema import RunConfig
 from async_rl.policies import build_policy
 from async_rl.weights.rendezvous import find_free_port
 from trainer_batches import ACTIONS, N, SPEC, mlp_step_records

@@ -104,7 +104,7 @@ def test_sync_worker_share_covers_the_items_needed(overrides, items, share):
 
 # ---- sections, presets with a base, variants, --help and --print-config ---------------------
 def test_every_key_is_in_exactly_one_section():
-    from async_rl.config_schema import SECTIONS, RunConfig
+    from async_rl.config.schema import SECTIONS, RunConfig
 
     keys = [key for cls in SECTIONS.values() for key in cls.model_fields]
     assert sorted(keys) == sorted(RunConfig.model_fields)  # none missing, none twice
@@ -114,7 +114,7 @@ def test_every_key_is_in_exactly_one_section():
 def test_a_section_is_a_frozen_typed_copy():
     import pydantic
 
-    from async_rl.config_schema import TimeoutsSection
+    from async_rl.config.schema import TimeoutsSection
 
     cfg = load_config(["--actor-timeout-s", "33", "--env-kwargs", "{task: push-v3}"], DEFAULT)
     timeouts = cfg.section("timeouts")
@@ -277,7 +277,7 @@ def test_print_config_prints_the_sectioned_config_and_exits(tmp_path):
 
 
 def test_help_lists_every_flag_by_section_with_the_launch_defaults(tmp_path):
-    from async_rl.config_schema import SECTIONS
+    from async_rl.config.schema import SECTIONS
 
     proc = _launch("ds_libero_ppo.py", "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -24,7 +24,7 @@ LAYERS = {
     "async_rl.user_cache": 0,
     "async_rl.media": 0, "async_rl.experience": 0,  # the record's schema and wire format; estimators (algo) build records
     "async_rl.algo": 1,
-    "async_rl.config": 2, "async_rl.config_schema": 2, "async_rl.supervised_config": 2, "async_rl.policies": 2, "envs": 2,
+    "async_rl.config": 2, "async_rl.policies": 2, "envs": 2,  # config: the schema, its sections and the loader
     "async_rl.demos": 2,  # scripted-expert demonstrations: recorded over envs, read by supervised training
     "async_rl.ctrl": 2,  # CTRL critique training: its cases, reward, reviser and figures (over envs and policies)
     "async_rl.actors": 3, "async_rl.orchestration": 3, "async_rl.driver": 3, "async_rl.report": 3,

@@ -10,7 +10,7 @@ import ray
 import torch
 
 from async_rl.actors.trainer import TrainerActor
-from async_rl.config_schema import RunConfig
+from async_rl.config.schema import RunConfig
 from async_rl.orchestration.actor_group import ActorGroup, get_named
 from async_rl.orchestration.runtime import epoch_on_every_rank
 from async_rl.policies import build_policy

@@ -9,7 +9,7 @@ import torch
 
 from async_rl.actors.trainer_setup import deepspeed_config
 from async_rl.config import load_config
-from async_rl.config_schema import RunConfig
+from async_rl.config.schema import RunConfig
 from async_rl.errors import ConfigError
 from async_rl.process_setup import precision_dtype
 

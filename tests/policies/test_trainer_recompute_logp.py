@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.actors.trainer import TrainerActor
-from async_rl.config_schema import RunConfig
+from async_rl.config.schema import RunConfig
 from async_rl.errors import ConfigError
 from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
 from async_rl.weights.rendezvous import find_free_port

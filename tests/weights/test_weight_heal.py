@@ -15,7 +15,7 @@ from tensordict import TensorDict
 
 from async_rl.actors.inference import InferenceActor
 from async_rl.actors.trainer import TrainerActor
-from async_rl.config_schema import RunConfig
+from async_rl.config.schema import RunConfig
 from async_rl.orchestration.actor_group import ActorGroup
 from async_rl.orchestration.weight_sync_coordinator import WeightSyncCoordinator
 from async_rl.policies import build_policy

@@ -1,7 +1,7 @@
 """The run configuration's schema: its sections (run, env, policy, objective, scale, timeouts,
 supervised) and ``RunConfig``, every key typed with its default and checked across keys.
 
-``async_rl/config.py`` reads YAML files and flags into it (defaults < ``--config`` < flags).
+``async_rl/config/loader.py`` reads YAML files and flags into it (defaults < ``--config`` < flags).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from async_rl.algo import (
 )
 from async_rl.algo.losses import PolicyLoss
 from async_rl.errors import ConfigError, unknown_key_message
-from async_rl.supervised_config import SupervisedSection
+from async_rl.config.supervised import SupervisedSection
 from async_rl.validation import ConfigSection
 
 Positive = pydantic.PositiveInt

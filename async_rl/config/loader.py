@@ -1,7 +1,7 @@
 """Typed run configuration: defaults < ``--config`` YAML < command-line flags.
 
 Everything is validated before Ray starts; a bad value is one line naming the key and the fix.
-The keys, their types and defaults: ``async_rl/config_schema.py``; ``env_kwargs`` and ``policy_kwargs`` are
+The keys, their types and defaults: ``async_rl/config/schema.py``; ``env_kwargs`` and ``policy_kwargs`` are
 checked against the chosen env's and policy's options models (``--env.KEY`` / ``--policy.KEY`` set one).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 
 import envs
 from async_rl.algo import load_clip_config
-from async_rl.config_schema import SECTIONS, RunConfig
+from async_rl.config.schema import SECTIONS, RunConfig
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.plugin_options import describe_options, yaml_inline
 from async_rl.policies import available_policies, policy_kwargs_checked, policy_options_model
