@@ -7,7 +7,7 @@ held-out programs, against -Oz and random search at the same compilation budget.
     python benchmarks/bench_compilergym.py --quick        # 1 minute of training per policy, 2 + 3 programs
 
 Per policy and program set (held-out csmith programs, seeds 1000000...; the real C programs bundled
-in envs/programs), three searches with the trained policy in process (envs/compiler_gym_search.py):
+in envs/programs), three searches with the trained policy in process (envs/compiler_gym/search.py):
 greedy, best-of-16 sampling and a policy-guided beam, each with a budget of ``--budget``
 compilations (pass applications; default 16 x the policy's episode length, what best-of-16 uses)
 per program, and random search with as many compilations as each search used. A beam probe keeps
@@ -34,10 +34,10 @@ from async_rl.config import load_config  # noqa: E402
 from async_rl.driver import prepare, run  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
 from benchmarks import common  # noqa: E402
-from envs.compiler_gym_client import compiler_gym_unavailable_reason  # noqa: E402
-from envs.compiler_gym_evaluation import format_search_table, search_horizon, search_programs  # noqa: E402
-from envs.compiler_gym_programs import BUNDLED_PROGRAMS, program_uris  # noqa: E402
-from envs.compiler_gym_search import ModelPolicy, parse_search  # noqa: E402
+from envs.compiler_gym.client import compiler_gym_unavailable_reason  # noqa: E402
+from envs.compiler_gym.evaluation import format_search_table, search_horizon, search_programs  # noqa: E402
+from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_uris  # noqa: E402
+from envs.compiler_gym.search import ModelPolicy, parse_search  # noqa: E402
 from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
 from launch.eval_compilergym import load_policy, read_run_config  # noqa: E402
 

@@ -3,7 +3,7 @@ program's start state saves at reset.
 
     python benchmarks/bench_compilergym_sidecar.py [--quick] [--programs 6] [--rounds 3] [--out sidecar.json]
 
-One env (``envs/compiler_gym_env.py``: this process, its Python 3.10 server and CompilerGym's service,
+One env (``envs/compiler_gym/env.py``: this process, its Python 3.10 server and CompilerGym's service,
 which take turns, so together they use about one core) on csmith programs:
 
 - ``passes``: random passes one per env step, as the per-step policy applies them; passes per
@@ -32,7 +32,7 @@ import psutil  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from envs import make_task_set  # noqa: E402
-from envs.compiler_gym_client import compiler_gym_unavailable_reason  # noqa: E402
+from envs.compiler_gym.client import compiler_gym_unavailable_reason  # noqa: E402
 
 FIRST_SEED = 1_000_000  # small held-out csmith programs (seeds whose -Oz is below -O0 are used)
 EPISODE = 45

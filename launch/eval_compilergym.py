@@ -26,10 +26,10 @@ if __package__ in (None, ""):  # run as a script
 from async_rl import checkpoint as ckpt  # noqa: E402
 from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
-from envs.compiler_gym_client import CompilerGymServerError  # noqa: E402
-from envs.compiler_gym_evaluation import format_search_table, search_programs  # noqa: E402
-from envs.compiler_gym_programs import program_uris  # noqa: E402
-from envs.compiler_gym_search import ModelPolicy, SearchSpec, parse_search  # noqa: E402
+from envs.compiler_gym.client import CompilerGymServerError  # noqa: E402
+from envs.compiler_gym.evaluation import format_search_table, search_programs  # noqa: E402
+from envs.compiler_gym.programs import program_uris  # noqa: E402
+from envs.compiler_gym.search import ModelPolicy, SearchSpec, parse_search  # noqa: E402
 
 # Options of the saved run that pick its programs: the evaluation picks its own.
 _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_search", "eval_search_budget")

@@ -157,7 +157,7 @@ def test_the_run_seed_alone_decides_the_groups_and_their_starts_in_any_process()
 def _compiler_gym_env(builds: set[str], skipped: set[str]):
     """A CompilerGym env without a server: ``reset_to`` builds the programs in ``builds`` and skips
     (and remembers) the others, as the real one does; ``skipped``: what this env skipped before."""
-    from envs.compiler_gym_env import CompilerGymTaskEnv
+    from envs.compiler_gym.env import CompilerGymTaskEnv
 
     env = CompilerGymTaskEnv.__new__(CompilerGymTaskEnv)
     env.benchmarks = [f"program-{i}" for i in range(5)]
@@ -264,7 +264,7 @@ def test_compiler_gym_resets_with_the_same_start_give_the_same_program():
     from contextlib import closing
 
     from envs import make_task_set
-    from envs.compiler_gym_client import compiler_gym_unavailable_reason
+    from envs.compiler_gym.client import compiler_gym_unavailable_reason
 
     if compiler_gym_unavailable_reason() is not None:
         pytest.skip(str(compiler_gym_unavailable_reason()))

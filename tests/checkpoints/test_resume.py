@@ -16,7 +16,7 @@ from async_rl.driver import prepare, run
 from async_rl.errors import ConfigError
 from async_rl.experience import policy_versions
 from conftest import wait_for_replay
-from envs.compiler_gym_client import compiler_gym_unavailable_reason
+from envs.compiler_gym.client import compiler_gym_unavailable_reason
 from test_checkpoint import _replay_in_order
 
 ROOT = Path(__file__).resolve().parents[2]

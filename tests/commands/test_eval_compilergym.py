@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envs.compiler_gym_client import compiler_gym_unavailable_reason
-from envs.compiler_gym_programs import BUNDLED_PROGRAMS
+from envs.compiler_gym.client import compiler_gym_unavailable_reason
+from envs.compiler_gym.programs import BUNDLED_PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "eval_compilergym.py"
@@ -86,7 +86,7 @@ def test_bad_input_is_one_line_and_exit_code_2_before_anything_starts(tmp_path, 
 
 def test_a_server_failure_during_the_search_is_one_line_exit_1_and_nothing_written(tmp_path, capsys, monkeypatch):
     import launch.eval_compilergym as cli
-    from envs.compiler_gym_client import CompilerGymServerError
+    from envs.compiler_gym.client import CompilerGymServerError
 
     def server_dies(*args, **kwargs):
         raise CompilerGymServerError("the CompilerGym server exited (code -9) while applying -sroa")

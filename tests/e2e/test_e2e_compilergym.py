@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from async_rl.config import load_config
 from async_rl.driver import run
-from envs.compiler_gym_client import compiler_gym_unavailable_reason
+from envs.compiler_gym.client import compiler_gym_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 UNAVAILABLE = compiler_gym_unavailable_reason()

@@ -1,4 +1,4 @@
-"""Searches at inference time (envs/compiler_gym_search.py) against a toy compiler: a small pure
+"""Searches at inference time (envs/compiler_gym/search.py) against a toy compiler: a small pure
 Python model of IR counts in which the order of passes matters, so that every search's budget,
 bookkeeping and choices are checked exactly, with no CompilerGym; one test runs the real server."""
 from contextlib import closing
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from async_rl.errors import ConfigError
-from envs.compiler_gym_client import compiler_gym_unavailable_reason
-from envs.compiler_gym_search import (
+from envs.compiler_gym.client import compiler_gym_unavailable_reason
+from envs.compiler_gym.search import (
     ActPolicy, Budget, Counted, ModelPolicy, SearchSpec, beam, best_of, greedy, parse_search, random_baseline,
     random_search, run_search,
 )
@@ -305,7 +305,7 @@ def test_model_policy_scores_a_sequence_policy_next_token_after_the_prefix():
         pytest.fail(f"PassformerActorCritic no longer builds from this spec: {exc!r}")
     feature_len = model.feature_proj.in_features
 
-    from envs.compiler_gym_tokens import PassVocab
+    from envs.compiler_gym.tokens import PassVocab
 
     task_set = SimpleNamespace(mode="sequence", flags=flags, seq_len=6, action_vocab=PassVocab(flags))
 
@@ -331,9 +331,9 @@ def test_searches_on_the_real_compiler_honour_the_budget():
     """Beam and best-of on a bundled C program through the real server: counts agree with a replay
     of the sequence each reports, and the budget is exact."""
     from envs import make_task_set
-    from envs.compiler_gym_env_compiler import EnvCompiler
-    from envs.compiler_gym_evaluation import search_programs
-    from envs.compiler_gym_programs import BUNDLED_PROGRAMS
+    from envs.compiler_gym.env_compiler import EnvCompiler
+    from envs.compiler_gym.evaluation import search_programs
+    from envs.compiler_gym.programs import BUNDLED_PROGRAMS
 
     ts = make_task_set("compiler_gym", mode="per_step", max_steps=4, eval_benchmark_dir=str(BUNDLED_PROGRAMS),
                        train_seeds=[0, 1])
@@ -372,7 +372,7 @@ def test_searches_on_the_real_compiler_honour_the_budget():
     import torch
     from tensordict import TensorDict
 
-    from envs.compiler_gym_evaluation import held_out_evaluation
+    from envs.compiler_gym.evaluation import held_out_evaluation
 
     def act(obs, deterministic):
         return np.full((obs.batch_size[0], 1), FirstPasses.mem2reg)
@@ -404,7 +404,7 @@ def test_eval_search_options_are_checked_before_any_server_starts(tmp_path):
 
 
 def test_bundled_programs_are_real_c_programs_with_names_for_tables():
-    from envs.compiler_gym_programs import BUNDLED_PROGRAMS, program_name, program_uris
+    from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_name, program_uris
 
     uris = program_uris(str(BUNDLED_PROGRAMS), "bundled")
     assert 10 <= len(uris) <= 15 and all(u.startswith("file://") and u.endswith(".c") for u in uris)

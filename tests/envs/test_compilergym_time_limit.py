@@ -6,8 +6,8 @@ import pytest
 
 from async_rl.errors import ConfigError
 from envs import make_task_set
-from envs.compiler_gym_client import compiler_gym_unavailable_reason
-from envs.compiler_gym_programs import BUNDLED_PROGRAMS as ROOT_PROGRAMS
+from envs.compiler_gym.client import compiler_gym_unavailable_reason
+from envs.compiler_gym.programs import BUNDLED_PROGRAMS as ROOT_PROGRAMS
 
 UNAVAILABLE = compiler_gym_unavailable_reason()
 needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))

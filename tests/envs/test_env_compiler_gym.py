@@ -12,11 +12,11 @@ import pytest
 from async_rl.errors import ConfigError
 from async_rl.tokens import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from envs import make_task_set
-from envs.compiler_gym_client import CompilerGymServerError, compiler_gym_unavailable_reason
-from envs.compiler_gym_evaluation import held_out_evaluation
-from envs.compiler_gym_features import AUTOPHASE_DIM, feature_dim, observation_features
-from envs.compiler_gym_reward import RewardConfig
-from envs.compiler_gym_tokens import PassVocab, tokenize_ir
+from envs.compiler_gym.client import CompilerGymServerError, compiler_gym_unavailable_reason
+from envs.compiler_gym.evaluation import held_out_evaluation
+from envs.compiler_gym.features import AUTOPHASE_DIM, feature_dim, observation_features
+from envs.compiler_gym.reward import RewardConfig
+from envs.compiler_gym.tokens import PassVocab, tokenize_ir
 
 UNAVAILABLE = compiler_gym_unavailable_reason()
 needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
@@ -188,8 +188,8 @@ def test_fork_and_restore(per_step_set):
 
 @needs_server
 def test_random_baseline_starts_every_sequence_from_the_reset_program(per_step_set):
-    from envs.compiler_gym_env_compiler import EnvCompiler
-    from envs.compiler_gym_search import random_baseline
+    from envs.compiler_gym.env_compiler import EnvCompiler
+    from envs.compiler_gym.search import random_baseline
 
     uri = "generator://csmith-v0/1000002"
     with closing(per_step_set.make_env(0, seed=0, benchmarks=[uri])) as env:
@@ -298,7 +298,7 @@ def test_a_program_that_fails_to_parse_is_skipped_and_counted(per_step_set):
 
 
 def test_benchmark_dir_split_holds_out_a_fraction_and_says_when_it_cannot(capsys):
-    from envs.compiler_gym_programs import split_held_out
+    from envs.compiler_gym.programs import split_held_out
 
     files = [f"p{i}.c" for i in range(10)]
     train, held_out = split_held_out(files, 0.2)
@@ -363,7 +363,7 @@ class ScriptedCompiler:
 def test_random_baseline_for_episodes_judges_each_sequence_by_its_end_and_a_failed_one_as_unchanged():
     # A policy's episode is judged by the program it ends with, and one whose compilation failed
     # leaves nothing optimised; the random baseline beside it is judged alike (every_prefix=False).
-    from envs.compiler_gym_search import random_baseline
+    from envs.compiler_gym.search import random_baseline
 
     answers = [95, 90, 97, 80, None, 99]  # ends at 97; passes 80, then fails; cut short at 99
     compiler = ScriptedCompiler(answers)
@@ -377,8 +377,8 @@ def test_random_baseline_for_episodes_judges_each_sequence_by_its_end_and_a_fail
 @needs_server
 def test_random_baseline_goes_on_after_a_sequence_kills_the_compiler_service(per_step_set):
     # The real server's answer when a sequence takes CompilerGym's service down (no count, or the call fails).
-    from envs.compiler_gym_env_compiler import EnvCompiler
-    from envs.compiler_gym_search import random_baseline
+    from envs.compiler_gym.env_compiler import EnvCompiler
+    from envs.compiler_gym.search import random_baseline
 
     with closing(per_step_set.make_env(0, seed=0, benchmarks=[SMALL_PROGRAM])) as env:
         real, answers = env.apply_passes, []

@@ -7,8 +7,8 @@ from tensordict import TensorDict
 from async_rl.errors import ConfigError
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.passformer import BOS_ID, EOS_ID, PAD_ID, sequence_mask
-from envs.compiler_gym_features import feature_dim
-from envs.compiler_gym_tokens import PassVocab
+from envs.compiler_gym.features import feature_dim
+from envs.compiler_gym.tokens import PassVocab
 
 FLAGS = [f"-pass{i}" for i in range(12)]
 SEQ_LEN = 6

@@ -1,4 +1,4 @@
-"""One program of a CompilerGym env as the ``Compiler`` the searches use (envs/compiler_gym_search.py)."""
+"""One program of a CompilerGym env as the ``Compiler`` the searches use (envs/compiler_gym/search.py)."""
 from __future__ import annotations
 
 import sys
@@ -6,12 +6,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from envs.compiler_gym_client import CompilerGymServerError
-from envs.compiler_gym_env import CompilerGymTaskEnv
+from envs.compiler_gym.client import CompilerGymServerError
+from envs.compiler_gym.env import CompilerGymTaskEnv
 
 
 class EnvCompiler:
-    """One program of a ``CompilerGymTaskEnv`` as a search's ``Compiler`` (envs/compiler_gym_search.py).
+    """One program of a ``CompilerGymTaskEnv`` as a search's ``Compiler`` (envs/compiler_gym/search.py).
 
     Per-step policies read the observation after every pass (with its action history), so a step
     is ``env.step``; a sequence policy reads only the loaded program, so a step applies the pass

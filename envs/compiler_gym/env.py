@@ -13,7 +13,7 @@ dead server is replaced and its episode ended, so a rollout worker never hangs o
 
 Observation: a dict with the raw values (``autophase``, ``ir_count``, ``o0_count``, ``oz_count``,
 ``step``, ``ir_tokens`` if asked) and ``features``, the float32 vector the policies read
-(``obs_spec["feature_dim"]`` long, envs/compiler_gym_features.py). With ``mask_noops`` (per step)
+(``obs_spec["feature_dim"]`` long, envs/compiler_gym/features.py). With ``mask_noops`` (per step)
 also ``action_mask`` (bool per pass, True = allowed): the passes run since the instruction count
 last changed did nothing to this program, and LLVM passes are deterministic, so running one of
 them again would do nothing either (up to passes that rewrote the IR without changing its count);
@@ -44,10 +44,10 @@ import numpy as np
 
 from async_rl.tokens import SPECIAL_TOKENS
 from envs.base import StartUnavailable
-from envs.compiler_gym_client import CompilerGymClient, CompilerGymServerError
-from envs.compiler_gym_features import AUTOPHASE_DIM, feature_dim, observation_features
-from envs.compiler_gym_reward import RewardConfig
-from envs.compiler_gym_tokens import PassVocab, tokenize_ir
+from envs.compiler_gym.client import CompilerGymClient, CompilerGymServerError
+from envs.compiler_gym.features import AUTOPHASE_DIM, feature_dim, observation_features
+from envs.compiler_gym.reward import RewardConfig
+from envs.compiler_gym.tokens import PassVocab, tokenize_ir
 
 # Errors that mean CompilerGym's service (not the program) is in trouble: replace the server.
 _SERVICE_TROUBLE = re.compile(r"Service|Session|did not answer|died|exited|pipe broke")
@@ -71,8 +71,8 @@ class CompilerGymTaskSet:
     call_timeout_s: float = 60.0
     start_timeout_s: float = 120.0
     episodes_per_program: int = 1
-    reuse_programs: bool = True  # keep each program's start state in the server (see _compiler_gym_server.py)
-    eval_search: str = "none"  # search in the final evaluation (envs/compiler_gym_search.py): none, greedy, best-of-K, beam-K
+    reuse_programs: bool = True  # keep each program's start state in the server (see compiler_gym/_server.py)
+    eval_search: str = "none"  # search in the final evaluation (envs/compiler_gym/search.py): none, greedy, best-of-K, beam-K
     eval_search_budget: int = 0  # its compilations (pass applications) per program; 0 = 16 x the episode length
     mask_noops: bool = False  # per step: obs["action_mask"] rules out the passes run since the count last changed
     time_limit: str = "terminal"  # max_steps ends the task ("terminal") or is a cut bootstrapped from V ("truncate")

@@ -4,17 +4,17 @@ env ``compiler_gym`` with its final evaluation.
 Programs: ``generator://csmith-v0/<seed>`` over disjoint seed ranges for training and evaluation,
 or every .c/.cpp/.bc file of ``benchmark_dir``, or named CompilerGym datasets (online only).
 
-Where each part lives: the server process (``compiler_gym_client``), the env and its task set
-(``compiler_gym_env``), the reward (``compiler_gym_reward``), the observation vector
-(``compiler_gym_features``), IR and pass tokens (``compiler_gym_tokens``), the programs
-(``compiler_gym_programs``), the held-out evaluation (``compiler_gym_evaluation``) and the searches
-at inference time (``compiler_gym_search``, on the env through ``compiler_gym_env_compiler``).
+Where each part lives (this package): the server process (``client``; the server itself, run by CompilerGym's
+own Python, ``_server.py``), the env and its task set (``env``), the options (``options``), the reward
+(``reward``), the observation vector (``features``), IR and pass tokens (``tokens``), the programs
+(``programs``; the bundled C programs are ``envs/programs/``), the held-out evaluation (``evaluation``) and the
+searches at inference time (``search``, on the env through ``env_compiler``).
 """
 from __future__ import annotations
 
 from async_rl.errors import ConfigError
 from envs import register_env
-from envs.compiler_gym_client import (
+from envs.compiler_gym.client import (
     SETUP_HINT,
     CompilerGymClient,
     CompilerGymServerError,
@@ -22,11 +22,11 @@ from envs.compiler_gym_client import (
     default_python,
     default_site_data,
 )
-from envs.compiler_gym_env import CompilerGymTaskSet
-from envs.compiler_gym_evaluation import held_out_evaluation
-from envs.compiler_gym_options import CompilerGymOptions
-from envs.compiler_gym_programs import csmith_programs, program_uris, split_held_out
-from envs.compiler_gym_reward import RewardConfig
+from envs.compiler_gym.env import CompilerGymTaskSet
+from envs.compiler_gym.evaluation import held_out_evaluation
+from envs.compiler_gym.options import CompilerGymOptions
+from envs.compiler_gym.programs import csmith_programs, program_uris, split_held_out
+from envs.compiler_gym.reward import RewardConfig
 
 
 def compiler_gym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:

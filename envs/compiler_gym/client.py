@@ -1,6 +1,6 @@
 """The CompilerGym server process and how to reach it.
 
-compiler_gym 0.2.5 runs only on Python 3.9/3.10, so each env starts ``envs/_compiler_gym_server.py``
+compiler_gym 0.2.5 runs only on Python 3.9/3.10, so each env starts ``envs/compiler_gym/_server.py``
 in ``.venv-compilergym`` (built by ``scripts/setup_compilergym.sh``) and talks to it over a pipe,
 one JSON line per call, each with a timeout. A dead or silent server (or a dead CompilerGym
 service) raises ``CompilerGymServerError`` naming what happened.
@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVER_SCRIPT = Path(__file__).with_name("_compiler_gym_server.py")
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_SCRIPT = Path(__file__).with_name("_server.py")
 SETUP_HINT = "run scripts/setup_compilergym.sh (needs Python 3.10, e.g. pyenv install 3.10.13)"
 
 

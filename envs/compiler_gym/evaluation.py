@@ -9,10 +9,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from envs.compiler_gym_env import CompilerGymTaskSet
-from envs.compiler_gym_env_compiler import EnvCompiler
-from envs.compiler_gym_programs import program_name
-from envs.compiler_gym_search import ActPolicy, parse_search, random_baseline, run_search
+from envs.compiler_gym.env import CompilerGymTaskSet
+from envs.compiler_gym.env_compiler import EnvCompiler
+from envs.compiler_gym.programs import program_name
+from envs.compiler_gym.search import ActPolicy, parse_search, random_baseline, run_search
 
 
 def geomean(values: Sequence[float]) -> float:

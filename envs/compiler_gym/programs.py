@@ -10,7 +10,7 @@ from async_rl.errors import ConfigError
 from async_rl.validation import checked_folder
 
 PROGRAM_SUFFIXES = (".c", ".cpp", ".cc", ".bc", ".ll")
-BUNDLED_PROGRAMS = Path(__file__).with_name("programs")  # real C programs written here (not csmith)
+BUNDLED_PROGRAMS = Path(__file__).resolve().parents[1] / "programs"  # envs/programs: real C programs written here (not csmith)
 
 
 def csmith_programs(start: int, count: int) -> list[str]:

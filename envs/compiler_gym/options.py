@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal, Optional
 import pydantic
 
 from async_rl.validation import ConfigSection
-from envs.compiler_gym_search import parse_search
+from envs.compiler_gym.search import parse_search
 
 # (first seed, count) of csmith-generated programs
 SeedRange = tuple[pydantic.NonNegativeInt, pydantic.PositiveInt]

@@ -18,7 +18,7 @@ uses more, and says how many it used:
 Each returns the smallest IR count among the states it compiled and the pass sequence reaching
 it: any prefix of an applied sequence counts (stopping there is a valid sequence). The searches
 see the compiler through ``Compiler`` and the policy through ``SearchPolicy``, so the same code
-runs on the CompilerGym server (``envs.compiler_gym_env_compiler.EnvCompiler``) and on a small
+runs on the CompilerGym server (``envs.compiler_gym.env_compiler.EnvCompiler``) and on a small
 deterministic model of IR counts in the tests. This module imports nothing of the env.
 """
 from __future__ import annotations
