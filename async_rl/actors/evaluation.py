@@ -1,4 +1,4 @@
-"""EvaluationWorkerActor: episodes with the latest weights; never writes to the replay buffer."""
+"""EvaluationWorker (EvaluationWorkerActor is its Ray face): episodes with the latest weights; never writes to the replay buffer."""
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +22,7 @@ from async_rl.process_setup import configure_torch
 from envs.base import episode_success, success_rule
 
 
-@ray.remote
-class EvaluationWorkerActor:
+class EvaluationWorker:
     """Runs up to ``envs_per_worker`` evaluation episodes in lock-step, one inference request per
     step of all of them (one request per env step would cost as much CPU as the rollouts)."""
 
@@ -145,3 +144,8 @@ class EvaluationWorkerActor:
         for pool in self.pools:
             await self._env_thread.call(pool.close)
         self._env_thread.close()
+
+
+@ray.remote
+class EvaluationWorkerActor(EvaluationWorker):
+    """The Ray face of EvaluationWorker (held-out episodes with the latest weights): an actor of its methods; tests may use EvaluationWorker in process."""

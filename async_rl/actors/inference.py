@@ -1,4 +1,4 @@
-"""InferenceActor: batched forward passes of the policy, serving many rollout workers.
+"""InferenceServer (InferenceActor is its Ray face): batched forward passes of the policy, serving many rollout workers.
 
 Requests wait in a queue as asyncio futures; a background loop runs one forward pass when
 ``batch_size`` requests wait or ``timeout_s`` has passed since the oldest one arrived. New
@@ -201,8 +201,7 @@ class BatchingServer:
             self.on_fatal(self._fatal)
 
 
-@ray.remote
-class InferenceActor:
+class InferenceServer:
     """One copy of the policy on its device, behind a BatchingServer."""
 
     def __init__(self, index: int, policy_factory: Callable[[], torch.nn.Module], batch_size: int,
@@ -356,3 +355,8 @@ class InferenceActor:
             self._slabs.close()
         if self._sync is not None:
             self._sync.close()
+
+
+@ray.remote
+class InferenceActor(InferenceServer):
+    """The Ray face of InferenceServer (batched forward passes and generation): an actor of its methods; tests may use InferenceServer in process."""

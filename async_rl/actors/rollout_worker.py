@@ -1,4 +1,4 @@
-"""RolloutWorkerActor: an environment and its preprocessing, never model weights.
+"""RolloutWorker (RolloutWorkerActor is its Ray face): an environment and its preprocessing, never model weights.
 
 Loop: preprocess obs -> await the inference actor -> step the env -> hand the step record to the
 advantage estimator's segmenter, which returns replay items to push: GAE pieces with advantages
@@ -44,8 +44,7 @@ class WorkerPeers(NamedTuple):
     stats: str
 
 
-@ray.remote
-class RolloutWorkerActor:
+class RolloutWorker:
     """Steps ``envs_per_worker`` environments in lock-step; one inference request per step of all."""
 
     def __init__(self, index: int, peers: WorkerPeers, preprocessor_factory: Callable[[], Any], cfg: Any) -> None:
@@ -436,3 +435,8 @@ class RolloutWorkerActor:
         if self._episodes:
             await self._push_episodes()
         self._report_collected()
+
+
+@ray.remote
+class RolloutWorkerActor(RolloutWorker):
+    """The Ray face of RolloutWorker (environments, never model weights): an actor of its methods; tests may use RolloutWorker in process."""

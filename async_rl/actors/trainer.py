@@ -1,4 +1,4 @@
-"""TrainerActor: one data-parallel rank under DeepSpeed ZeRO-2.
+"""TrainerRank (TrainerActor is its Ray face): one data-parallel rank under DeepSpeed ZeRO-2.
 
 A background coroutine prefetches the next super-batch from the replay buffer while the
 current one trains (``prefetch_batches``, default 1); the epoch itself runs in a thread so the
@@ -41,8 +41,7 @@ from async_rl.weights.group import WeightSyncGroup
 DATA_WAIT_S = 0.01
 
 
-@ray.remote
-class TrainerActor:
+class TrainerRank:
     def __init__(self, rank: int, world_size: int, master_addr: Optional[str], master_port: Optional[int], cfg: Any,
                  policy_factory: Callable[[], torch.nn.Module], replay: Any, gpu_id: Optional[int] = None) -> None:
         """``master_addr``/``master_port`` may be None and given to ``setup`` instead (rank 0's
@@ -493,3 +492,8 @@ class TrainerActor:
             self._sync.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+@ray.remote
+class TrainerActor(TrainerRank):
+    """The Ray face of TrainerRank (one ZeRO-2 rank): an actor of its methods; tests may use TrainerRank in process."""

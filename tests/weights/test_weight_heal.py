@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.actors.inference import InferenceActor
-from async_rl.actors.trainer import TrainerActor
+from async_rl.actors.trainer import TrainerRank
 from async_rl.config.schema import RunConfig
 from async_rl.orchestration.actor_group import ActorGroup
 from async_rl.orchestration.weight_sync_coordinator import WeightSyncCoordinator
@@ -28,7 +28,7 @@ CFG = RunConfig(device="cpu", precision="fp32", num_trainers=1, train_batch_size
 TIMEOUT = 180
 
 
-class GatedTrainer(TrainerActor.__ray_actor_class__):
+class GatedTrainer(TrainerRank):
     """A trainer whose epoch stops after its first optimiser step until ``release``."""
 
     def __init__(self, *args, **kwargs) -> None:
