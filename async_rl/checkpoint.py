@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from tensordict import TensorDict
 
 from async_rl.errors import ConfigError
+from async_rl.renamed_keys import saved_config_now
 
 META = "meta.json"
 PREFIX = "epoch-"
@@ -42,7 +43,7 @@ FORMAT = 1
 # Keys that fix the shapes of what a checkpoint holds, and the seed its RNG streams derive from;
 # a resume must use the same values.
 SHAPE_KEYS = ("env", "env_kwargs", "policy", "policy_kwargs", "lora_rank", "lora_target_modules", "lora_trainable",
-              "advantage", "num_trainers", "rollout_local_buf", "precision", "seed",
+              "advantage", "num_trainers", "rollout_steps", "precision", "seed",
               "normalize_advantages_per")  # "task": stored steps carry a task field
 # policy_kwargs entries a policy's prepare hook fills in before the run (the resolved model
 # directory): a saved config holds them, the command line that resumes it does not.
@@ -169,7 +170,11 @@ def resolve_resume(path: str) -> Path:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    return json.loads((path / META).read_text())
+    """A checkpoint's meta.json, its saved config under today's keys (``async_rl/renamed_keys.py``)."""
+    meta = json.loads((path / META).read_text())
+    if isinstance(meta.get("config"), dict):
+        meta["config"] = saved_config_now(meta["config"])
+    return meta
 
 
 def trained_config(checkpoint: Path, key: str, expected: str) -> dict[str, Any]:
@@ -202,7 +207,6 @@ def check_resumable(path: Path, cfg: Any) -> None:
     if saved.get("model_path") and not current.get("model_path"):  # else the default model would be built
         raise ConfigError(f"--resume {path}: it was written with model_path={saved['model_path']!r}; pass "
                           "--model-path with that model (its directory may have moved)")
-    saved.setdefault("normalize_advantages_per", "batch")  # written before the key existed: batch whitening
     for key in SHAPE_KEYS:
         if key in saved and saved[key] != current.get(key):
             raise ConfigError(f"--resume {path}: it was written with {key}={saved[key]!r} but this run has "

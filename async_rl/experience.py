@@ -55,7 +55,7 @@ STEP_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("group_member", torch.int64, "[]", "advantage", ("trainer",), "which member of its group (stratified draws)"),
 )}
 SEGMENT_FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("steps", None, "[T] step records", "worker", ("advantage", "trainer"), "rollout_local_buf consecutive steps"),
+    Field("steps", None, "[T] step records", "worker", ("advantage", "trainer"), "rollout_steps consecutive steps"),
     Field("bootstrap_obs", None, "nested, policy-defined", "worker", ("advantage",), "the observation after the last step"),
 )}
 # In an inference answer, never stored: what the environment receives.

@@ -39,7 +39,7 @@ def untrained_bound(cfg: Any) -> Optional[int]:
 
 def push_items(cfg: Any) -> int:
     """The most replay items one push of a worker can add: a segment per env; GAE's pieces of up to
-    ``rollout_local_buf`` rounds of every env; with groups, the whole groups its episodes complete."""
+    ``rollout_steps`` rounds of every env; with groups, the whole groups its episodes complete."""
     from async_rl.algo import advantage_estimator  # noqa: PLC0415
 
     estimator = advantage_estimator(cfg.advantage)
@@ -47,7 +47,7 @@ def push_items(cfg: Any) -> int:
         return cfg.envs_per_worker
     if estimator.needs_group_rollouts:
         return cfg.envs_per_worker * cfg.group_size
-    return cfg.envs_per_worker * cfg.rollout_local_buf
+    return cfg.envs_per_worker * cfg.rollout_steps
 
 
 def wait_limit_s(cfg: Any) -> float:

@@ -289,7 +289,7 @@ class RolloutWorker:
         # GAE: each group's steps kept as rounds and cut as columns (the slots' segmenters stay unused)
         size = cfg.envs_per_worker // cfg.env_groups
         self.groups = [EnvGroup(self.slots[g:g + size],
-                                ColumnarGae(size, cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+                                ColumnarGae(size, cfg.rollout_steps, cfg.gamma, cfg.gae_lambda)
                                 if cfg.advantage == "gae" else None)
                        for g in range(0, cfg.envs_per_worker, size)]
 

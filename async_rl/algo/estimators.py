@@ -7,7 +7,7 @@ name     where    unit     critic  how
 =======  =======  =======  ======  ==================================================================
 gae      worker   step     yes     the worker cuts its stream into pieces and adds advantage and
                                    value_target to each step record (``segmenter``)
-vtrace   trainer  segment  yes     the worker ships segments of rollout_local_buf steps; the trainer
+vtrace   trainer  segment  yes     the worker ships segments of rollout_steps steps; the trainer
                                    corrects them off-policy with its current weights (``loss_inputs``)
 grpo     replay   step     no      group-relative advantages over n rollouts of one start state
 rloo     replay   step     no      leave-one-out baseline over the same groups
@@ -79,7 +79,7 @@ class AdvantageEstimator:
 
     name: str
     where: str = "worker"  # where the advantage is computed: "worker" | "replay" (group assembler) | "trainer"
-    unit: str = "step"  # a replay item: "step" (one step record) | "segment" (rollout_local_buf steps)
+    unit: str = "step"  # a replay item: "step" (one step record) | "segment" (rollout_steps steps)
     needs_critic: bool = True
     needs_group_rollouts: bool = False
     min_group_size: int = 1  # group estimators that compare a group's members need 2 or more
@@ -255,7 +255,7 @@ class Gae(AdvantageEstimator):
     name = "gae"
 
     def segmenter(self, cfg: Any) -> Segmenter:
-        return GaeSegmenter(cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+        return GaeSegmenter(cfg.rollout_steps, cfg.gamma, cfg.gae_lambda)
 
 
 # ---- vtrace -------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ class Vtrace(AdvantageEstimator):
     rewards_on_trainer = True
 
     def segmenter(self, cfg: Any) -> Segmenter:
-        return VtraceSegmenter(cfg.rollout_local_buf)
+        return VtraceSegmenter(cfg.rollout_steps)
 
     def prepare(self, batch: TensorDict, cfg: Any) -> TensorDict:
         return batch  # advantages come per minibatch, from the current weights

@@ -22,6 +22,7 @@ from async_rl.config.schema import SECTIONS, RunConfig
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.plugin_options import describe_options, yaml_inline
 from async_rl.policies import available_policies, policy_kwargs_checked, policy_options_model
+from async_rl.renamed_keys import renamed_flag
 from async_rl.validation import validate_model
 
 
@@ -229,8 +230,12 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
     namespace, unknown = parser.parse_known_args(argv)
     flags = [a for a in unknown if a.startswith("--")]
     if flags or unknown:
+        first = (flags or unknown)[0].split("=")[0]
+        renamed = renamed_flag(first)
+        if renamed:
+            raise ConfigError(f"flag {first} is now {renamed} (same meaning, same value)")
         valid = [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
-        raise ConfigError(unknown_key_message((flags or unknown)[0].split("=")[0], valid, "flag"))
+        raise ConfigError(unknown_key_message(first, valid, "flag"))
     args = vars(namespace)
     if "config" in args:
         files.append(read_config_file(args["config"], f"--config {args['config']}"))

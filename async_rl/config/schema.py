@@ -6,7 +6,7 @@ supervised) and ``RunConfig``, every key typed with its default and checked acro
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import pydantic
 
@@ -22,6 +22,7 @@ from async_rl.algo import (
 from async_rl.algo.losses import PolicyLoss
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.config.supervised import SupervisedSection
+from async_rl.renamed_keys import renamed_run_keys
 from async_rl.validation import ConfigSection
 
 Positive = pydantic.PositiveInt
@@ -174,7 +175,7 @@ class ObjectiveSection(_Section):
 
 class ScaleSection(_Section):
     """How many of each actor, batch sizes, replay, and resources (named as in ds_libero_ppo.py); defaults fit
-    a 2-core machine. Sizes count steps (PPO) or segments of ``rollout_local_buf`` steps (V-trace)."""
+    a 2-core machine. Sizes count steps (PPO) or segments of ``rollout_steps`` steps (V-trace)."""
 
     num_trainers: Positive = 2
     num_inference_actors: Positive = 1
@@ -187,7 +188,9 @@ class ScaleSection(_Section):
     inline_env_steps: bool = False
     """step the envs on the worker's event loop, not its env thread: saves two thread hand-offs per round;
     for envs whose round takes milliseconds (a blocked loop answers pings and pause calls a round late)"""
-    rollout_local_buf: Positive = 64
+    rollout_steps: Positive = 64
+    """steps each env takes before its worker ships them: PPO's rollout length (GAE runs over them, bootstrapped
+    at the cut), V-trace's segment"""
     inference_batch: Positive = 2
     inference_timeout_ms: pydantic.PositiveFloat = 2.0
     """longest wait to fill an inference batch"""
@@ -284,6 +287,8 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
     """Every knob of a run, flat (``cfg.gamma``); ``cfg.section("objective")`` is one section, frozen."""
 
     model_config = pydantic.ConfigDict(frozen=False, validate_assignment=True)
+    # Keys of earlier versions: a config that still uses one is refused with its new spelling.
+    renamed_keys: ClassVar[dict[str, str]] = renamed_run_keys()
 
     @property
     def optimizer_steps_per_update(self) -> int:

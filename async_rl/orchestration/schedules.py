@@ -11,7 +11,7 @@ from async_rl.errors import ActorTimeoutError
 
 
 def items_are_segments(cfg: Any) -> bool:
-    """Whether a replay item is a segment of ``rollout_local_buf`` steps (else one step)."""
+    """Whether a replay item is a segment of ``rollout_steps`` steps (else one step)."""
     from async_rl.algo import advantage_estimator  # noqa: PLC0415
 
     return advantage_estimator(cfg.advantage).unit == "segment"
@@ -19,12 +19,12 @@ def items_are_segments(cfg: Any) -> bool:
 
 def worker_share(cfg: Any, items: int) -> int:
     """Env steps each rollout worker takes in synchronous mode so that together they push at least
-    ``items`` replay items (steps, or whole segments of ``rollout_local_buf`` steps in each of a
+    ``items`` replay items (steps, or whole segments of ``rollout_steps`` steps in each of a
     worker's lock-stepped envs)."""
     per_worker = -(-max(items, 1) // cfg.num_rollout_workers)
     rounds = -(-per_worker // cfg.envs_per_worker)  # lock-step: every env steps each round
     if items_are_segments(cfg):
-        return rounds * cfg.rollout_local_buf * cfg.envs_per_worker
+        return rounds * cfg.rollout_steps * cfg.envs_per_worker
     # Per step: a pause holds back each env's last step (it bootstraps the cut), hence one more round.
     return (rounds + 1) * cfg.envs_per_worker
 

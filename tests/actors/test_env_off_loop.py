@@ -59,7 +59,7 @@ class GatedTasks:
 
 
 def test_a_slow_env_step_does_not_block_the_workers_health_calls(ray_local, tmp_path):
-    cfg = load_config(["--envs-per-worker", "1", "--actor-timeout-s", "30", "--rollout-local-buf", "4", "--no-inline-env-steps"],
+    cfg = load_config(["--envs-per-worker", "1", "--actor-timeout-s", "30", "--rollout-steps", "4", "--no-inline-env-steps"],
                       str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     tag = f"envloop{id(tmp_path)}"
     spec = {"state_dim": 3}

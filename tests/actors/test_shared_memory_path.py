@@ -52,7 +52,7 @@ def reach():
 
 
 def worker_cfg(mode: str):
-    return load_config(["--envs-per-worker", str(K), "--rollout-local-buf", "8", "--actor-timeout-s", "30",
+    return load_config(["--envs-per-worker", str(K), "--rollout-steps", "8", "--actor-timeout-s", "30",
                         "--shared-memory", mode], str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
 
 

@@ -58,7 +58,7 @@ class CountingTasks:
 def reference_items(seed: int, steps: int, value, cfg) -> dict[tuple, dict[str, float]]:
     """One env stepped alone through the estimator's segmenter: (obs) -> the fields of its step."""
     env, preprocess, segmenter = CountingEnv(seed), build_preprocessor("mlp", SPEC), GaeSegmenter(
-        cfg.rollout_local_buf, cfg.gamma, cfg.gae_lambda)
+        cfg.rollout_steps, cfg.gamma, cfg.gae_lambda)
     obs, items = preprocess(env.reset(), "count"), {}
     for _ in range(steps):
         raw, reward, terminated, truncated, _ = env.step(None)
@@ -83,7 +83,7 @@ def test_k_lockstepped_envs_match_single_env_references(ray_local, envs, groups,
     """Also with the envs in two lock-step groups (one group's request in flight while the other steps)
     stepped on the worker's event loop: the same experience per env."""
     K = envs
-    cfg = load_config(["--envs-per-worker", str(K), "--rollout-local-buf", "4", "--reward-scale", "1",
+    cfg = load_config(["--envs-per-worker", str(K), "--rollout-steps", "4", "--reward-scale", "1",
                        "--actor-timeout-s", "60", "--env-groups", str(groups),
                        "--inline-env-steps" if inline else "--no-inline-env-steps"],
                       str(ROOT / "configs" / "metaworld_mt1_ppo.yaml"))

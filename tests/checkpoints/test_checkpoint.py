@@ -84,6 +84,32 @@ def test_resume_refuses_a_checkpoint_of_another_shape(tmp_path):
         load_config(["--resume", str(path), "--num-trainers", "1", "--normalize-advantages-per", "task"], DEFAULT)
 
 
+def test_a_checkpoint_saved_under_renamed_keys_resumes_and_old_spellings_are_refused_in_one_line(tmp_path):
+    saved = load_config([], DEFAULT).model_dump(mode="json")
+    saved["rollout_local_buf"] = saved.pop("rollout_steps")  # as an earlier version wrote it
+    path = ckpt.commit(ckpt.staging_dir(tmp_path / "checkpoints", 1), {"format": ckpt.FORMAT, "epoch": 1, "config": saved}, keep=1)
+    assert ckpt.read_meta(path)["config"]["rollout_steps"] == saved["rollout_local_buf"]
+    load_config(["--resume", str(path)], DEFAULT)  # the same run, resumed
+    with pytest.raises(ConfigError, match="rollout_steps=64 but this run has rollout_steps=8"):
+        load_config(["--resume", str(path), "--rollout-steps", "8"], DEFAULT)
+    with pytest.raises(ConfigError, match=r"^flag --rollout-local-buf is now --rollout-steps \(same meaning"):
+        load_config(["--rollout-local-buf", "8"], DEFAULT)
+    old_file = tmp_path / "old.yaml"
+    old_file.write_text("rollout_local_buf: 8\n")
+    with pytest.raises(ConfigError, match="config key 'rollout_local_buf' is now 'rollout_steps'"):
+        load_config(["--config", str(old_file)], DEFAULT)
+
+
+def test_a_compiler_gym_checkpoint_saved_with_baseline_thre_reads_as_leaky_above(tmp_path):
+    saved = {"env": "compiler_gym", "env_kwargs": {"baseline_thre": 0.5, "max_steps": 10}, "rollout_local_buf": 16}
+    path = ckpt.commit(ckpt.staging_dir(tmp_path / "checkpoints", 1), {"format": ckpt.FORMAT, "epoch": 1, "config": saved}, keep=1)
+    config = ckpt.read_meta(path)["config"]
+    assert config["env_kwargs"] == {"leaky_above": 0.5, "max_steps": 10} and config["rollout_steps"] == 16
+    assert config["normalize_advantages_per"] == "batch"  # a key added since: what the old version did
+    with pytest.raises(ConfigError, match=r"^flag --env.baseline-thre is now --env.leaky-above \(same meaning"):
+        load_config(["--env", "compiler_gym", "--env.baseline-thre", "0.5"], DEFAULT)
+
+
 def _cfg(log_dir, *extra):
     return load_config([
         "--log-dir", str(log_dir), "--swanlab-mode", "disabled", "--num-eval-workers", "0", "--envs-per-worker", "2",

@@ -130,7 +130,7 @@ def test_a_libero_vla_run_resumes_from_its_own_checkpoint(tmp_path):
             "--num-rollout-workers", "1", "--max-minutes", "null",
             "--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], "
                             "max_episode_steps: 10, settle_steps: 2}",
-            "--rollout-local-buf", "8", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8",
+            "--rollout-steps", "8", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8",
             "--updates-per-epoch", "1", *extra], str(ROOT / "configs" / "libero_ppo.yaml"))
 
     first = run(cfg("a", "--max-epochs", "1"))

@@ -92,7 +92,7 @@ def test_impossible_resources_are_refused_before_ray_starts(tmp_path):
     (["--num-rollout-workers", "2", "--envs-per-worker", "8"], 1, 16),
     (["--num-rollout-workers", "3", "--envs-per-worker", "4"], 100, 40),
     # V-trace: 8 segments of 16 steps over 2 workers x 2 envs = 2 segments per env = 64 steps per worker.
-    (["--advantage", "vtrace", "--rollout-local-buf", "16", "--num-rollout-workers", "2", "--envs-per-worker", "2",
+    (["--advantage", "vtrace", "--rollout-steps", "16", "--num-rollout-workers", "2", "--envs-per-worker", "2",
       "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8"], 8, 64),
 ])
 def test_sync_worker_share_covers_the_items_needed(overrides, items, share):
@@ -180,7 +180,7 @@ def test_a_bad_base_is_one_line_naming_the_file(tmp_path, files, message):
 OLD_METAWORLD_GPU = dict(
     env="metaworld", env_kwargs={"benchmark": "MT10", "task": None, "max_episode_steps": 500}, policy="mlp",
     advantage="gae", device="cuda", num_trainers=4, num_inference_actors=1, num_rollout_workers=40, envs_per_worker=1,
-    rollout_local_buf=64, inference_batch=8, inference_timeout_ms=300, replay_capacity=1000, train_batch_size=20,
+    rollout_steps=64, inference_batch=8, inference_timeout_ms=300, replay_capacity=1000, train_batch_size=20,
     accumulation_steps=13, super_batch_size=260, log_interval_seconds=10, trainer_num_cpus=1, inference_num_cpus=1,
     worker_num_cpus=0.25, log_dir="runs/metaworld_gpu_preset")
 _VLA_KWARGS = {"cameras": ["agentview"], "max_prompt_tokens": 64, "unnorm_key": "libero_spatial",
@@ -190,7 +190,7 @@ OLD_LIBERO_GPU = dict(
     policy="vla", policy_kwargs={**_VLA_KWARGS, "init_log_std": -1.0}, model_path=None, init_from=None, lora_rank=32, lora_alpha=16,
     lora_dropout=0.0, lora_target_modules=r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
     lora_trainable=["action_head", "value_head"], advantage="gae", device="cuda", precision="bf16", num_trainers=4,
-    num_inference_actors=1, num_rollout_workers=40, envs_per_worker=1, rollout_local_buf=64, inference_batch=8,
+    num_inference_actors=1, num_rollout_workers=40, envs_per_worker=1, rollout_steps=64, inference_batch=8,
     inference_timeout_ms=300, replay_capacity=1000, train_batch_size=20, accumulation_steps=13, super_batch_size=260,
     log_interval_seconds=10, replay_sampling="reuse", updates_per_epoch=1, lr_policy=1e-5, lr_value=1e-4,
     reward_scale=1.0, trainer_num_cpus=1, inference_num_cpus=1, worker_num_cpus=0.5, num_eval_workers=0,

@@ -22,6 +22,7 @@ LAYERS = {
     "async_rl.jsonl": 0,  # the evaluation commands' problem files
     "async_rl.rewards": 0,  # reward functions of the text envs (TRL's convention; the code_tests one runs the sandbox)
     "async_rl.user_cache": 0,
+    "async_rl.renamed_keys": 0,  # config keys of earlier versions: refused in configs, migrated in checkpoints
     "async_rl.media": 0, "async_rl.experience": 0,  # the record's schema and wire format; estimators (algo) build records
     "async_rl.algo": 1,
     "async_rl.config": 2, "async_rl.policies": 2, "envs": 2,  # config: the schema, its sections and the loader

@@ -49,7 +49,7 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                  "--swanlab-mode", "disabled", "--env-kwargs", env_kwargs, "--envs-per-worker", "1",
                  "--log-interval-seconds", "0.01", "--updates-per-epoch", "1", "--train-batch-size", "4",
                  "--accumulation-steps", "2", "--super-batch-size", "8", "--replay-capacity", "64",
-                 "--rollout-local-buf", "4"]
+                 "--rollout-steps", "4"]
     if policy == "mlp":  # the final evaluation also searches with the policy behind the inference actor
         overrides += ["--eval-search", "best-of-2", "--eval-search-budget", "8"]
     else:  # mixed precision (formerly tests/policies/test_bf16.py's own Passformer run)

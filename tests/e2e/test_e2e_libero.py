@@ -54,7 +54,7 @@ def test_real_run(tmp_path, launch_config):
         "--swanlab-mode", "offline", "--log-interval-seconds", "0.01", "--num-rollout-workers", "1",
         "--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
                         "settle_steps: 2}",
-        "--rollout-local-buf", "8", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8",
+        "--rollout-steps", "8", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8",
         "--updates-per-epoch", "1",
     ]
     if discrete:

@@ -64,7 +64,7 @@ def test_real_run(tmp_path, launch_config, clip_mode, extra):
         "--eval-episodes", "1", "--log-interval-seconds", "0.01", "--updates-per-epoch", "1",
     ]
     if "vtrace" in launch_config:
-        overrides += ["--rollout-local-buf", "16", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8"]
+        overrides += ["--rollout-steps", "16", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8"]
     else:
         overrides += ["--train-batch-size", "32", "--accumulation-steps", "2", "--super-batch-size", "64"]
     cfg = load_config(overrides, str(ROOT / "configs" / launch_config))

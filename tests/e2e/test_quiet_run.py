@@ -18,7 +18,7 @@ SHORT = [  # the main job's launch and config, a few small epochs on one LIBERO 
     "--clip-mode", "soft_clip", "--max-epochs", "3", "--max-minutes", "null", "--num-rollout-workers", "1",
     "--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
                     "settle_steps: 2}",
-    "--rollout-local-buf", "8", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8",
+    "--rollout-steps", "8", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8",
     "--updates-per-epoch", "1", "--swanlab-mode", "offline",
 ]
 

@@ -16,7 +16,7 @@ from async_rl.process_setup import pythonpath_with
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--clip-mode", "clip", "--max-minutes", "10", "--swanlab-mode", "offline", "--log-interval-seconds", "0.5",
         "--env-kwargs", "{benchmark: MT1, task: reach-v3, max_episode_steps: 40}", "--updates-per-epoch", "1",
-        "--num-rollout-workers", "1", "--rollout-local-buf", "16", "--train-batch-size", "4", "--accumulation-steps", "2",
+        "--num-rollout-workers", "1", "--rollout-steps", "16", "--train-batch-size", "4", "--accumulation-steps", "2",
         "--super-batch-size", "8", "--checkpoint-interval-epochs", "1000"]
 
 

@@ -156,7 +156,7 @@ def test_native_checkpoint_trains_through_model_path(tmp_path, family, policy):
                        "--num-rollout-workers", "1", "--num-eval-workers", "0",
                        "--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], "
                                        "max_episode_steps: 10, settle_steps: 2}",
-                       "--rollout-local-buf", "8", "--train-batch-size", "4", "--accumulation-steps", "2",
+                       "--rollout-steps", "8", "--train-batch-size", "4", "--accumulation-steps", "2",
                        "--super-batch-size", "8", "--updates-per-epoch", "1",
                        "--critic-warmup-epochs", "0"],  # the policy trains from the first epoch (the check below)
                       str(ROOT / "configs" / f"libero_ppo{'_discrete' if policy == 'vla_discrete' else ''}.yaml"))
