@@ -176,7 +176,8 @@ def test_shared_memory_answers_equal_ray_answers_on_metaworld_observations(ray_l
         reference = ray.get(inference.request.remote(batch, True), timeout=30)
         # One after the other: requests batched together could meet a forward of another size, whose
         # float sums may differ in the last bit
-        answers = [ray.get(p.act.remote(batch, True), timeout=30) for p in probes]
+        # The first call also waits for the probe's process to start: 120 s bounds a hang (30 s timed out at load ~27)
+        answers = [ray.get(p.act.remote(batch, True), timeout=120) for p in probes]
         for answer, _ in answers:
             assert answer.keys() == reference.keys()
             for key in reference:
