@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import numpy as np
 import pydantic
 
-from async_rl.errors import ConfigError
 from async_rl.rewards.functions import parse_reward_specs
 from async_rl.rewards.math_answer import answer_matches
 from envs import register_env
@@ -44,6 +44,7 @@ LEVELS = {
     5: Level(3, 10, 999, "+-*"),
 }
 HELDOUT_BUCKETS = 10  # one expression in ten is held out
+COUNTED_LEVEL_SIZE = 100_000  # a level with at most this many expressions has its held-out ones counted
 HELDOUT_SEED = 20261125
 PROMPT = "What is {expr}? Answer with the number only."
 
@@ -59,36 +60,57 @@ def _level(difficulty: int) -> Level:
     return LEVELS[difficulty]
 
 
+def _expression(nums: Any, ops: Any) -> str:
+    """``"63 - 88"``: the operands with the operators between them."""
+    return " ".join([str(nums[0])] + [f"{op} {n}" for op, n in zip(ops, nums[1:])])
+
+
 def draw_problem(rng: np.random.Generator, difficulty: int, heldout: bool) -> dict[str, Any]:
     """A problem of ``difficulty`` from the held-out or the training side: ``{"prompt", "answer", "expr"}``."""
     level = _level(difficulty)
     while True:
         nums = rng.integers(level.low, level.high + 1, size=level.operands)
         ops = rng.choice(list(level.ops), size=level.operands - 1)
-        expr = " ".join([str(nums[0])] + [f"{op} {n}" for op, n in zip(ops, nums[1:])])
+        expr = _expression(nums, ops)
         if is_heldout(expr) == heldout:
             # Only + - * on small integers: eval of this generated string is exact integer arithmetic.
             return {"prompt": PROMPT.format(expr=expr), "answer": int(eval(expr, {"__builtins__": {}})), "expr": expr}
+
+
+@functools.lru_cache(maxsize=None)
+def heldout_capacity(difficulty: int) -> int:
+    """How many distinct held-out problems ``difficulty`` offers (the most ``heldout_size`` may ask for). A small
+    level's are counted. A large level holds out about a tenth of its expressions, give or take about the square
+    root of that, and half the tenth is returned: that many are surely there, and more is never asked for."""
+    level = _level(difficulty)
+    operands = range(level.low, level.high + 1)
+    size = len(operands) ** level.operands * len(level.ops) ** (level.operands - 1)
+    if size > COUNTED_LEVEL_SIZE:
+        return size // HELDOUT_BUCKETS // 2
+    return sum(is_heldout(_expression(nums, ops)) for nums in itertools.product(operands, repeat=level.operands)
+               for ops in itertools.product(level.ops, repeat=level.operands - 1))
 
 
 @functools.lru_cache(maxsize=16)
 def _heldout(n: int, difficulty: int) -> tuple:
     rng = np.random.default_rng([HELDOUT_SEED, difficulty])
     seen: dict[str, dict] = {}
+    # Drawing n of a pool of heldout_capacity >= n takes a few times n draws; the bound only stops a bug.
     for _ in range(50 * n + 1000):
         if len(seen) == n:
             return tuple(seen.values())
         problem = draw_problem(rng, difficulty, heldout=True)
         seen.setdefault(problem["expr"], problem)
-    raise ConfigError(f"arithmetic difficulty {difficulty} has fewer than {n} distinct held-out problems "
-                      f"(found {len(seen)}); ask for fewer or raise the difficulty")
+    raise RuntimeError(f"arithmetic difficulty {difficulty}: drew only {len(seen)} of {n} held-out problems, "
+                       f"though heldout_capacity says {heldout_capacity(difficulty)}")
 
 
 def heldout_problems(n: int = 200, difficulty: int = 2) -> list[dict[str, Any]]:
     """The fixed held-out list: ``n`` distinct problems ``{"prompt", "answer", "expr"}``, the same in
     every process (the first ``n`` of a longer list are the same problems)."""
-    if n < 1:
-        raise ValueError(f"heldout_problems n must be >= 1, got {n}")
+    if not 1 <= n <= heldout_capacity(difficulty):
+        raise ValueError(f"heldout_problems n must be 1..{heldout_capacity(difficulty)} at difficulty {difficulty}, "
+                         f"got {n}")
     return [dict(p) for p in _heldout(int(n), int(difficulty))]
 
 
@@ -127,7 +149,16 @@ class ArithmeticOptions(TextEnvOptions):
     difficulty: int = pydantic.Field(2, ge=min(LEVELS), le=max(LEVELS))
     """a key of LEVELS: 1 is a +- b up to 50 ... 5 three operands up to 999 with *"""
     heldout_size: pydantic.PositiveInt = 200
-    """problems in the fixed held-out list"""
+    """problems in the fixed held-out list (at most heldout_capacity(difficulty): 497 at difficulty 1)"""
+
+    @pydantic.model_validator(mode="after")
+    def _enough_heldout_problems(self) -> "ArithmeticOptions":
+        capacity = heldout_capacity(self.difficulty)
+        if self.heldout_size > capacity:
+            raise ValueError(f"arithmetic heldout_size {self.heldout_size}: difficulty {self.difficulty} has only "
+                             f"{capacity} distinct held-out problems; set heldout_size <= {capacity} or raise the "
+                             "difficulty")
+        return self
 
 
 @register_env("arithmetic", options=ArithmeticOptions, final_evaluation=heldout_evaluation)

@@ -86,21 +86,24 @@ SETTLE_ACTION = np.array([0.0] * 6 + [-1.0])
 TaskSpec = Union[int, str]
 
 
-def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, TaskSpec, Sequence[TaskSpec]]) -> list[int]:
-    """Task indices of the suite's standard order; an index past the suite or an unknown name (which the
-    options cannot know without the suite) is a one-line ConfigError."""
+def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, Sequence[TaskSpec]]) -> list[int]:
+    """Task indices of the suite's standard order (``tasks`` as LiberoOptions left it: "all" or a list, no item
+    twice); an index past the suite, an unknown name or a task given by index and by name (which the options
+    cannot know without the suite) is a one-line ConfigError."""
     if tasks == "all":
         return list(range(len(all_names)))
     indices: list[int] = []
-    for item in [tasks] if isinstance(tasks, (int, str)) else tasks:
+    for item in tasks:
         if item not in range(len(all_names)) and item not in all_names:  # an index past the suite or an unknown name
             close = difflib.get_close_matches(str(item), all_names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"unknown {suite} task {item!r}{hint}; give an index 0..{len(all_names) - 1} or one of "
                               f"its task names")
-        indices.append(item if isinstance(item, int) else all_names.index(item))
-    if len(set(indices)) != len(indices):
-        raise ConfigError(f"libero tasks {tasks!r} name a task twice; list each once")
+        index = all_names.index(item) if item in all_names else item
+        if index in indices:
+            raise ConfigError(f"libero tasks {list(tasks)} give task {index} ({all_names[index]}) by its index and by "
+                              "its name; list each task once")
+        indices.append(index)
     return indices
 
 
@@ -158,10 +161,16 @@ class LiberoOptions(ConfigSection):
 
     @pydantic.field_validator("tasks")
     @classmethod
-    def _some_tasks(cls, tasks: Any) -> Any:
-        if isinstance(tasks, list) and not tasks:
+    def _task_list(cls, tasks: Any) -> Any:
+        """"all", or the tasks as a list (one given alone is a list of one), none empty, none twice."""
+        if tasks == "all":
+            return tasks
+        listed = tasks if isinstance(tasks, list) else [tasks]
+        if not listed:
             raise ValueError('tasks is empty; give task indices, task names or "all"')
-        return tasks
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"tasks names a task twice: {listed}; list each once")
+        return listed
 
     @pydantic.field_validator("cameras")
     @classmethod

@@ -88,11 +88,26 @@ class PromptsOptions(TextEnvOptions):
     heldout_size: Optional[pydantic.PositiveInt] = None
     """evaluate only the first N held-out rows; null = all"""
     success_reward: Optional[str] = None
-    """the reward whose value >= success_threshold counts as solved; null = the first"""
+    """the reward whose value >= success_threshold counts as solved (an import path by its function's name);
+    null = the first"""
     success_threshold: float = 1.0
     """a row is solved when success_reward's value is at least this"""
     task_name: str = "prompts"
     """how logs name the task"""
+
+    @pydantic.model_validator(mode="after")
+    def _success_reward_is_a_reward(self) -> "PromptsOptions":
+        names = [_short_name(item.partition("=")[0]) for item in
+                 ([self.rewards] if isinstance(self.rewards, str) else self.rewards)]
+        if self.success_reward is not None and names and self.success_reward not in names:
+            raise ValueError(f"success_reward {self.success_reward!r} is not one of the rewards ({', '.join(names)}); "
+                             "name one of them (an import path by its function) or leave it null for the first")
+        return self
+
+
+def _short_name(source: str) -> str:
+    """How ``success_reward`` names a reward: a built-in by its name, an import path by its function's."""
+    return source.strip().rpartition(":")[2]
 
 
 def prompts_task_set(options: PromptsOptions) -> "PromptTaskSet":
@@ -133,10 +148,10 @@ def _absolute(path: Optional[str]) -> Optional[str]:
 
 
 def _success_name(specs: Sequence[RewardSpec], chosen: Optional[str]) -> str:
-    names = [s.name for s in specs]
-    if chosen is not None and chosen not in names:
-        raise ConfigError(f"success_reward {chosen!r} is not one of the rewards ({', '.join(names)})")
-    return chosen or names[0]
+    """The logged name of the reward ``chosen`` names (PromptsOptions checked that one does); None: the first's."""
+    if chosen is None:
+        return specs[0].name
+    return next(s.name for s in specs if _short_name(s.source) == chosen)
 
 
 def check_task_set(task_set: "PromptTaskSet", rows_checked: int = 64) -> None:

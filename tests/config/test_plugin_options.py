@@ -96,6 +96,22 @@ def test_the_loader_refuses_a_bad_env_or_policy_option_before_anything_starts():
         load_config(["--policy", "mlp", "--policy-kwargs", "{hiden_sizes: [8]}"])
 
 
+@pytest.mark.parametrize("env, env_kwargs, line", [
+    ("arithmetic", "{difficulty: 1, heldout_size: 600}",
+     "arithmetic heldout_size 600: difficulty 1 has only 497 distinct held-out problems; set heldout_size <= 497 or "
+     "raise the difficulty"),
+    ("prompts", "{rewards: [math, 'my_rewards:exact=2'], success_reward: format}",
+     "success_reward 'format' is not one of the rewards (math, exact); name one of them (an import path by its "
+     "function) or leave it null for the first"),
+    ("libero", "{tasks: [2, 2]}", "libero env option 'tasks' = [2, 2]: tasks names a task twice: [2, 2]; list each once"),
+])
+def test_a_relation_between_a_plugins_options_is_one_line_at_load(env, env_kwargs, line):
+    """What the options alone decide is refused by the options model when the config loads, not by the factory."""
+    with pytest.raises(ConfigError) as err:
+        load_config(["--env", env, "--env-kwargs", env_kwargs])
+    assert str(err.value) == line
+
+
 def test_env_and_policy_flags_set_one_key_each():
     cfg = load_config(["--env", "metaworld", "--env-kwargs", "{task: push-v3}", "--env.max-episode-steps", "40",
                        "--policy.hidden-sizes", "[8]"])

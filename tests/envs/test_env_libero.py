@@ -76,6 +76,8 @@ def test_task_selection_all_names_and_limits():
     assert len(ts.task_names) == 10 and ts.max_episode_steps == 300
     by_name = envs.make_task_set("libero", suite="libero_goal", tasks=[ts.task_names[3], 1])
     assert by_name.task_indices == [3, 1] and by_name.task_names == [ts.task_names[3], ts.task_names[1]]
+    with pytest.raises(ConfigError, match=r"give task 3 \(.*\) by its index and by its name; list each task once"):
+        envs.make_task_set("libero", suite="libero_goal", tasks=[ts.task_names[3], 3])  # only the suite knows
     assert envs.make_task_set("libero", suite="libero_10", tasks=0).max_episode_steps == 520
     assert envs.make_task_set("libero", suite="libero_90", tasks=[89], max_episode_steps=50).max_episode_steps == 50
 
@@ -85,7 +87,7 @@ def test_task_selection_all_names_and_limits():
     ({"tasks": ["pick_up_the_black_bowl_between_the_plate_and_the_ramekin"]}, ["unknown libero_spatial task", "did you mean"]),
     ({"tasks": [10]}, ["unknown libero_spatial task 10;", "give an index 0..9"]),
     ({"tasks": []}, ["tasks is empty"]),
-    ({"tasks": [1, 1]}, ["name a task twice"]),
+    ({"tasks": [1, 1]}, ["option 'tasks' = [1, 1]", "names a task twice", "list each once"]),
     ({"cameras": ["agentview", "front"]}, ["option 'cameras.1'", "'agentview' or 'wrist'"]),
     ({"render_backend": "glfw"}, ["option 'render_backend' = 'glfw'", "'auto', 'egl' or 'osmesa'"]),
     ({"init_state_order": "random"}, ["option 'init_state_order' = 'random'", "'cycle' or 'sample'"]),

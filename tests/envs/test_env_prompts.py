@@ -71,6 +71,20 @@ def test_a_worker_batch_is_scored_in_one_call_per_reward(files, tmp_path, monkey
     assert results[0][4]["rewards"] == {"seen": 1.0, "math": 0.0} and results[0][4]["reason"] == "solved"
 
 
+def test_success_reward_names_a_reward_as_written(files, tmp_path, monkeypatch):
+    (tmp_path / "named_rewards.py").write_text("def exact(completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    train, heldout = files
+    rewards = ["math", "named_rewards:exact=2"]
+    assert make_task_set("prompts", data=train, heldout_data=heldout, rewards=rewards).success_reward == "math"
+    chosen = make_task_set("prompts", data=train, heldout_data=heldout, rewards=rewards, success_reward="exact")
+    assert chosen.success_reward == "exact"  # an import path by its function, as reward/exact is logged
+    with pytest.raises(ConfigError) as err:  # the options refuse it, before any file is read
+        make_task_set("prompts", data=str(tmp_path / "none.jsonl"), rewards=rewards, success_reward="named_rewards")
+    assert str(err.value) == ("success_reward 'named_rewards' is not one of the rewards (math, exact); name one of "
+                              "them (an import path by its function) or leave it null for the first")
+
+
 def test_parquet_and_datasets_folders_and_chat_prompts(tmp_path):
     import datasets
 

@@ -7,7 +7,7 @@ import pytest
 
 from async_rl.errors import ConfigError
 from envs import available_envs, make_task_set
-from envs.arithmetic import arithmetic_reward, heldout_problems, is_heldout
+from envs.arithmetic import arithmetic_reward, heldout_capacity, heldout_problems, is_heldout
 from envs.humaneval import HELDOUT_TASK_IDS, code_reward, humaneval_problems, shared_pool
 
 
@@ -62,6 +62,18 @@ def test_arithmetic_splits_never_mix():
     # and across difficulties: the split is a property of the expression alone
     train_1 = make_task_set("arithmetic", difficulty=1).make_env(0, seed=0)
     assert not {train_1.reset()["prompt"] for _ in range(2000)} & {p["prompt"] for p in heldout_problems(200, 2)}
+
+
+def test_arithmetic_heldout_size_is_bounded_by_the_difficulty():
+    assert heldout_capacity(1) == 497 and len(heldout_problems(497, 1)) == 497  # the whole pool is drawn
+    assert heldout_capacity(5) > 10**6  # a large level's pool is half its expected share: never in the way
+    with pytest.raises(ConfigError) as err:  # the options refuse it: one line before anything is built
+        make_task_set("arithmetic", difficulty=1, heldout_size=498)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("arithmetic heldout_size 498: difficulty 1 has only 497")
+    assert "set heldout_size <= 497 or raise the difficulty" in message
+    with pytest.raises(ValueError, match=r"n must be 1\.\.497 at difficulty 1, got 498"):
+        heldout_problems(498, 1)
 
 
 def test_arithmetic_seeding_and_group_starts():
