@@ -81,7 +81,7 @@ def draw_problem(rng: np.random.Generator, difficulty: int, heldout: bool) -> di
 def heldout_capacity(difficulty: int) -> int:
     """How many distinct held-out problems ``difficulty`` offers (the most ``heldout_size`` may ask for). A small
     level's are counted. A large level holds out about a tenth of its expressions, give or take about the square
-    root of that, and half the tenth is returned: that many are surely there, and more is never asked for."""
+    root of that; half the tenth is returned, a count the split surely reaches (and no held-out list is longer)."""
     level = _level(difficulty)
     operands = range(level.low, level.high + 1)
     size = len(operands) ** level.operands * len(level.ops) ** (level.operands - 1)

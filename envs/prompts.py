@@ -97,8 +97,9 @@ class PromptsOptions(TextEnvOptions):
 
     @pydantic.model_validator(mode="after")
     def _success_reward_is_a_reward(self) -> "PromptsOptions":
-        names = [_short_name(item.partition("=")[0]) for item in
-                 ([self.rewards] if isinstance(self.rewards, str) else self.rewards)]
+        items = [self.rewards] if isinstance(self.rewards, str) else self.rewards
+        # A blank item is parse_reward_specs' to refuse, with its own message.
+        names = [_short_name(item.partition("=")[0]) for item in items if item.strip()]
         if self.success_reward is not None and names and self.success_reward not in names:
             raise ValueError(f"success_reward {self.success_reward!r} is not one of the rewards ({', '.join(names)}); "
                              "name one of them (an import path by its function) or leave it null for the first")

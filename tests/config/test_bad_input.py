@@ -26,6 +26,8 @@ CASES = [
     ("missing_extra", ["--block-module", "metaworld"], "MetaWorld is not installed"),
     ("policy_kwarg", ["--policy-kwargs", "{d_model: 64}"], "unknown mlp policy option 'd_model'"),
     ("env_option", ["--env.max-episode-steps", "0"], "metaworld env option 'max_episode_steps' = 0: Input should be greater than 0"),
+    ("env_options_relation", ["--env", "arithmetic", "--env-kwargs", "{difficulty: 1, heldout_size: 600}"],
+     "arithmetic heldout_size 600: difficulty 1 has only 497 distinct held-out problems; set heldout_size <= 497"),
     ("base_missing", ["--config", "{tmp}/preset.yaml"], "{tmp}/preset.yaml: base nowhere.yaml: no such file"),
     ("key_in_wrong_section", ["--config", "{tmp}/sections.yaml"], "config key 'gamma' belongs to section 'objective', not 'scale'"),
 ]
