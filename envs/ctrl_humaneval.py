@@ -36,7 +36,7 @@ from async_rl.errors import ConfigError
 from async_rl.sandbox import CHANNEL_VIOLATIONS, REASONS, SandboxResult
 from envs import register_env
 from envs._text import EVAL_BATCH, PreparedStepEnv, TextEnvOptions, TextTaskSetBase, action_key, response_text
-from envs.humaneval import shared_pool
+from envs.humaneval import TRAIN_TASK_IDS, shared_pool
 
 TextFn = Callable[[list[str]], list[str]]
 
@@ -201,6 +201,15 @@ class CTRLOptions(TextEnvOptions):
     """only these training problems (e.g. [HumanEval/23]); null = all"""
     heldout_cases: Optional[int] = pydantic.Field(16, ge=2)
     """the balanced held-out set of the final evaluation (half correct, half not); null = as many as balance allows"""
+
+    @pydantic.field_validator("task_ids")
+    @classmethod
+    def _training_problems(cls, task_ids: Optional[list[str]]) -> Optional[list[str]]:
+        not_training = [t for t in task_ids or () if t not in TRAIN_TASK_IDS]
+        if not_training:  # else dropped quietly: a typo would train on fewer problems than asked
+            raise ValueError(f"{not_training} are not HumanEval training problems (HumanEval/0..163, less every 5th "
+                             "id: those are held out); name training ids, e.g. HumanEval/23")
+        return task_ids
 
 
 @register_env("ctrl_humaneval", options=CTRLOptions, final_evaluation=ctrl_final_evaluation)

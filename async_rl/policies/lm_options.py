@@ -34,3 +34,10 @@ class CausalLMOptions(ConfigSection):
     """training recomputes each decoder layer in backward (less memory, ~1.35x the time)"""
     disable_dropout: bool = True
     """every dropout of the model off, so that the trainer computes what the sampler computed"""
+
+    @pydantic.model_validator(mode="after")
+    def _lengths_ordered(self) -> "CausalLMOptions":
+        if self.min_new_tokens > self.max_new_tokens:  # eos could never be sampled: every response hits the cap
+            raise ValueError(f"min_new_tokens {self.min_new_tokens} > max_new_tokens {self.max_new_tokens}; "
+                             "set min_new_tokens at most max_new_tokens")
+        return self

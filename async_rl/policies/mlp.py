@@ -13,7 +13,7 @@ from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.categorical_mlp import CategoricalMLPActorCritic
 from async_rl.policies.features import AutophasePreprocessor, StatePreprocessor
-from async_rl.policies.nets import cast_inputs, mlp
+from async_rl.policies.nets import cast_inputs, check_log_std_range, mlp
 from async_rl.validation import ConfigSection
 
 
@@ -82,6 +82,11 @@ class MLPOptions(ConfigSection):
     """the log-std is clamped to [min_log_std, max_log_std]"""
     max_log_std: float = 1.0
     """the upper bound of the clamped log-std"""
+
+    @pydantic.model_validator(mode="after")
+    def _log_std_range(self) -> "MLPOptions":
+        check_log_std_range(self.init_log_std, self.min_log_std, self.max_log_std)
+        return self
 
 
 def _mlp_policy(obs_spec: ObsSpec, action_dim: int, **kwargs: Any) -> ActorCritic:

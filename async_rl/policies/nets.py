@@ -16,6 +16,14 @@ import torch
 from torch import nn
 
 
+def check_log_std_range(init_log_std: float, min_log_std: float, max_log_std: float) -> None:
+    """A Gaussian head's log-std options: the clamp is a range and the initial log-std lies in it (outside,
+    the clamp holds it at a bound where its gradient is zero, so the std would never be trained)."""
+    if not min_log_std <= init_log_std <= max_log_std:
+        raise ValueError(f"log-std options need min_log_std <= init_log_std <= max_log_std, got {min_log_std} <= "
+                         f"{init_log_std} <= {max_log_std}; set them in that order")
+
+
 def mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:
     """Tanh MLP ``sizes[0] -> ... -> sizes[-1]``: orthogonal init (gain sqrt 2, ``out_gain`` on the
     last layer), zero biases, no activation after the last layer."""

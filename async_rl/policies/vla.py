@@ -44,7 +44,7 @@ from async_rl.algo.behaviour_cloning import behaviour_cloning_loss, gaussian_bc_
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec, check_env_prompts_fit
-from async_rl.policies.nets import cast_inputs
+from async_rl.policies.nets import cast_inputs, check_log_std_range
 from async_rl.policies.vla_heads import (NUM_BINS, ActionNormalizer, action_token_log_prob, action_token_logits,
                                          gaussian_head, gaussian_params, normalized_to_tokens, tokens_to_normalized,
                                          value_head)
@@ -104,6 +104,18 @@ class VLAOptions(ConfigSection):
     """run the checkpoint's own modeling code (OpenVLA needs it)"""
     tiny_vla: Optional[TinyVLAShape] = None
     """the tiny VLA's shape when no model is given, e.g. {patch_size: 8}"""
+
+    @pydantic.field_validator("cameras")
+    @classmethod
+    def _cameras_once(cls, cameras: list[str]) -> list[str]:
+        if len(set(cameras)) != len(cameras):  # each camera is one image slot of the model's input
+            raise ValueError(f"cameras {cameras} name a camera twice; list each once")
+        return cameras
+
+    @pydantic.model_validator(mode="after")
+    def _log_std_range(self) -> "VLAOptions":
+        check_log_std_range(self.init_log_std, self.min_log_std, self.max_log_std)
+        return self
 
 
 # ---- worker side -----------------------------------------------------------------------------

@@ -112,6 +112,22 @@ def test_a_relation_between_a_plugins_options_is_one_line_at_load(env, env_kwarg
     assert str(err.value) == line
 
 
+@pytest.mark.parametrize("policy, policy_kwargs, line", [
+    ("mlp", "{init_log_std: -6}", "log-std options need min_log_std <= init_log_std <= max_log_std, got -5.0 <= -6.0 "
+                                  "<= 1.0; set them in that order"),
+    ("vla", "{min_log_std: 1.0}", "log-std options need min_log_std <= init_log_std <= max_log_std, got 1.0 <= -1.0 "
+                                  "<= 0.5; set them in that order"),
+    ("vla", "{cameras: [wrist, agentview, wrist]}", "vla policy option 'cameras' = ['wrist', 'agentview', 'wrist']: "
+                                                    "cameras ['wrist', 'agentview', 'wrist'] name a camera twice; list each once"),
+    ("causal_lm", "{min_new_tokens: 65}", "min_new_tokens 65 > max_new_tokens 64; set min_new_tokens at most "
+                                          "max_new_tokens"),
+])
+def test_a_relation_between_a_policys_options_is_one_line_at_load(policy, policy_kwargs, line):
+    with pytest.raises(ConfigError) as err:
+        load_config(["--policy", policy, "--policy-kwargs", policy_kwargs])
+    assert str(err.value) == line
+
+
 def test_env_and_policy_flags_set_one_key_each():
     cfg = load_config(["--env", "metaworld", "--env-kwargs", "{task: push-v3}", "--env.max-episode-steps", "40",
                        "--policy.hidden-sizes", "[8]"])

@@ -2,6 +2,7 @@
 of all envs go to the reviser in ONE call (here a reviser that answers hand-written revisions, so that the
 rewards are known), critiques without a judgment line are not revised, the sandbox scores each revision,
 a repeated revision is answered by the cache, and the counters say so. Bad options are ConfigErrors."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,10 +73,14 @@ def test_format_check_off_revises_critiques_without_a_judgment_line():
     ({"missing_judgment_reward": 1.0}, "option 'missing_judgment_reward' = 1.0: Input should be less than or equal to 0"),
     ({"reviser_batch": 0}, "option 'reviser_batch' = 0: Input should be greater than 0"),
     ({"reviser_model_path": "/no/such/model"}, "--reviser-model-path /no/such/model: no such file or directory"),
-    ({"task_ids": ["HumanEval/0"]}, "no training or no held-out case left"),  # a held-out id is never trained on
+    ({"task_ids": ["HumanEval/23", "HumanEval/0", "HumanEval/999"]},  # a held-out id is never trained on
+     "option 'task_ids' = ['HumanEval/23', 'HumanEval/0', 'HumanEval/999']: ['HumanEval/0', 'HumanEval/999'] are not "
+     "HumanEval training problems (HumanEval/0..163, less every 5th id: those are held out); name training ids, e.g. "
+     "HumanEval/23"),
+    ({"max_prompt_chars": 10}, "no training or no held-out case left"),
 ])
 def test_bad_options(options, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         make_task_set("ctrl_humaneval", **options)
 
 
