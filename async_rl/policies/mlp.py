@@ -85,7 +85,7 @@ class MLPOptions(ConfigSection):
 
     @pydantic.model_validator(mode="after")
     def _log_std_range(self) -> "MLPOptions":
-        check_log_std_range(self.init_log_std, self.min_log_std, self.max_log_std)
+        check_log_std_range(self.min_log_std, self.max_log_std)
         return self
 
 

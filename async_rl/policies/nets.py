@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 
-def check_log_std_range(init_log_std: float, min_log_std: float, max_log_std: float) -> None:
-    """A Gaussian head's log-std options: the clamp is a range and the initial log-std lies in it (outside,
-    the clamp holds it at a bound where its gradient is zero, so the std would never be trained)."""
-    if not min_log_std <= init_log_std <= max_log_std:
-        raise ValueError(f"log-std options need min_log_std <= init_log_std <= max_log_std, got {min_log_std} <= "
-                         f"{init_log_std} <= {max_log_std}; set them in that order")
+def check_log_std_range(min_log_std: float, max_log_std: float) -> None:
+    """A Gaussian head's log-std clamp is a range. (An initial or loaded log-std outside it is allowed: the clamp
+    then holds the std at its bound, which configs use to cap exploration noise.)"""
+    if min_log_std > max_log_std:
+        raise ValueError(f"min_log_std {min_log_std} > max_log_std {max_log_std}; the log-std is clamped to "
+                         "[min_log_std, max_log_std]: set min_log_std at most max_log_std")
 
 
 def mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:

@@ -113,10 +113,10 @@ def test_a_relation_between_a_plugins_options_is_one_line_at_load(env, env_kwarg
 
 
 @pytest.mark.parametrize("policy, policy_kwargs, line", [
-    ("mlp", "{init_log_std: -6}", "log-std options need min_log_std <= init_log_std <= max_log_std, got -5.0 <= -6.0 "
-                                  "<= 1.0; set them in that order"),
-    ("vla", "{min_log_std: 1.0}", "log-std options need min_log_std <= init_log_std <= max_log_std, got 1.0 <= -1.0 "
-                                  "<= 0.5; set them in that order"),
+    ("mlp", "{min_log_std: 2}", "min_log_std 2.0 > max_log_std 1.0; the log-std is clamped to [min_log_std, "
+                                "max_log_std]: set min_log_std at most max_log_std"),
+    ("vla", "{max_log_std: -6}", "min_log_std -5.0 > max_log_std -6.0; the log-std is clamped to [min_log_std, "
+                                 "max_log_std]: set min_log_std at most max_log_std"),
     ("vla", "{cameras: [wrist, agentview, wrist]}", "vla policy option 'cameras' = ['wrist', 'agentview', 'wrist']: "
                                                     "cameras ['wrist', 'agentview', 'wrist'] name a camera twice; list each once"),
     ("causal_lm", "{min_new_tokens: 65}", "min_new_tokens 65 > max_new_tokens 64; set min_new_tokens at most "
