@@ -13,7 +13,9 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
+
+import pydantic
 
 import torch
 
@@ -55,18 +57,23 @@ def export_policy(module: torch.nn.Module, directory: Path, meta: Mapping[str, A
     return directory
 
 
+class ExportMeta(pydantic.BaseModel, extra="allow"):
+    """An export's ``policy.json``: this format, and what it was made for (policy, env, model, ...)."""
+
+    format: Literal[FORMAT]
+
+
 def read_export_meta(path: str | Path) -> dict[str, Any]:
     """The export's ``policy.json``; ConfigError naming the problem for anything that is not an export."""
     # An unfinished export lacks policy.json (written last).
     directory = checked_folder(path, f"init_from {path}", "pass a folder written by launch/sft.py (a policy export)",
                                holds=(META, WEIGHTS))
     try:
-        meta = json.loads((directory / META).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"init_from {path}: unreadable {META} ({exc}); export the policy again") from None
-    if meta.get("format") != FORMAT:
-        raise ConfigError(f"init_from {path}: format {meta.get('format')!r}, expected {FORMAT}; export the policy again")
-    return meta
+        return ExportMeta.model_validate_json((directory / META).read_bytes()).model_dump()
+    except (OSError, pydantic.ValidationError) as exc:
+        problem = exc.errors()[0]["msg"] if isinstance(exc, pydantic.ValidationError) else exc
+        raise ConfigError(f"init_from {path}: {META} is not a policy export's ({problem}); export the policy "
+                          "again") from None
 
 
 def resolve_export(path: str) -> Path:

@@ -65,3 +65,18 @@ def test_a_folder_that_is_not_an_export_names_the_missing_files(tmp_path):
         check_init_from(str(tmp_path / "half"), "causal_lm", "lm_arithmetic")
     with pytest.raises(ConfigError, match="init_from .*nowhere: no such directory"):
         check_init_from(str(tmp_path / "nowhere"), "causal_lm", "lm_arithmetic")
+
+
+@pytest.mark.parametrize("meta, problem", [
+    ("{not json", "Invalid JSON"),
+    ('{"format": "async_rl.policy/0", "policy": "mlp"}', "Input should be 'async_rl.policy/1'"),
+    ('["async_rl.policy/1"]', "Input should be an object"),
+])
+def test_a_policy_json_of_another_format_is_one_line(tmp_path, meta, problem):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / WEIGHTS).write_bytes(b"")
+    (tmp_path / "old" / META).write_text(meta)
+    with pytest.raises(ConfigError) as err:
+        check_init_from(str(tmp_path / "old"), "mlp", "metaworld")
+    assert str(err.value).startswith(f"init_from {tmp_path / 'old'}: {META} is not a policy export's ({problem}")
+    assert str(err.value).endswith("; export the policy again") and "\n" not in str(err.value)
