@@ -1,19 +1,58 @@
 """Rows of prompts from a user's file: JSONL, Parquet, or a folder a Hugging Face ``datasets`` object was
 saved to (``save_to_disk``; a ``DatasetDict`` is read by split). One row per prompt: a ``prompt`` column
 (plain text, or chat messages ``[{"role": "user", "content": ...}]``) and any other columns, which the
-rewards receive. Every problem with a file is a one-line ConfigError naming the flag, the file and the row.
+rewards receive. A row's shape is a schema (``PromptRow``); every problem with a file is a one-line
+ConfigError naming the flag, the file and the row.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Annotated, Any, Optional, Sequence, Union
+
+import pydantic
 
 from async_rl.errors import ConfigError
 from async_rl.jsonl import jsonl_values
 
 FORMATS = "a .jsonl file, a .parquet file or a datasets save_to_disk folder"
+NEEDS_PROMPT = "needs a \"prompt\": a string or a list of chat messages [{\"role\": \"user\", \"content\": ...}]"
+
+
+def _not_blank(prompt: str) -> str:
+    if not prompt.strip():
+        raise ValueError("an empty prompt")
+    return prompt
+
+
+class ChatMessage(pydantic.BaseModel):
+    """One message of a chat prompt; other keys are kept."""
+
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
+    role: str
+    content: Any
+
+
+def _one_user_message(messages: list[ChatMessage]) -> list[ChatMessage]:
+    roles = [m.role for m in messages]
+    if roles != ["user"]:
+        # The causal-LM preprocessor builds [system_prompt, user] itself from one user message.
+        raise ValueError(f"chat prompts of one user message are supported, got roles {roles}; put a system message "
+                         "in --policy-kwargs \"{system_prompt: ...}\"")
+    return messages
+
+
+TextPrompt = Annotated[str, pydantic.AfterValidator(_not_blank)]
+ChatPrompt = Annotated[list[ChatMessage], pydantic.Field(min_length=1), pydantic.AfterValidator(_one_user_message)]
+
+
+class PromptRow(pydantic.BaseModel):
+    """A row of a user's file: a prompt (non-blank text, or chat messages: one user message) and any other
+    columns, which the rewards receive. Strict: a value of another type is refused, not converted."""
+
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
+    prompt: Union[TextPrompt, ChatPrompt]
 
 
 @dataclass(frozen=True)
@@ -26,7 +65,7 @@ class Rows:
 
 @functools.lru_cache(maxsize=8)
 def read_rows(path: str, split: Optional[str] = None, flag: str = "--data") -> Rows:
-    """The rows of ``path`` (for a saved ``DatasetDict``, of its ``split``), each checked to have a prompt;
+    """The rows of ``path`` (for a saved ``DatasetDict``, of its ``split``), each checked against ``PromptRow``;
     read once per process."""
     p = Path(path).expanduser()
     name = f"{path}{_of(split)}"
@@ -46,7 +85,7 @@ def read_rows(path: str, split: Optional[str] = None, flag: str = "--data") -> R
     if not rows:
         raise ConfigError(f"{flag} {name}: no rows in it")
     for row, label in zip(rows, labels):
-        check_prompt(row, f"{flag} {label}")
+        check_row(row, f"{flag} {label}")
     return Rows(tuple(rows), tuple(labels))
 
 
@@ -54,13 +93,9 @@ def _of(split: Optional[str]) -> str:
     return f" (split {split})" if split else ""
 
 
-def _jsonl(p: Path, flag: str) -> list[tuple[int, dict]]:
-    out = []
-    for number, row in jsonl_values(p, flag, "{\"prompt\": ..., ...} rows"):
-        if not isinstance(row, dict):
-            raise ConfigError(f"{flag} {p} line {number}: a row must be a JSON object with a \"prompt\"")
-        out.append((number, row))
-    return out
+def _jsonl(p: Path, flag: str) -> list[tuple[int, Any]]:
+    """(line number, value) of every row; ``check_row`` refuses a value that is not a row."""
+    return list(jsonl_values(p, flag, "{\"prompt\": ..., ...} rows"))
 
 
 def _parquet(p: Path, flag: str) -> list[dict]:
@@ -92,21 +127,20 @@ def is_split_folder(path: str) -> bool:
     return (Path(path).expanduser() / "dataset_dict.json").is_file()
 
 
-def check_prompt(row: dict, where: str) -> None:
-    prompt = row.get("prompt")
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ConfigError(f"{where}: an empty prompt")
-        return
-    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
-        roles = [m["role"] for m in prompt]
-        if roles != ["user"]:
-            # The causal-LM preprocessor builds [system_prompt, user] itself from one user message.
-            raise ConfigError(f"{where}: chat prompts of one user message are supported, got roles {roles}; put a "
-                              "system message in --policy-kwargs \"{system_prompt: ...}\"")
-        return
-    raise ConfigError(f"{where}: needs a \"prompt\": a string or a list of chat messages "
-                      "[{\"role\": \"user\", \"content\": ...}]" + ("" if "prompt" in row else f" (its keys: {', '.join(map(str, row))})"))
+def check_row(row: Any, where: str) -> None:
+    """``row`` against ``PromptRow``; the one place its refusal becomes a line naming ``where`` (flag, file and
+    row) and the fix: the schema's own message where a check of it failed, else what a row needs."""
+    try:
+        PromptRow.model_validate(row)
+    except pydantic.ValidationError as exc:
+        ours = [e["msg"].removeprefix("Value error, ") for e in exc.errors() if e["type"] == "value_error"]
+        if ours:
+            problem = ours[0]
+        elif not isinstance(row, dict):
+            problem = "a row must be a JSON object with a \"prompt\""
+        else:
+            problem = NEEDS_PROMPT + ("" if "prompt" in row else f" (its keys: {', '.join(map(str, row))})")
+        raise ConfigError(f"{where}: {problem}") from None
 
 
 def prompt_text(prompt: Any) -> str:
