@@ -15,9 +15,10 @@ rewards see batches as in TRL and sandboxed code tests run in parallel. Each rew
 ``reward/<name>`` (mean, and ``reward/<name>_std``) besides ``reward/total``, the weighted sum that trains.
 An episode succeeds when the first reward (or ``success_reward``) reaches ``success_threshold``.
 
-Checked in the driver before Ray starts (one ConfigError line each): the files exist and parse, every
-reward's required columns are in every row, train and held-out share no prompt, and every reward runs on
-the first rows (a dry run with stand-in completions) returning one finite float per completion.
+Checked in the driver before Ray starts (one ConfigError line each): --data is given (the options' schema,
+as the config loads), the files exist and parse, every reward's required columns are in every row, train and
+held-out share no prompt, and every reward runs on the first rows (a dry run with stand-in completions)
+returning one finite float per completion.
 """
 from __future__ import annotations
 
@@ -73,8 +74,8 @@ class FileRows:
 class PromptsOptions(TextEnvOptions):
     """Your own prompts and rewards."""
 
-    data: Optional[str] = None
-    """the training rows (--data): JSONL, Parquet or a datasets folder"""
+    data: str
+    """the training rows (--data): JSONL, Parquet or a datasets folder; required"""
     heldout_data: Optional[str] = None
     """the held-out rows (--heldout-data); null when data is a saved DatasetDict (its heldout_split)"""
     rewards: Union[str, list[str]] = ["math"]
@@ -95,6 +96,14 @@ class PromptsOptions(TextEnvOptions):
     task_name: str = "prompts"
     """how logs name the task"""
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _training_rows_given(cls, values: Any) -> Any:
+        """The required ``data``, refused with the flag that sets it rather than pydantic's "Field required"."""
+        if isinstance(values, dict) and values.get("data") is None:
+            raise ValueError("env prompts needs its training rows: --data FILE (JSONL, Parquet or a datasets folder)")
+        return values
+
     @pydantic.model_validator(mode="after")
     def _success_reward_is_a_reward(self) -> "PromptsOptions":
         items = [self.rewards] if isinstance(self.rewards, str) else self.rewards
@@ -113,8 +122,6 @@ def _short_name(source: str) -> str:
 
 def prompts_task_set(options: PromptsOptions) -> "PromptTaskSet":
     """The prompts env over the rows of ``options.data``, held-out rows apart, scored by ``options.rewards``."""
-    if options.data is None:  # not a schema constraint: launch/ds_lm_grpo.py's --data fills it after the config loads
-        raise ConfigError("env prompts needs its training rows: --data FILE (JSONL, Parquet or a datasets folder)")
     data, heldout_data = _absolute(options.data), _absolute(options.heldout_data)  # Ray's workers may start elsewhere
     dict_folder = is_split_folder(str(data))
     train = FileRows(str(data), options.train_split if dict_folder else None, "--data")

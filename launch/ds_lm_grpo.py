@@ -11,8 +11,8 @@ held-out prompts greedily (eval/ scalars, eval_problems.json).
     python launch/ds_lm_grpo.py --max-minutes 20
     python launch/ds_lm_grpo.py --env humaneval --clip-mode pacs
 
-Shorthand flags of this launch (the prompts env's options data, heldout_data, rewards; also settable with
---env-kwargs):
+Shorthand flags of this launch (the prompts env's options data, heldout_data, rewards: --env.data, --env.heldout-data,
+--env.rewards, which they become before the config loads; also settable with --env-kwargs):
   --data PATH                  training rows: JSONL, Parquet or a datasets save_to_disk folder; a "prompt" column
                                (text or chat messages) and any others, which the rewards receive
   --heldout-data PATH          held-out rows (no prompt in common with --data), answered greedily at the end
@@ -21,6 +21,7 @@ Shorthand flags of this launch (the prompts env's options data, heldout_data, re
                                one (default 1); each is logged as reward/<name>, their weighted sum trains
 """
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -31,37 +32,39 @@ if __package__ in (None, ""):  # run as a script
 from async_rl.errors import ConfigError  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lm_arithmetic.yaml"
-SHORTHANDS = {"data": "data", "heldout_data": "heldout_data", "reward": "rewards"}  # flag -> env option
+SHORTHANDS = {"data": "data", "heldout_data": "heldout-data", "reward": "rewards"}  # flag -> its --env.KEY flag
 
 
-def split_shorthands(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """This launch's own flags (as prompts-env options) and the rest of the command line; with any of them and
-    no --env, the rest selects --env prompts (whose config variant, configs/lm_prompts.yaml, then applies)."""
+def expand_shorthands(argv: list[str]) -> list[str]:
+    """The command line with this launch's own flags written as the prompts env's option flags (``--data X``:
+    ``--env.data X``; every ``--reward``: one ``--env.rewards`` list), so the env's options schema checks them
+    with the rest of env_kwargs as the config loads; with any of them and no --env, --env prompts is added (its
+    config variant, configs/lm_prompts.yaml, then applies). ConfigError if they come with another --env."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--data", default=argparse.SUPPRESS)
     parser.add_argument("--heldout-data", dest="heldout_data", default=argparse.SUPPRESS)
     parser.add_argument("--reward", action="append", default=argparse.SUPPRESS)
+    parser.add_argument("--env", default=None)
     known, rest = parser.parse_known_args(argv)
-    options = {SHORTHANDS[key]: value for key, value in vars(known).items()}
-    if options and not any(a == "--env" or a.startswith("--env=") for a in rest):
-        rest = ["--env", "prompts", *rest]
-    return options, rest
-
-
-def amend_with(options: dict[str, Any]):
-    """The driver's ``amend``: the shorthand flags into the prompts env's options."""
-    def amend(cfg) -> None:
-        if options and cfg.env != "prompts":
-            raise ConfigError(f"--data, --heldout-data and --reward are options of --env prompts, not --env {cfg.env}")
-        cfg.env_kwargs = {**cfg.env_kwargs, **options}
-    return amend
+    env = vars(known).pop("env")
+    if not vars(known):
+        return argv
+    if env not in (None, "prompts"):
+        raise ConfigError(f"--data, --heldout-data and --reward are options of --env prompts, not --env {env}")
+    # JSON values are YAML the loader reads back as given: a path stays a string whatever it looks like.
+    options = [part for flag, value in vars(known).items() for part in (f"--env.{SHORTHANDS[flag]}", json.dumps(value))]
+    return ["--env", "prompts", *rest, *options]
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     from async_rl.driver import main as run_main  # noqa: PLC0415  (Ray and torch: after the flags are split)
 
-    options, rest = split_shorthands(sys.argv[1:] if argv is None else argv)
-    return run_main(str(CONFIG), __doc__, rest, amend_with(options))
+    try:
+        rest = expand_shorthands(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:  # the driver's convention for bad input: one line, exit code 2
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return run_main(str(CONFIG), __doc__, rest)
 
 
 if __name__ == "__main__":

@@ -98,14 +98,13 @@ def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkey
         "    return [max(0.0, 1.0 - len(c) / 40) for c in completions]\n")
     monkeypatch.chdir(tmp_path)
     launch = _launch_module()
-    options, rest = launch.split_shorthands([
+    rest = launch.expand_shorthands([
         "--data", "train.jsonl", "--heldout-data", "heldout.jsonl", "--reward", "math", "--reward", "e2e_user_rewards:brevity=0.5",
         "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled", "--log-interval-seconds", "0.01",
         "--group-size", str(GROUP), "--envs-per-worker", str(2 * GROUP), "--inference-batch", str(2 * GROUP),
         "--policy-kwargs", f"{{max_prompt_tokens: 64, max_new_tokens: {NEW_TOKENS}}}", "--train-batch-size", str(GROUP),
         "--accumulation-steps", "2", "--super-batch-size", str(2 * GROUP), "--replay-capacity", "64", "--lora-rank", "4"])
     cfg = load_config(rest, str(launch.CONFIG))
-    launch.amend_with(options)(cfg)
     assert cfg.env == "prompts" and cfg.env_kwargs["rewards"] == ["math", "e2e_user_rewards:brevity=0.5"]
     summary = run(cfg)
     assert summary["epochs"] == 2

@@ -12,6 +12,7 @@ from async_rl.actors.stats import StatsAggregator
 from async_rl.errors import ConfigError
 from async_rl.orchestration.metrics import snapshot_scalars
 from envs import final_evaluation_for, make_task_set
+from envs._prompt_rows import NEEDS_PROMPT, read_rows
 
 TRAIN = [{"prompt": f"What is {a} + 1?", "answer": a + 1, "level": "easy"} for a in range(10)]
 HELDOUT = [{"prompt": f"Add one to {a}.", "answer": a + 1, "level": "easy"} for a in range(5)]
@@ -160,16 +161,61 @@ def test_final_evaluation_reports_each_reward(files):
     assert [r["prompt"] for r in rows] == [r["prompt"] for r in HELDOUT[:3]] and rows[1]["rewards"]["math"] == 0.0
 
 
-def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("line, problem", [
+    ('{"prompt": "  ", "answer": 1}', "an empty prompt"),
+    ('{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"}]}',
+     "chat prompts of one user message are supported, got roles ['system', 'user']; put a system message in "
+     "--policy-kwargs \"{system_prompt: ...}\""),
+    ('{"question": "x?", "answer": 1}', NEEDS_PROMPT + " (its keys: question, answer)"),
+    ('{"prompt": [], "answer": 1}', NEEDS_PROMPT),
+    ('{"prompt": [{"role": "user"}], "answer": 1}', NEEDS_PROMPT),
+    ('{"prompt": 7, "answer": 1}', NEEDS_PROMPT),
+    ('["x?", 1]', 'a row must be a JSON object with a "prompt"'),
+])
+def test_a_row_the_schema_refuses_is_one_line_naming_the_flag_file_line_and_fix(tmp_path, line, problem):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "fine?", "answer": 1}\n' + line + "\n")
+    with pytest.raises(ConfigError) as err:
+        read_rows(str(path), None, "--heldout-data")
+    assert str(err.value) == f"--heldout-data {path} line 2: {problem}"
+
+
+def test_a_rows_other_columns_and_message_keys_are_kept(tmp_path):
+    row = {"prompt": [{"role": "user", "content": "1 + 1?", "name": "u"}], "answer": 2, "meta": {"level": 1}}
+    assert read_rows(write_jsonl(tmp_path / "rows.jsonl", [row])).rows == (row,)
+
+
+def _launch():
     import importlib.util
     from pathlib import Path
-
-    import ray
 
     spec = importlib.util.spec_from_file_location("ds_lm_grpo_bad_input", Path(__file__).resolve().parents[2] / "launch" / "ds_lm_grpo.py")
     launch = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(launch)
+    return launch
+
+
+def test_the_launchs_shorthands_are_the_prompts_envs_option_flags(files):
+    from async_rl.config import load_config
+
+    launch, (train, heldout) = _launch(), files
+    rest = launch.expand_shorthands(["--data", train, "--reward", "math", "--max-epochs", "1", "--reward", "length=0.5",
+                                     "--heldout-data", heldout])
+    cfg = load_config(rest, str(launch.CONFIG))
+    assert (cfg.env, cfg.max_epochs, cfg.log_dir) == ("prompts", 1, "runs/lm_prompts")  # configs/lm_prompts.yaml
+    assert {k: cfg.env_kwargs[k] for k in ("data", "heldout_data", "rewards")} == {
+        "data": train, "heldout_data": heldout, "rewards": ["math", "length=0.5"]}
+    assert load_config(launch.expand_shorthands(["--data", "2024", "--env", "prompts"]),
+                       str(launch.CONFIG)).env_kwargs["data"] == "2024"  # a path, whatever YAML makes of it
+    assert launch.expand_shorthands(["--env", "humaneval", "--max-epochs", "1"]) == ["--env", "humaneval", "--max-epochs", "1"]
+
+
+def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, monkeypatch, capsys):
+    import ray
+
+    launch = _launch()
     train, heldout = files
+    system = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"}], "answer": 2}]
     (tmp_path / "broken_rewards.py").write_text("import a_module_that_is_not_installed\n")
     monkeypatch.chdir(tmp_path)
     cases = [
@@ -178,6 +224,14 @@ def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, mo
         (["--data", train, "--heldout-data", heldout, "--reward", "maths"], "unknown reward 'maths'"),
         (["--data", train, "--heldout-data", heldout, "--reward", "broken_rewards:f"], "does not import"),
         (["--data", train, "--heldout-data", train], "share 10 prompt(s)"),
+        (["--heldout-data", heldout, "--reward", "math"],
+         "env prompts needs its training rows: --data FILE (JSONL, Parquet or a datasets folder)"),
+        (["--env", "prompts", "--env-kwargs", "{data: null}"], "env prompts needs its training rows: --data FILE"),
+        (["--env", "humaneval", "--data", train], "--data, --heldout-data and --reward are options of --env prompts, "
+                                                  "not --env humaneval"),
+        (["--data", write_jsonl(tmp_path / "s.jsonl", system), "--heldout-data", heldout],
+         "s.jsonl line 1: chat prompts of one user message are supported, got roles ['system', 'user']; put a system "
+         "message in --policy-kwargs"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_:
