@@ -37,7 +37,8 @@ from benchmarks import common  # noqa: E402
 from envs.compiler_gym.client import compiler_gym_unavailable_reason  # noqa: E402
 from envs.compiler_gym.evaluation import format_search_table, search_horizon, search_programs  # noqa: E402
 from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_uris  # noqa: E402
-from envs.compiler_gym.search import ModelPolicy, parse_search  # noqa: E402
+from envs.compiler_gym.options import parse_search  # noqa: E402
+from envs.compiler_gym.search import ModelPolicy  # noqa: E402
 from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
 from launch.eval_compilergym import load_policy, read_run_config  # noqa: E402
 
@@ -138,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for search in args.searches:
         try:
-            parse_search(search, allow_none=False, what="--searches entry")
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            parse_search(search, allow_none=False)  # the validator of the env's eval_search option
+        except ValueError as exc:
+            print(f"error: --searches entry '{search}' is {exc}", file=sys.stderr)
             return 2
     reason = compiler_gym_unavailable_reason()
     if reason:

@@ -29,7 +29,8 @@ from async_rl.errors import ConfigError  # noqa: E402
 from envs.compiler_gym.client import CompilerGymServerError  # noqa: E402
 from envs.compiler_gym.evaluation import format_search_table, search_programs  # noqa: E402
 from envs.compiler_gym.programs import program_uris  # noqa: E402
-from envs.compiler_gym.search import ModelPolicy, SearchSpec, parse_search  # noqa: E402
+from envs.compiler_gym.options import parse_search  # noqa: E402
+from envs.compiler_gym.search import ModelPolicy, SearchSpec  # noqa: E402
 
 # Options of the saved run that pick its programs: the evaluation picks its own.
 _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_search", "eval_search_budget")
@@ -42,7 +43,10 @@ def read_run_config(checkpoint: Path) -> dict[str, Any]:
 
 def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSpec, list[str]]:
     """Every check that needs neither a compiler nor a model: (checkpoint, its config, search, programs)."""
-    spec = parse_search(args.search, allow_none=False, what="--search")
+    try:
+        spec = parse_search(args.search, allow_none=False)  # the validator of the env's eval_search option
+    except ValueError as exc:
+        raise ConfigError(f"--search '{args.search}' is {exc}") from None
     if args.budget < 1:
         raise ConfigError(f"--budget must be a positive number of compilations per program, got {args.budget}")
     programs = program_uris(args.benchmark_dir, "--benchmark-dir")

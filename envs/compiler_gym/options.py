@@ -2,12 +2,40 @@
 server's timeouts and the final evaluation's search. Every check that needs no file and no server is here."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Optional
+import re
+from typing import Annotated, Any, ClassVar, Literal, Optional
 
 import pydantic
 
 from async_rl.validation import ConfigSection
-from envs.compiler_gym.search import parse_search
+from envs.compiler_gym.search import SearchSpec
+
+_SPEC = re.compile(r"^(greedy|best-of-(\d+)|beam-(\d+))$")
+SEARCH_FORMS = "none, greedy, best-of-K or beam-K (K >= 1, e.g. best-of-16, beam-4)"
+
+
+def parse_search(spec: Any, allow_none: bool = True) -> Optional[SearchSpec]:
+    """``"greedy"``, ``"best-of-16"``, ``"beam-4"`` (or ``"none"`` -> None): the validator of the option type
+    ``SearchOrNone`` and of the commands' search flags, which report its ValueError as ``--search 'x' is not a
+    search; valid: ...`` (exit code 2)."""
+    text = str(spec).strip().lower()
+    if allow_none and text in ("none", ""):
+        return None
+    m = _SPEC.match(text)
+    k = int(m.group(2) or m.group(3) or 1) if m else 0
+    if not m or k < 1:
+        forms = SEARCH_FORMS if allow_none else SEARCH_FORMS.replace("none, ", "")
+        raise ValueError(f"not a search; valid: {forms}")
+    return SearchSpec("greedy" if text == "greedy" else text.rsplit("-", 1)[0], k)
+
+
+def _search_or_none(text: str) -> str:
+    parse_search(text)
+    return text
+
+
+# A search as an option's value: none or a search, kept as written.
+SearchOrNone = Annotated[str, pydantic.AfterValidator(_search_or_none)]
 
 # (first seed, count) of csmith-generated programs
 SeedRange = tuple[pydantic.NonNegativeInt, pydantic.PositiveInt]
@@ -34,7 +62,7 @@ class CompilerGymOptions(ConfigSection):
     """train on the .c/.cpp/.bc files of this folder instead (the first eval_fraction of them held out)"""
     eval_benchmark_dir: Optional[str] = None
     """held-out programs of their own (every file of the folder, e.g. envs/programs), whatever the training ones"""
-    eval_search: str = "none"
+    eval_search: SearchOrNone = "none"
     """a search the final evaluation adds: none, greedy, best-of-K, beam-K (--eval-search sets it)"""
     eval_search_budget: pydantic.NonNegativeInt = 0
     """the search's compilations per program; 0 = 16 x the episode length"""
@@ -74,12 +102,6 @@ class CompilerGymOptions(ConfigSection):
     """the observation's action_mask rules out the passes run since the instruction count last changed"""
     success_vs_oz: pydantic.PositiveFloat = 1.0
     """an episode succeeds when -Oz count / count >= this; 1.0 = at least as small as -Oz"""
-
-    @pydantic.field_validator("eval_search")
-    @classmethod
-    def _a_search(cls, search: Any) -> Any:
-        parse_search(search, what="compiler_gym eval_search")
-        return search
 
     @pydantic.model_validator(mode="after")
     def _disjoint_seeds(self) -> "CompilerGymOptions":

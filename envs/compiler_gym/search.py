@@ -23,24 +23,20 @@ deterministic model of IR counts in the tests. This module imports nothing of th
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from async_rl.errors import ConfigError
 from async_rl.tokens import PAD_ID, SPECIAL_TOKENS
-
-_SPEC = re.compile(r"^(greedy|best-of-(\d+)|beam-(\d+))$")
-SEARCH_FORMS = "none, greedy, best-of-K or beam-K (K >= 1, e.g. best-of-16, beam-4)"
 
 
 # ---- what to run -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SearchSpec:
-    """A parsed ``--eval-search`` value: ``kind`` greedy | best-of | beam, ``k`` samples or width."""
+    """A parsed search (``envs.compiler_gym.options.parse_search``): ``kind`` greedy | best-of | beam, ``k``
+    samples or width."""
 
     kind: str
     k: int = 1
@@ -48,20 +44,6 @@ class SearchSpec:
     @property
     def name(self) -> str:
         return "greedy" if self.kind == "greedy" else f"{self.kind}-{self.k}"
-
-
-def parse_search(spec: Any, allow_none: bool = True, what: str = "search") -> Optional[SearchSpec]:
-    """``"greedy"``, ``"best-of-16"``, ``"beam-4"`` (or ``"none"`` -> None); ConfigError naming
-    ``what`` (the option that gave it) otherwise."""
-    text = str(spec).strip().lower()
-    if allow_none and text in ("none", ""):
-        return None
-    m = _SPEC.match(text)
-    k = int(m.group(2) or m.group(3) or 1) if m else 0
-    if not m or k < 1:
-        forms = SEARCH_FORMS if allow_none else SEARCH_FORMS.replace("none, ", "")
-        raise ConfigError(f"{what} '{spec}' is not a search; valid: {forms}")
-    return SearchSpec("greedy" if text == "greedy" else text.rsplit("-", 1)[0], k)
 
 
 class Budget:

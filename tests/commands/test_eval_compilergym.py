@@ -84,6 +84,16 @@ def test_bad_input_is_one_line_and_exit_code_2_before_anything_starts(tmp_path, 
                                                                         "e.g. best-of-16, beam-4)"]
 
 
+def test_the_benchmarks_searches_are_checked_by_the_same_validator_one_line_exit_2(capsys):
+    """benchmarks/bench_compilergym.py: a bad --searches entry, before any run or compiler starts."""
+    from benchmarks.bench_compilergym import main
+
+    assert main(["--checkpoint", "runs/none", "--searches", "greedy,beam-{beam}", "--beam-width", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --searches entry 'beam-0' is not a search; valid: greedy, best-of-K or beam-K (K >= 1, e.g. best-of-16, "
+        "beam-4)"]
+
+
 def test_a_server_failure_during_the_search_is_one_line_exit_1_and_nothing_written(tmp_path, capsys, monkeypatch):
     import launch.eval_compilergym as cli
     from envs.compiler_gym.client import CompilerGymServerError
