@@ -75,7 +75,7 @@ class PromptsOptions(TextEnvOptions):
     """Your own prompts and rewards."""
 
     data: str
-    """the training rows (--data): JSONL, Parquet or a datasets folder; required"""
+    """the training rows (--data): JSONL, Parquet or a datasets folder"""
     heldout_data: Optional[str] = None
     """the held-out rows (--heldout-data); null when data is a saved DatasetDict (its heldout_split)"""
     rewards: Union[str, list[str]] = ["math"]
