@@ -1,6 +1,7 @@
 """Shared fixtures and helpers of the test suite."""
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -15,6 +16,9 @@ TESTS = Path(__file__).resolve().parent
 # tests/ mirrors the package (tests/README.md, Layout): a Ray worker that unpickles a class or function of a
 # test module imports that module by its name, so every folder of tests goes on the workers' path.
 TEST_DIRS = [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name[0] not in "._" and p.name != "coverage_hook")]
+# The test process gets the same path, so a test importing another folder's helpers (e.g. tests/policies from
+# tests/e2e's test_e2e_libero) runs alone or in a layer too, not only when pytest collected that folder first.
+sys.path.extend(str(d) for d in TEST_DIRS if str(d) not in sys.path)
 # --durations-json: per-file wall time kept in tests/durations.json (`make durations`, tests/README.md).
 pytest_plugins = ["durations_record"]
 
