@@ -250,6 +250,9 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
     cfg = validate_model(RunConfig, resolved, "config key")
     envs.env_options(cfg.env, cfg.env_kwargs)  # the plugins' own options: one line now, before anything starts
     policy_kwargs_checked(cfg.policy, cfg.policy_kwargs)
+    if cfg.model_path is not None and "model_path" not in policy_options_model(cfg.policy).model_fields:
+        # A policy's options declare whether it loads a model: --model-path would be ignored, unnoticed.
+        raise ConfigError(f"policy '{cfg.policy}' loads no model; drop --model-path (or use a policy that does, e.g. vla)")
     _check_paths(cfg)
     if args.get("print_config"):
         print(format_config(cfg), end="")

@@ -71,8 +71,6 @@ def prepare_policy(name: str, obs_spec: ObsSpec, action_dim: int, model_path: Op
     kwargs = policy_kwargs_checked(name, kwargs)
     if prepare is not None:
         return prepare(obs_spec, action_dim, model_path, kwargs)
-    if model_path is not None:
-        raise ConfigError(f"policy '{name}' loads no model; drop --model-path (or use a policy that does, e.g. vla)")
     # A policy without a prepare hook is small: build it once here, so that a kwarg it does not
     # take or an env whose observations it cannot read fails now, not inside every actor.
     try:

@@ -242,8 +242,8 @@ def test_bad_model_path_and_kwargs_are_config_errors(tmp_path, model_path):
         prepare_policy("vla", SPEC, 7, model_path, {"hidden_sizes": [64]})
     with pytest.raises(ConfigError, match="cameras"):
         prepare_policy("vla", SPEC, 7, model_path, {"cameras": ["frontview"]})
-    with pytest.raises(ConfigError, match="loads no model"):
-        prepare_policy("mlp", {"state_dim": 39}, 4, model_path, {})
+    with pytest.raises(ConfigError, match=r"^policy 'mlp' loads no model; drop --model-path \(or use a policy that does"):
+        load_config(["--policy", "mlp", "--model-path", str(model_path)])  # refused when the config loads
     with pytest.raises(ConfigError, match="more than max_prompt_tokens=8; raise policy_kwargs max_prompt_tokens"):
         prepare_policy("vla", {**SPEC, "instructions": INSTRUCTIONS}, 7, model_path, {"max_prompt_tokens": 8})
 
