@@ -26,7 +26,7 @@ import random
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from tensordict import TensorDict
 
 from async_rl.errors import ConfigError
 from async_rl.renamed_keys import saved_config_now
+
+if TYPE_CHECKING:
+    import pydantic
 
 META = "meta.json"
 PREFIX = "epoch-"
@@ -191,8 +194,9 @@ def trained_config(checkpoint: Path, key: str, expected: str) -> dict[str, Any]:
     return config
 
 
-def check_resumable(path: Path, cfg: Any) -> None:
-    """Raise ConfigError if ``cfg`` cannot continue the run saved at ``path``."""
+def check_resumable(path: Path, cfg: pydantic.BaseModel) -> None:
+    """Raise ConfigError if ``cfg`` (the run config, read through its ``model_dump``) cannot continue the run saved
+    at ``path``."""
     try:
         meta = read_meta(path)
     except (OSError, ValueError) as exc:

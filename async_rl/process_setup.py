@@ -6,7 +6,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Optional, TypeVar
+from typing import Any, Awaitable, Optional, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -74,7 +74,23 @@ def visible_gpu_ids() -> list[int]:
     return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
 
 
-def plan_gpus(cfg: Any) -> tuple[list[Optional[int]], list[Optional[int]]]:
+class ProcessPlan(Protocol):
+    """The run options that say how many actors there are and what each reserves. This module sits below the config
+    layer, so it names the keys it reads: the RunConfig is one such object."""
+
+    device: str
+    num_trainers: int
+    num_inference_actors: int
+    num_rollout_workers: int
+    num_eval_workers: int
+    trainer_num_cpus: float
+    inference_num_cpus: float
+    worker_num_cpus: float
+    trainer_gpu_ids: Optional[list[int]]
+    inference_gpu_ids: Optional[list[int]]
+
+
+def plan_gpus(cfg: ProcessPlan) -> tuple[list[Optional[int]], list[Optional[int]]]:
     """GPU id per trainer and per inference actor (None = CPU).
 
     Default split: the first ``num_trainers`` visible GPUs train, the rest serve inference
@@ -98,7 +114,7 @@ def plan_gpus(cfg: Any) -> tuple[list[Optional[int]], list[Optional[int]]]:
     return list(trainer_ids), inference_ids
 
 
-def required_cpus(cfg: Any) -> float:
+def required_cpus(cfg: ProcessPlan) -> float:
     """CPUs the actors reserve (light actors reserve none)."""
     return (
         cfg.num_trainers * cfg.trainer_num_cpus
@@ -107,7 +123,7 @@ def required_cpus(cfg: Any) -> float:
     )
 
 
-def check_resources(cfg: Any, available_cpus: float) -> None:
+def check_resources(cfg: ProcessPlan, available_cpus: float) -> None:
     """Refuse a plan Ray could not place (it would leave an actor pending forever)."""
     need = required_cpus(cfg)
     if need > available_cpus + 1e-9:

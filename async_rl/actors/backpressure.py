@@ -10,14 +10,17 @@ restarts the wait's clock, so a slow trainer is waited for and a dead one ends t
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from async_rl.errors import ActorTimeoutError
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig, TimeoutsSection
 
 WAIT_SLICE_S = 5.0  # longest single wait on the buffer (a stop or a restart is noticed within it)
 
 
-def untrained_bound(cfg: Any) -> Optional[int]:
+def untrained_bound(cfg: RunConfig) -> Optional[int]:
     """The bound in force (None: none). Only consuming draws leave the buffer, so only then does its
     size count untrained items; synchronous mode pauses the workers itself. ``max_untrained_items``
     null: for group estimators (an item is a whole sampled episode: a language model's response), the
@@ -37,7 +40,7 @@ def untrained_bound(cfg: Any) -> Optional[int]:
     return min(max(cfg.replay_capacity - slack, cfg.num_trainers * cfg.super_batch_size), cfg.replay_capacity)
 
 
-def push_items(cfg: Any) -> int:
+def push_items(cfg: RunConfig) -> int:
     """The most replay items one push of a worker can add: a segment per env; GAE's pieces of up to
     ``rollout_steps`` rounds of every env; with groups, the whole groups its episodes complete."""
     from async_rl.algo import advantage_estimator  # noqa: PLC0415
@@ -50,7 +53,7 @@ def push_items(cfg: Any) -> int:
     return cfg.envs_per_worker * cfg.rollout_steps
 
 
-def wait_limit_s(cfg: Any) -> float:
+def wait_limit_s(cfg: TimeoutsSection) -> float:
     """How long generation waits without any trainer drawing: a live trainer draws at least once per
     epoch, whose wait for data and whose collectives are each bounded by these two timeouts."""
     return cfg.actor_timeout_s + cfg.collective_timeout_s

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import ray
@@ -21,13 +21,16 @@ from async_rl.media import frame_of
 from async_rl.process_setup import configure_torch
 from envs.base import episode_success, success_rule
 
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
+
 
 class EvaluationWorker:
     """Runs up to ``envs_per_worker`` evaluation episodes in lock-step, one inference request per
     step of all of them (one request per env step would cost as much CPU as the rollouts)."""
 
     def __init__(self, index: int, task_set: Any, preprocessor_factory: Callable[[], Any], inference: Any,
-                 inference_name: str, cfg: Any) -> None:
+                 inference_name: str, cfg: RunConfig) -> None:
         configure_torch(cfg.seed + 555_555 + index, 1)
         self.preprocess = preprocessor_factory()
         self.task_set, self.seed = task_set, cfg.seed + 900_001 * (index + 1)

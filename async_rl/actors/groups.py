@@ -34,12 +34,15 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import ray
 import torch
 from tensordict import TensorDict
+
+if TYPE_CHECKING:  # the estimators load where a group is assembled, not where this module is imported
+    from async_rl.algo.estimators import AdvantageOptions
 
 FORGET_AFTER = 100_000  # closed group ids remembered (late members of a dropped group are discarded quietly)
 START_RANGE = 2**31  # starts are drawn from [0, START_RANGE)
@@ -226,7 +229,7 @@ class GroupSpec(NamedTuple):
     max_spread: int
     num_workers: int
     stats_name: Optional[str]  # the stats actor, told groups_completed / groups_dropped (health/)
-    cfg: Any  # the estimator's episode_advantages may read its options
+    cfg: AdvantageOptions  # what the estimator's episode_advantages reads
     whole_group_draws: bool  # draw batches by whole groups (a loss comparing members: algo.draws_whole_groups)
 
 

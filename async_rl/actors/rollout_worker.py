@@ -12,7 +12,7 @@ import gc
 import math
 import os
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import ray
@@ -31,6 +31,9 @@ from async_rl.actors.peers import peer
 from async_rl.process_setup import configure_torch, wait_for
 from envs.base import StartUnavailable, episode_success, success_rule
 
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
+
 START_TRIES = 100  # group tickets in a row whose start an env slot may fail to play before the worker fails
 
 
@@ -47,7 +50,7 @@ class WorkerPeers(NamedTuple):
 class RolloutWorker:
     """Steps ``envs_per_worker`` environments in lock-step; one inference request per step of all."""
 
-    def __init__(self, index: int, peers: WorkerPeers, preprocessor_factory: Callable[[], Any], cfg: Any) -> None:
+    def __init__(self, index: int, peers: WorkerPeers, preprocessor_factory: Callable[[], Any], cfg: RunConfig) -> None:
         configure_torch(cfg.seed + 1000 * (index + 1), 1)
         inference, inference_name = peer(peers.inference), peers.inference.rsplit(":", 1)[-1]
         replay, stats = peer(peers.replay), peer(peers.stats)

@@ -13,7 +13,7 @@ import functools
 import os
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Optional
 
 import ray
 import torch
@@ -35,6 +35,9 @@ from async_rl.weights.rendezvous import connect_store, find_free_port, host_stor
 from async_rl.weights.signature import tensor_signature
 from async_rl.weights.group import WeightSyncGroup
 
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
+
 
 # An epoch "waited for data" when its super-batch was not ready: a prefetched one is handed over in
 # microseconds, one fetched at the epoch's start (sync mode) in a few milliseconds.
@@ -42,7 +45,7 @@ DATA_WAIT_S = 0.01
 
 
 class TrainerRank:
-    def __init__(self, rank: int, world_size: int, master_addr: Optional[str], master_port: Optional[int], cfg: Any,
+    def __init__(self, rank: int, world_size: int, master_addr: Optional[str], master_port: Optional[int], cfg: RunConfig,
                  policy_factory: Callable[[], torch.nn.Module], replay: Any, gpu_id: Optional[int] = None) -> None:
         """``master_addr``/``master_port`` may be None and given to ``setup`` instead (rank 0's
         ``rendezvous_endpoint`` chooses them on its node). ``gpu_id`` pins a GPU by hand (explicit

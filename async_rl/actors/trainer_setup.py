@@ -4,11 +4,14 @@ DeepSpeed ZeRO-2 config, the learning-rate schedule, and the AdamW that holds gr
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from async_rl.policies.lora import apply_lora
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import ObjectiveSection, PolicySection, RunConfig
 
 
 def warmup_cosine(warmup: int, decay_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -23,7 +26,7 @@ def warmup_cosine(warmup: int, decay_steps: int, min_ratio: float) -> Callable[[
     return factor
 
 
-def deepspeed_config(cfg: Any, dtype: torch.dtype = torch.float32) -> dict:
+def deepspeed_config(cfg: RunConfig, dtype: torch.dtype = torch.float32) -> dict:
     """DeepSpeed's config for training with weights in ``dtype`` (float32, bfloat16 or float16).
 
     float16 turns on dynamic loss scaling: the loss is multiplied by a scale that halves after
@@ -69,7 +72,7 @@ def delayed(schedule: Callable[[int], float], steps: int) -> Callable[[int], flo
     return lambda step: schedule(max(step - steps, 0))
 
 
-def training_model(cfg: Any, policy_factory: Callable[[], Any]) -> Any:
+def training_model(cfg: PolicySection, policy_factory: Callable[[], Any]) -> Any:
     """The model a trainer rank trains: the policy, with LoRA adapters when ``cfg.lora_rank`` > 0,
     its critic frozen when the estimator needs none (LoRA gave the value head adapters: frozen too)."""
     model = policy_factory()
@@ -83,7 +86,7 @@ def training_model(cfg: Any, policy_factory: Callable[[], Any]) -> Any:
     return model
 
 
-def optimizer_groups(cfg: Any, model: Any) -> list[dict[str, Any]]:
+def optimizer_groups(cfg: ObjectiveSection, model: Any) -> list[dict[str, Any]]:
     """The trainable parameters as optimiser groups ``policy`` and ``value`` (own learning rates);
     without a critic there is no value group."""
     value_ids = {id(p) for p in model.value_parameters()}  # asked after LoRA: the value head's adapters are in

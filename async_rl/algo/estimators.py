@@ -40,6 +40,25 @@ from async_rl.registry import Registry
 Tensor = torch.Tensor
 
 
+class AdvantageOptions(Protocol):
+    """The run options the estimators read. The algorithms sit below the config layer, so they name the keys they
+    need instead of the run config's class: the RunConfig is one such object, a test's namespace another."""
+
+    gamma: float
+    gae_lambda: float
+    rollout_steps: int
+    normalize_advantages: bool
+    normalize_advantages_per: str
+    normalize_group_advantages: bool
+    grpo_scale_by_std: bool
+    vtrace_clip_rho: Optional[float]
+    vtrace_clip_c: Optional[float]
+    vtrace_clip_pg_rho: Optional[float]
+    kl_ref_as: str
+    kl_ref_coef: float
+    kl_ref_estimator: str
+
+
 class Segmenter(Protocol):
     """Worker side: turns a stream of step records into replay items."""
 
@@ -86,14 +105,14 @@ class AdvantageEstimator:
     rewards_on_trainer: bool = False  # reads the rewards on the trainer: a KL-to-reference reward penalty applies
     center_batch: bool = True  # normalize_advantages subtracts the batch mean (group estimators: their group's is the baseline)
 
-    def segmenter(self, cfg: Any) -> Segmenter:
+    def segmenter(self, cfg: AdvantageOptions) -> Segmenter:
         raise NotImplementedError
 
-    def normalizes(self, cfg: Any) -> bool:
+    def normalizes(self, cfg: AdvantageOptions) -> bool:
         """Whether ``prepare`` whitens the advantages over the batch (``normalize_advantages``)."""
         return bool(cfg.normalize_advantages)
 
-    def prepare(self, batch: TensorDict, cfg: Any) -> TensorDict:
+    def prepare(self, batch: TensorDict, cfg: AdvantageOptions) -> TensorDict:
         """Trainer side, once per super-batch (every rank calls it: it may hold a collective)."""
         if not self.normalizes(cfg):
             return batch
@@ -101,14 +120,14 @@ class AdvantageEstimator:
         batch["advantage"] = whiten(batch["advantage"], batch, cfg, self.center_batch)
         return batch
 
-    def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: Any) -> LossInputs:
+    def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: AdvantageOptions) -> LossInputs:
         """Trainer side, per minibatch: the current policy's outputs next to the stored fields."""
         logp, entropy, value = model.evaluate(mb["obs"], mb[model.action_key])
         target = mb["value_target"] if self.needs_critic else None
         return LossInputs(logp, mb["logp"], entropy, value, mb["value"], target, mb["advantage"], **batch_fields(mb, model))
 
 
-def whiten(advantage: torch.Tensor, records: TensorDict, cfg: Any, center: bool = True) -> torch.Tensor:
+def whiten(advantage: torch.Tensor, records: TensorDict, cfg: AdvantageOptions, center: bool = True) -> torch.Tensor:
     """``advantage`` whitened over every rank's batch, or per task (``normalize_advantages_per``: the
     records' ``task`` field, which the workers then fill)."""
     if cfg.normalize_advantages_per == "task":
@@ -254,7 +273,7 @@ class GaeSegmenter:
 class Gae(AdvantageEstimator):
     name = "gae"
 
-    def segmenter(self, cfg: Any) -> Segmenter:
+    def segmenter(self, cfg: AdvantageOptions) -> Segmenter:
         return GaeSegmenter(cfg.rollout_steps, cfg.gamma, cfg.gae_lambda)
 
 
@@ -284,13 +303,13 @@ class Vtrace(AdvantageEstimator):
     unit = "segment"
     rewards_on_trainer = True
 
-    def segmenter(self, cfg: Any) -> Segmenter:
+    def segmenter(self, cfg: AdvantageOptions) -> Segmenter:
         return VtraceSegmenter(cfg.rollout_steps)
 
-    def prepare(self, batch: TensorDict, cfg: Any) -> TensorDict:
+    def prepare(self, batch: TensorDict, cfg: AdvantageOptions) -> TensorDict:
         return batch  # advantages come per minibatch, from the current weights
 
-    def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: Any) -> LossInputs:
+    def loss_inputs(self, mb: TensorDict, model: TrainModel, cfg: AdvantageOptions) -> LossInputs:
         steps = mb["steps"]
         b, t = steps.batch_size
         flat = steps.reshape(b * t)
@@ -346,7 +365,7 @@ class GroupEstimator(AdvantageEstimator):
     # on purpose (grpo's and rloo's advantages already have mean 0 in every group).
     center_batch = False
 
-    def normalizes(self, cfg: Any) -> bool:
+    def normalizes(self, cfg: AdvantageOptions) -> bool:
         """Only when asked (``normalize_group_advantages``): a group's advantages are already on their scale
         (grpo divides by the group's std; Dr. GRPO leaves it out on purpose), and dividing them again by the
         batch's RMS would vary their size from batch to batch and weaken a KL term beside them. TRL and verl
@@ -358,12 +377,12 @@ class GroupEstimator(AdvantageEstimator):
         """Returns ``[G, n]`` (G groups of n rollouts) -> advantages ``[G, n]``."""
         raise NotImplementedError
 
-    def episode_advantages(self, returns: Tensor, cfg: Any) -> Tensor:
+    def episode_advantages(self, returns: Tensor, cfg: AdvantageOptions) -> Tensor:
         """One group's returns ``[n]`` -> one outcome advantage per episode ``[n]`` (the group assembler
         puts it on every step of the episode)."""
         return self.group_advantages(returns.unsqueeze(0)).squeeze(0)
 
-    def segmenter(self, cfg: Any) -> Segmenter:
+    def segmenter(self, cfg: AdvantageOptions) -> Segmenter:
         return EpisodeSegmenter()
 
 
@@ -372,7 +391,7 @@ class Grpo(GroupEstimator):
     name = "grpo"
     group_advantages = staticmethod(grpo_advantages)
 
-    def episode_advantages(self, returns: Tensor, cfg: Any) -> Tensor:
+    def episode_advantages(self, returns: Tensor, cfg: AdvantageOptions) -> Tensor:
         # grpo_scale_by_std false: centring only (Dr. GRPO)
         return grpo_advantages(returns.unsqueeze(0), scale_by_std=cfg.grpo_scale_by_std).squeeze(0)
 

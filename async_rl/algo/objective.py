@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 import torch
 
@@ -46,6 +46,23 @@ class ObjectiveOut:
     skip: Optional[str]  # one of SKIP_REASONS: this minibatch must not reach the optimiser
 
 
+class ObjectiveOptions(Protocol):
+    """The run options an Objective is built from (the algorithms sit below the config layer: the RunConfig is
+    one such object)."""
+
+    clip_mode: str
+    clip_params: Mapping[str, Any]
+    value_coef: float
+    value_clip_eps: Optional[float]
+    entropy_coef: float
+    kl_coef: float
+    ratio_threshold: Optional[float]
+    kl_ref_coef: float
+    kl_ref_estimator: str
+    kl_ref_as: str
+    loss_agg: str
+
+
 class Objective:
     """``objective(inputs)`` -> total loss, named terms, and whether to skip the minibatch."""
 
@@ -68,7 +85,7 @@ class Objective:
         self.kl_ref_coef, self.kl_ref_estimator, self.kl_ref_as = kl_ref_coef, kl_ref_estimator, kl_ref_as
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Objective":
+    def from_config(cls, cfg: ObjectiveOptions) -> "Objective":
         """From the objective keys of a config (``clip_mode``, ``clip_params``, ``*_coef``, ...)."""
         return cls(cfg.clip_mode, cfg.clip_params, value_coef=cfg.value_coef, value_clip_eps=cfg.value_clip_eps,
                    entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef, ratio_threshold=cfg.ratio_threshold,

@@ -4,13 +4,16 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import ray
 from rich.console import Console
 
 from async_rl import checkpoint as ckpt
 from async_rl.orchestration.actor_group import ActorGroup
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
 
 console = Console(stderr=True)
 
@@ -20,7 +23,7 @@ class Checkpointer:
     into the live actors before the first broadcast. ``replay_call(method, *args)`` reaches the
     replay buffer through its supervisor (it survives a buffer restart)."""
 
-    def __init__(self, cfg: Any, trainers: ActorGroup, replay_call: Callable[..., Any], stats: Any) -> None:
+    def __init__(self, cfg: RunConfig, trainers: ActorGroup, replay_call: Callable[..., Any], stats: Any) -> None:
         self.cfg, self.trainers, self.replay_call, self.stats = cfg, trainers, replay_call, stats
         self.root = ckpt.checkpoint_root(cfg.log_dir)
         self.last: Optional[Path] = None

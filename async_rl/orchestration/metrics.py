@@ -6,12 +6,15 @@ to their own namespace."""
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rich.console import Console
 
 from async_rl.logger import MetricsLogger
 from async_rl.media import log_videos
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
 
 # Trainer keys that are not training diagnostics: where they go instead of train/<key>.
 TRAINER_ROUTES = {
@@ -79,7 +82,7 @@ def status_line(s: Mapping[str, Any]) -> str:
 class MetricsReporter:
     """Logs scalars by epoch and keeps the latest value of every tag (the run's summary)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.logger = MetricsLogger(cfg.log_dir, cfg.swanlab_mode, cfg.model_dump())
         self.latest: dict[str, Any] = {}
         self.log_dir, self.video_fps = cfg.log_dir, cfg.video_fps

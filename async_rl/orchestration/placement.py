@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
@@ -24,6 +24,9 @@ from rich.console import Console
 
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
 from async_rl.process_setup import plan_gpus, required_cpus
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig, RunSection, ScaleSection
 
 LOCALHOST = "127.0.0.1"
 # How long a failed run waits for Ray to report a lost node (GCS health checks: ~3 s period).
@@ -54,11 +57,11 @@ def gpu_shares(total_gpus: float, num_trainers: int, num_inference: int) -> tupl
     return trainer_share, math.floor(share / _GPU_GRANULARITY) * _GPU_GRANULARITY
 
 
-def uses_cuda(cfg: Any, cluster_gpus: float) -> bool:
+def uses_cuda(cfg: ScaleSection, cluster_gpus: float) -> bool:
     return cfg.device == "cuda" or (cfg.device == "auto" and cluster_gpus > 0)
 
 
-def check_cluster(cfg: Any, resources: dict[str, float]) -> None:
+def check_cluster(cfg: RunConfig, resources: dict[str, float]) -> None:
     """Refuse, before any actor exists, a plan the cluster cannot hold (CPUs in total, GPUs)."""
     cpus, gpus = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
     need = required_cpus(cfg)
@@ -129,7 +132,7 @@ class Placement:
     ``remove()`` at shut-down. Set ``rank0`` to trainer rank 0's handle before asking for the
     rendezvous addresses."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         check_cluster(cfg, ray.cluster_resources())
         self.cfg, self.strategy = cfg, cfg.placement_strategy
         self.rank0: Any = None
@@ -212,7 +215,7 @@ class Placement:
                 role.group = None
 
 
-def rendezvous(cfg: Any, trainer0: Any, timeout_s: Optional[float] = None) -> tuple[str, int]:
+def rendezvous(cfg: RunConfig, trainer0: Any, timeout_s: Optional[float] = None) -> tuple[str, int]:
     """(address, port) on trainer rank 0's node for a store it will host: its node's IP and a port
     free there on a cluster, 127.0.0.1 and a loopback port for a local run. Waits ``timeout_s``
     (default actor_timeout_s)."""
@@ -226,7 +229,7 @@ def rendezvous(cfg: Any, trainer0: Any, timeout_s: Optional[float] = None) -> tu
     return addr, port
 
 
-def lost_node_note(cfg: Any, placement: Optional[Placement], exc: BaseException) -> str:
+def lost_node_note(cfg: RunSection, placement: Optional[Placement], exc: BaseException) -> str:
     """"; lost with its node: trainer-R on node IP" when a cluster run stopped because the node of a
     trainer rank died (the error itself may name a surviving rank whose collective broke, or
     another actor of the lost node); else ""."""

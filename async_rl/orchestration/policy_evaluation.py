@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
@@ -15,8 +15,11 @@ from async_rl.orchestration.runtime import critic_free, obs_spec_of
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.initial_weights import with_initial_weights
 
+if TYPE_CHECKING:
+    from async_rl.config.schema import PolicySection
 
-def load_policy(cfg: Any, task_set: Any, init_from: Optional[str] = None, checkpoint: Optional[str] = None) -> tuple[Any, Any]:
+
+def load_policy(cfg: PolicySection, task_set: Any, init_from: Optional[str] = None, checkpoint: Optional[str] = None) -> tuple[Any, Any]:
     """(policy in eval mode, preprocessor) of ``cfg``'s policy: with an export's weights, or an RL run's
     newest checkpoint (rebuilt as its trainers built it, from the run's own config), or as built."""
     obs_spec = obs_spec_of(task_set)

@@ -9,7 +9,7 @@ the restore could not bring back (``added`` it read before the death minus ``add
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import ray
 from rich.console import Console
@@ -20,11 +20,14 @@ from async_rl.algo import advantage_estimator, draws_whole_groups
 from async_rl.errors import ActorFailedError
 from async_rl.orchestration.placement import on_driver_node
 
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
+
 console = Console(stderr=True)
 
 
 class ReplaySupervisor:
-    def __init__(self, cfg: Any, name: str, record_health: Callable[[str, int], None],
+    def __init__(self, cfg: RunConfig, name: str, record_health: Callable[[str, int], None],
                  stats_name: Optional[str] = None) -> None:
         self.cfg, self.record_health = cfg, record_health
         groups = GroupSpec(cfg.advantage, cfg.group_size, cfg.max_group_version_spread, cfg.num_rollout_workers,

@@ -6,7 +6,7 @@ import functools
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import ray
 
@@ -28,6 +28,9 @@ from async_rl.orchestration.replay import ReplaySupervisor
 from async_rl.orchestration.weight_sync_coordinator import WeightSyncCoordinator
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.initial_weights import with_initial_weights
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
 
 
 SUPERVISE_INTERVAL_S = 2.0  # how often a wait on the trainers checks the workers and inference actors
@@ -85,7 +88,7 @@ class Runtime:
     """Actor groups ``trainers``, ``inference``, ``workers``, ``evaluators``; the replay buffer and
     stats actor; the weight-sync coordinator, checkpointer and evaluation poller over them."""
 
-    def __init__(self, cfg: Any, task_set: Any) -> None:
+    def __init__(self, cfg: RunConfig, task_set: Any) -> None:
         self.cfg, self.task_set = cfg, task_set
         obs_spec = obs_spec_of(task_set)
         self.policy_factory = with_initial_weights(

@@ -3,21 +3,24 @@ synchronous (collect a fresh super-batch per trainer, pause the workers, train, 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from async_rl.errors import ActorTimeoutError
 
+if TYPE_CHECKING:
+    from async_rl.config.schema import ObjectiveSection, RunConfig, RunSection
 
-def items_are_segments(cfg: Any) -> bool:
+
+def items_are_segments(cfg: ObjectiveSection) -> bool:
     """Whether a replay item is a segment of ``rollout_steps`` steps (else one step)."""
     from async_rl.algo import advantage_estimator  # noqa: PLC0415
 
     return advantage_estimator(cfg.advantage).unit == "segment"
 
 
-def worker_share(cfg: Any, items: int) -> int:
+def worker_share(cfg: RunConfig, items: int) -> int:
     """Env steps each rollout worker takes in synchronous mode so that together they push at least
     ``items`` replay items (steps, or whole segments of ``rollout_steps`` steps in each of a
     worker's lock-stepped envs)."""
@@ -72,5 +75,5 @@ class SyncSchedule:
                                         f"actor_timeout_s={runtime.cfg.actor_timeout_s:g} s")
 
 
-def schedule_for(cfg: Any) -> Any:
+def schedule_for(cfg: RunSection) -> Any:
     return SyncSchedule() if cfg.sync else AsyncSchedule()

@@ -11,7 +11,7 @@ import functools
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -28,6 +28,9 @@ from async_rl.orchestration.runtime import obs_spec_of
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.initial_weights import model_identity, with_initial_weights
 
+if TYPE_CHECKING:
+    from async_rl.config.schema import PolicySection, RunConfig
+
 
 # The first frames of the demonstrations: the trained policy's deterministic actions on them go in the
 # summary, so that a loaded export can be checked to act as the trained policy did.
@@ -36,7 +39,7 @@ CALL_MINIBATCHES = 8  # minibatches per train_supervised call
 PROGRESS_EVERY_S = 60.0  # a line within an epoch this often (a language model's epoch runs for many minutes on CPU)
 
 
-def check_demos(cfg: Any) -> Any:
+def check_demos(cfg: RunConfig) -> Any:
     """The demonstrations of ``cfg.demos`` (driver-side, before Ray): a recording for this env that
     holds every camera the policy reads, or a JSONL file of text demonstrations (``demos.text``)."""
     if not cfg.demos:
@@ -65,7 +68,7 @@ def check_demos(cfg: Any) -> Any:
     return demos
 
 
-def supervised_frames(cfg: Any, task_set: Any, demos: Any) -> TensorDict:
+def supervised_frames(cfg: PolicySection, task_set: Any, demos: Any) -> TensorDict:
     """The demonstrations as the trainers learn from them (driver-side, before Ray: a demonstration the
     policy cannot take is one ConfigError)."""
     from async_rl.demos.text import TextDemos  # noqa: PLC0415
@@ -116,7 +119,7 @@ def _shards(frames: TensorDict, ranks: int, minibatch: int, generator: torch.Gen
     return [frames[order[r * per_rank:(r + 1) * per_rank]] for r in range(ranks)]
 
 
-def supervised_trainer_config(cfg: Any) -> Any:
+def supervised_trainer_config(cfg: RunConfig) -> Any:
     """``cfg`` without what only RL reads, for the trainers of a supervised run. A config made for RL (the
     SFT configs take the RL run's as their base) would otherwise delay the policy's learning-rate schedule by
     its critic warm-up (at warm-up's first factor, e.g. 1/20 of the rate, for 200 steps) and build a frozen
@@ -124,7 +127,7 @@ def supervised_trainer_config(cfg: Any) -> Any:
     return cfg.model_copy(update={"critic_warmup_epochs": 0, "kl_ref_coef": 0.0, "kl_coef": 0.0})
 
 
-def run_supervised(cfg: Any, task_set: Any, frames: TensorDict, console: Console) -> dict[str, Any]:
+def run_supervised(cfg: RunConfig, task_set: Any, frames: TensorDict, console: Console) -> dict[str, Any]:
     """Behaviour cloning on ``frames`` (``supervised_frames``) for ``cfg.sft_epochs`` passes (or
     ``max_minutes``); exports the policy and returns a summary (also written to
     <log_dir>/sft_summary.json). Ray must be initialised."""
