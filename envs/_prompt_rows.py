@@ -55,6 +55,23 @@ class PromptRow(pydantic.BaseModel):
     prompt: Union[TextPrompt, ChatPrompt]
 
 
+def data_path(path: str) -> str:
+    """A user's data path as a schema checks it: an existing .jsonl/.json/.parquet file or a folder (a
+    ``save_to_disk`` folder's contents are read later); the ValueError's text names the fix. The validator of
+    ``DataPath`` and of the commands' data flags, which print it as one line (exit 2)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return path
+    if not p.is_file():
+        raise ValueError(f"no such file or folder; pass {FORMATS}")
+    if p.suffix not in (".parquet", ".jsonl", ".json"):
+        raise ValueError(f"unknown format {p.suffix or '(no suffix)'}; pass {FORMATS}")
+    return path
+
+
+DataPath = Annotated[str, pydantic.AfterValidator(data_path)]
+
+
 @dataclass(frozen=True)
 class Rows:
     """The rows of one file (or split) and, for each, how a message names it (``train.jsonl line 3``)."""
@@ -66,22 +83,20 @@ class Rows:
 @functools.lru_cache(maxsize=8)
 def read_rows(path: str, split: Optional[str] = None, flag: str = "--data") -> Rows:
     """The rows of ``path`` (for a saved ``DatasetDict``, of its ``split``), each checked against ``PromptRow``;
-    read once per process."""
+    read once per process. ``path`` is a ``DataPath``: the options and commands validated it, so a bad one here
+    is a caller's bug (data_path's plain ValueError)."""
+    data_path(path)
     p = Path(path).expanduser()
     name = f"{path}{_of(split)}"
     if p.is_dir():
         rows = _saved_dataset(p, split, flag)
         labels = [f"{name} row {i}" for i in range(len(rows))]
-    elif not p.is_file():
-        raise ConfigError(f"{flag} {path}: no such file or folder; pass {FORMATS}")
     elif p.suffix == ".parquet":
         rows = _parquet(p, flag)
         labels = [f"{name} row {i}" for i in range(len(rows))]
-    elif p.suffix in (".jsonl", ".json"):
+    else:  # .jsonl / .json
         numbered = _jsonl(p, flag)
         rows, labels = [row for _, row in numbered], [f"{name} line {number}" for number, _ in numbered]
-    else:
-        raise ConfigError(f"{flag} {path}: unknown format {p.suffix or '(no suffix)'}; pass {FORMATS}")
     if not rows:
         raise ConfigError(f"{flag} {name}: no rows in it")
     for row, label in zip(rows, labels):

@@ -36,7 +36,7 @@ from async_rl.errors import ConfigError
 from async_rl.rewards.functions import TOTAL, RewardSpec, parse_reward_specs
 from async_rl.rewards.scoring import RewardSet, dry_run
 from envs import register_env
-from envs._prompt_rows import is_split_folder, prompt_text, read_rows, shared_prompts
+from envs._prompt_rows import DataPath, is_split_folder, prompt_text, read_rows, shared_prompts
 from envs._text import EVAL_BATCH, PreparedStepEnv, TextEnvOptions, TextTaskSetBase, action_key, response_text
 
 DRY_RUN_ROWS = 4  # training rows every reward is called on before the run starts
@@ -74,9 +74,9 @@ class FileRows:
 class PromptsOptions(TextEnvOptions):
     """Your own prompts and rewards."""
 
-    data: str
+    data: DataPath
     """the training rows (--data): JSONL, Parquet or a datasets folder"""
-    heldout_data: Optional[str] = None
+    heldout_data: Optional[DataPath] = None
     """the held-out rows (--heldout-data); null when data is a saved DatasetDict (its heldout_split)"""
     rewards: Union[str, list[str]] = ["math"]
     """reward functions, NAME_OR_PATH[=WEIGHT] each (--reward): a built-in or a module:function"""
@@ -105,6 +105,14 @@ class PromptsOptions(TextEnvOptions):
         return values
 
     @pydantic.model_validator(mode="after")
+    def _heldout_rows_given(self) -> "PromptsOptions":
+        """Held-out rows come from heldout_data or from a saved DatasetDict's heldout_split."""
+        if self.heldout_data is None and not is_split_folder(self.data):
+            raise ValueError(f"--data {self.data}: no held-out rows; pass --heldout-data FILE (prompts never seen in "
+                             "training), or a datasets folder with a held-out split")
+        return self
+
+    @pydantic.model_validator(mode="after")
     def _success_reward_is_a_reward(self) -> "PromptsOptions":
         items = [self.rewards] if isinstance(self.rewards, str) else self.rewards
         # A blank item is parse_reward_specs' to refuse, with its own message.
@@ -128,11 +136,8 @@ def prompts_task_set(options: PromptsOptions) -> "PromptTaskSet":
     if heldout_data is not None:
         heldout = FileRows(str(heldout_data), options.heldout_split if is_split_folder(str(heldout_data)) else None,
                            "--heldout-data")
-    elif dict_folder:
+    else:  # a saved DatasetDict: the options' _heldout_rows_given
         heldout = FileRows(str(data), options.heldout_split, "--data")
-    else:
-        raise ConfigError(f"--data {data}: no held-out rows; pass --heldout-data FILE (prompts never seen in training), "
-                          "or a datasets folder with a held-out split")
     specs = parse_reward_specs(options.rewards, options.reward_options)
     task_set = PromptTaskSet(split=options.split, tokenizer_path=options.tokenizer_path, seed=options.seed, train=train,
                              heldout=heldout, rewards=tuple(specs),

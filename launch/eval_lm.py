@@ -34,7 +34,7 @@ from async_rl.errors import ConfigError  # noqa: E402
 from async_rl.jsonl import jsonl_values  # noqa: E402
 from async_rl.rewards.functions import parse_reward_specs  # noqa: E402
 from async_rl.rewards.scoring import RewardSet, dry_run  # noqa: E402
-from envs._prompt_rows import is_split_folder, prompt_text, read_rows  # noqa: E402
+from envs._prompt_rows import data_path, is_split_folder, prompt_text, read_rows  # noqa: E402
 
 DEFAULT_REWARD = {"answer": "math", "tests": "code_tests"}  # a file's kind -> its reward when --reward is not given
 
@@ -88,6 +88,11 @@ def check_args(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
         raise ConfigError(f"--out {args.out}: not a writable file path (a directory, or its folder does not exist)")
+    if args.reward:  # rows read as the prompts env reads them: the path checked by the validator of its data option
+        try:
+            data_path(args.problems)
+        except ValueError as exc:
+            raise ConfigError(f"--problems {args.problems}: {exc}") from None
 
 
 def load_problems(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], str, RewardSet]:

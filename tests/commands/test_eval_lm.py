@@ -55,7 +55,12 @@ def test_bad_rewards_are_one_line_and_exit_2(tmp_path):
 
 def test_other_bad_input(tmp_path):
     problems = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "answer": 1}])
+    (tmp_path / "p.txt").write_text("{}")
     for args, message in ((["--problems", str(tmp_path / "none.jsonl")], "no such file"),
+                          (["--problems", str(tmp_path / "none.jsonl"), "--reward", "math"],
+                           "none.jsonl: no such file or folder; pass a .jsonl file"),
+                          (["--problems", str(tmp_path / "p.txt"), "--reward", "math"],
+                           "p.txt: unknown format .txt; pass a .jsonl file"),
                           (["--problems", str(problems), "--samples", "0"], "positive integers"),
                           (["--problems", str(problems), "--checkpoint", str(tmp_path)], "no checkpoint there"),
                           (["--problems", str(problems), "--model-path", str(tmp_path / "m")], "no such file")):

@@ -81,7 +81,7 @@ def test_success_reward_names_a_reward_as_written(files, tmp_path, monkeypatch):
     chosen = make_task_set("prompts", data=train, heldout_data=heldout, rewards=rewards, success_reward="exact")
     assert chosen.success_reward == "exact"  # an import path by its function, as reward/exact is logged
     with pytest.raises(ConfigError) as err:  # the options refuse it, before any file is read
-        make_task_set("prompts", data=str(tmp_path / "none.jsonl"), rewards=rewards, success_reward="named_rewards")
+        make_task_set("prompts", data=train, heldout_data=heldout, rewards=rewards, success_reward="named_rewards")
     assert str(err.value) == ("success_reward 'named_rewards' is not one of the rewards (math, exact); name one of "
                               "them (an import path by its function) or leave it null for the first")
 
@@ -116,6 +116,9 @@ def test_bad_data_is_one_line_before_anything_runs(files, tmp_path):
     cases = [
         (dict(data=str(tmp_path / "none.jsonl"), heldout_data=heldout), "no such file"),
         (dict(data=train), "pass --heldout-data"),
+        (dict(data=write_jsonl(tmp_path / "rows.txt", [{"prompt": "x?"}]), heldout_data=heldout),
+         r"option 'data' = .*rows.txt': unknown format .txt; pass a .jsonl file"),
+        (dict(data=train, heldout_data=str(tmp_path / "none.parquet")), "option 'heldout_data' = .*: no such file or folder"),
         (dict(data=train, heldout_data=write_jsonl(tmp_path / "h.jsonl", [{"prompt": "What is 9 +  1?", "answer": 10}])),
          "share 1 prompt"),
         (dict(data=train, heldout_data=write_jsonl(tmp_path / "n.jsonl", [{"prompt": "x?"}])),
@@ -195,8 +198,12 @@ def _launch():
     return launch
 
 
-def test_the_launchs_shorthands_are_the_prompts_envs_option_flags(files):
+def test_the_launchs_shorthands_are_the_prompts_envs_option_flags(files, tmp_path, monkeypatch):
     from async_rl.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "2024").mkdir()
+    (tmp_path / "2024" / "dataset_dict.json").write_text("{}")  # a saved DatasetDict folder named 2024
 
     launch, (train, heldout) = _launch(), files
     rest = launch.expand_shorthands(["--data", train, "--reward", "math", "--max-epochs", "1", "--reward", "length=0.5",
@@ -220,6 +227,7 @@ def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     cases = [
         (["--data", "missing.jsonl", "--heldout-data", heldout], "no such file"),
+        (["--data", train], "no held-out rows; pass --heldout-data FILE"),
         (["--data", train, "--heldout-data", write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x?"}])], "needs column(s) answer"),
         (["--data", train, "--heldout-data", heldout, "--reward", "maths"], "unknown reward 'maths'"),
         (["--data", train, "--heldout-data", heldout, "--reward", "broken_rewards:f"], "does not import"),
