@@ -74,7 +74,7 @@ def evaluate(checkpoint: Path, args: Any) -> tuple[str, dict[str, float], list[d
     task_set, model, preprocess = load_policy(checkpoint, config, None)
     policy = ModelPolicy(model, preprocess, task_set)
     budget = args.budget or 16 * search_horizon(task_set)
-    bundled = program_uris(str(BUNDLED_PROGRAMS), "bundled programs")
+    bundled = program_uris(str(BUNDLED_PROGRAMS))  # the repository's own folder: not a user's input
     if args.quick:
         bundled = [u for u in bundled if Path(u).stem in QUICK_BUNDLED]
     sets = {name: programs for name, programs in (("csmith", task_set.eval_benchmarks), ("bundled", bundled))

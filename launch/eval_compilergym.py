@@ -28,7 +28,7 @@ from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
 from async_rl.errors import ConfigError  # noqa: E402
 from envs.compiler_gym.client import CompilerGymServerError  # noqa: E402
 from envs.compiler_gym.evaluation import format_search_table, search_programs  # noqa: E402
-from envs.compiler_gym.programs import program_uris  # noqa: E402
+from envs.compiler_gym.programs import program_folder, program_uris  # noqa: E402
 from envs.compiler_gym.options import parse_search  # noqa: E402
 from envs.compiler_gym.search import ModelPolicy, SearchSpec  # noqa: E402
 
@@ -49,7 +49,10 @@ def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSp
         raise ConfigError(f"--search '{args.search}' is {exc}") from None
     if args.budget < 1:
         raise ConfigError(f"--budget must be a positive number of compilations per program, got {args.budget}")
-    programs = program_uris(args.benchmark_dir, "--benchmark-dir")
+    try:
+        programs = program_uris(program_folder(args.benchmark_dir))  # the validator of the env's benchmark_dir option
+    except ValueError as exc:
+        raise ConfigError(f"--benchmark-dir {args.benchmark_dir}: {exc}") from None
     out = Path(args.out)
     if not out.parent.is_dir():
         raise ConfigError(f"--out {args.out}: no directory {out.parent}; create it or write elsewhere")

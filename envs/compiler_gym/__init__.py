@@ -33,9 +33,9 @@ def compiler_gym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:
     """Build the CompilerGym TaskSet: the programs, and the pass flags from one short-lived server (which
     proves the set-up works before Ray starts)."""
     o = options
-    held_out = program_uris(o.eval_benchmark_dir, "compiler_gym eval_benchmark_dir") if o.eval_benchmark_dir else None
+    held_out = program_uris(o.eval_benchmark_dir) if o.eval_benchmark_dir else None
     if o.benchmark_dir is not None:
-        files = program_uris(o.benchmark_dir, "compiler_gym benchmark_dir")
+        files = program_uris(o.benchmark_dir)
         train, evaluation = (files, held_out) if held_out else split_held_out(files, o.eval_fraction)
     elif o.datasets:
         train, evaluation = [], []  # filled from the probe server below (named datasets need the internet)

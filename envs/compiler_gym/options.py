@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional
 import pydantic
 
 from async_rl.validation import ConfigSection
+from envs.compiler_gym.programs import program_folder
 from envs.compiler_gym.search import SearchSpec
 
 _SPEC = re.compile(r"^(greedy|best-of-(\d+)|beam-(\d+))$")
@@ -36,6 +37,7 @@ def _search_or_none(text: str) -> str:
 
 # A search as an option's value: none or a search, kept as written.
 SearchOrNone = Annotated[str, pydantic.AfterValidator(_search_or_none)]
+ProgramFolder = Annotated[str, pydantic.AfterValidator(program_folder)]  # a folder holding programs
 
 # (first seed, count) of csmith-generated programs
 SeedRange = tuple[pydantic.NonNegativeInt, pydantic.PositiveInt]
@@ -58,9 +60,9 @@ class CompilerGymOptions(ConfigSection):
     """csmith programs trained on: [first seed, count], disjoint from eval_seeds"""
     eval_seeds: SeedRange = [1_000_000, 20]
     """csmith programs held out: [first seed, count]"""
-    benchmark_dir: Optional[str] = None
+    benchmark_dir: Optional[ProgramFolder] = None
     """train on the .c/.cpp/.bc files of this folder instead (the first eval_fraction of them held out)"""
-    eval_benchmark_dir: Optional[str] = None
+    eval_benchmark_dir: Optional[ProgramFolder] = None
     """held-out programs of their own (every file of the folder, e.g. envs/programs), whatever the training ones"""
     eval_search: SearchOrNone = "none"
     """a search the final evaluation adds: none, greedy, best-of-K, beam-K (--eval-search sets it)"""

@@ -6,8 +6,6 @@ import re
 import sys
 from pathlib import Path
 
-from async_rl.errors import ConfigError
-from async_rl.validation import checked_folder
 
 PROGRAM_SUFFIXES = (".c", ".cpp", ".cc", ".bc", ".ll")
 BUNDLED_PROGRAMS = Path(__file__).resolve().parents[1] / "programs"  # envs/programs: real C programs written here (not csmith)
@@ -28,14 +26,28 @@ def split_held_out(files: list[str], eval_fraction: float) -> tuple[list[str], l
     return files[n_eval:], files[:n_eval]
 
 
-def program_uris(folder: str, what: str) -> list[str]:
-    """``file://`` URIs of the .c/.cpp/.cc/.bc/.ll files under ``folder`` (sorted); ConfigError
-    naming ``what`` (the option that gave it) if it is missing or holds none."""
-    root = checked_folder(folder, f"{what} {folder}", "pass a folder of .c/.cpp/.bc/.ll files")
-    files = sorted(str(p.resolve()) for p in root.rglob("*") if p.suffix in PROGRAM_SUFFIXES)
-    if not files:
-        raise ConfigError(f"{what} {folder} holds no .c/.cpp/.bc files (nor .cc/.ll)")
-    return [f"file://{f}" for f in files]
+def _program_files(folder: str) -> list[str]:
+    return sorted(str(p.resolve()) for p in Path(folder).expanduser().rglob("*") if p.suffix in PROGRAM_SUFFIXES)
+
+
+def program_folder(folder: str) -> str:
+    """A folder of programs as a schema checks it: a directory holding a .c/.cpp/.cc/.bc/.ll file; the
+    ValueError's text names the fix. The validator of the options' ``ProgramFolder`` and of the commands'
+    --benchmark-dir, which print it as one line (exit 2)."""
+    p = Path(folder).expanduser()
+    if not p.is_dir():
+        raise ValueError(f"{'not a directory' if p.exists() else 'no such directory'}; "
+                         "pass a folder of .c/.cpp/.bc/.ll files")
+    if not _program_files(folder):
+        raise ValueError("holds no .c/.cpp/.bc files (nor .cc/.ll); pass a folder of them")
+    return folder
+
+
+def program_uris(folder: str) -> list[str]:
+    """``file://`` URIs of the .c/.cpp/.cc/.bc/.ll files under ``folder`` (sorted). ``folder`` is a
+    ``program_folder`` (the options and commands validated it): a bad one is a caller's bug (its ValueError)."""
+    program_folder(folder)
+    return [f"file://{f}" for f in _program_files(folder)]
 
 
 

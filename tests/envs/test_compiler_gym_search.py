@@ -401,16 +401,16 @@ def test_eval_search_options_are_checked_before_any_server_starts(tmp_path):
                               "best-of-K or beam-K (K >= 1, e.g. best-of-16, beam-4)")
     with pytest.raises(ConfigError, match=r"option 'eval_search_budget' = -5: Input should be greater than or equal to 0"):
         make_task_set("compiler_gym", eval_search="greedy", eval_search_budget=-5)
-    with pytest.raises(ConfigError, match="compiler_gym eval_benchmark_dir .*missing: no such directory"):
+    with pytest.raises(ConfigError, match="compiler_gym env option 'eval_benchmark_dir' = '.*missing': no such directory; pass a folder of .c/"):
         make_task_set("compiler_gym", eval_benchmark_dir=str(tmp_path / "missing"))
-    with pytest.raises(ConfigError, match="eval_benchmark_dir .* holds no .c/.cpp/.bc files"):
+    with pytest.raises(ConfigError, match=r"option 'eval_benchmark_dir' = .*: holds no .c/.cpp/.bc files \(nor .cc/.ll\); pass a folder of them"):
         make_task_set("compiler_gym", eval_benchmark_dir=str(tmp_path))
 
 
 def test_bundled_programs_are_real_c_programs_with_names_for_tables():
     from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_name, program_uris
 
-    uris = program_uris(str(BUNDLED_PROGRAMS), "bundled")
+    uris = program_uris(str(BUNDLED_PROGRAMS))
     assert 10 <= len(uris) <= 15 and all(u.startswith("file://") and u.endswith(".c") for u in uris)
     assert program_name(uris[0]) == Path(uris[0]).stem and program_name("generator://csmith-v0/7") == "csmith-v0_7"
     for uri in uris:  # each one a whole program: it has a main and includes nothing

@@ -102,9 +102,9 @@ def test_bad_options_are_config_errors(tmp_path):
         make_task_set("compiler_gym", train_seeds=[0, 100], eval_seeds=[50, 10])
     with pytest.raises(ConfigError, match="mode"):
         make_task_set("compiler_gym", mode="whole_program")
-    with pytest.raises(ConfigError, match="no such directory"):
+    with pytest.raises(ConfigError, match="option 'benchmark_dir' = .*: no such directory"):
         make_task_set("compiler_gym", benchmark_dir=str(tmp_path / "missing"))
-    with pytest.raises(ConfigError, match="no .c/.cpp/.bc files"):
+    with pytest.raises(ConfigError, match="option 'benchmark_dir' = .*: holds no .c/.cpp/.bc files"):
         make_task_set("compiler_gym", benchmark_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"option 'eval_fraction' = 1.0: Input should be less than 1"):
         make_task_set("compiler_gym", eval_fraction=1.0)
