@@ -38,13 +38,22 @@ def test_every_plugin_is_registered_with_options():
     assert {"mlp", "categorical_mlp", "passformer", "vla", "vla_discrete", "causal_lm"} <= set(POLICIES)
 
 
-def _required(model):
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    """A path every required option takes: a folder as a saved DatasetDict (the prompts env's data, which is
+    checked to exist and to hold held-out rows)."""
+    folder = tmp_path_factory.mktemp("stand-in")
+    (folder / "dataset_dict.json").write_text("{}")
+    return str(folder)
+
+
+def _required(model, stand_in):
     """Stand-ins for the options a model has no default for (the prompts env's data: a user's file)."""
-    return {key: "stand-in" for key, info in model.model_fields.items() if info.is_required()}
+    return {key: stand_in for key, info in model.model_fields.items() if info.is_required()}
 
 
 @pytest.mark.parametrize("kind, name", PLUGINS)
-def test_a_wrong_type_and_an_unknown_key_are_one_line(kind, name):
+def test_a_wrong_type_and_an_unknown_key_are_one_line(kind, name, stand_in):
     model = _options(kind, name)
     with pytest.raises(ConfigError) as err:
         _check(kind, name, {"no_such_option": 1})
@@ -54,17 +63,17 @@ def test_a_wrong_type_and_an_unknown_key_are_one_line(kind, name):
     for key in checked:
         bad = _wrong_value(model.model_fields[key])
         with pytest.raises(ConfigError) as err:
-            _check(kind, name, {**_required(model), key: bad})
+            _check(kind, name, {**_required(model, stand_in), key: bad})
         message = str(err.value)
         assert "\n" not in message and f"{kind} option '{key}" in message, message
 
 
 @pytest.mark.parametrize("kind, name", PLUGINS)
-def test_every_option_has_help_and_its_default_is_valid(kind, name):
+def test_every_option_has_help_and_its_default_is_valid(kind, name, stand_in):
     model = _options(kind, name)
     for key, info in model.model_fields.items():
         assert info.description, f"{name} {kind} option {key} has no help (a docstring under the field)"
-    model(**_required(model))  # the defaults pass the model's own checks
+    model(**_required(model, stand_in))  # the defaults pass the model's own checks
 
 
 @pytest.mark.parametrize("kind, name", [("policy", n) for n in POLICIES])
@@ -105,13 +114,18 @@ def test_the_loader_refuses_a_bad_env_or_policy_option_before_anything_starts():
     ("arithmetic", "{difficulty: 1, heldout_size: 600}",
      "arithmetic heldout_size 600: difficulty 1 has only 497 distinct held-out problems; set heldout_size <= 497 or "
      "raise the difficulty"),
-    ("prompts", "{data: train.jsonl, rewards: [math, 'my_rewards:exact=2'], success_reward: format}",
+    ("prompts", "{data: train.jsonl}", "--data train.jsonl: no held-out rows; pass --heldout-data FILE (prompts never "
+     "seen in training), or a datasets folder with a held-out split"),
+    ("prompts", "{data: train.jsonl, heldout_data: train.jsonl, rewards: [math, 'my_rewards:exact=2'], "
+     "success_reward: format}",
      "success_reward 'format' is not one of the rewards (math, exact); name one of them (an import path by its "
      "function) or leave it null for the first"),
     ("libero", "{tasks: [2, 2]}", "libero env option 'tasks' = [2, 2]: tasks names a task twice: [2, 2]; list each once"),
 ])
-def test_a_relation_between_a_plugins_options_is_one_line_at_load(env, env_kwargs, line):
+def test_a_relation_between_a_plugins_options_is_one_line_at_load(env, env_kwargs, line, tmp_path, monkeypatch):
     """What the options alone decide is refused by the options model when the config loads, not by the factory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1 + 1?", "answer": 2}\n')  # the prompts env's data exists
     with pytest.raises(ConfigError) as err:
         load_config(["--env", env, "--env-kwargs", env_kwargs])
     assert str(err.value) == line
