@@ -15,8 +15,9 @@ rewards see batches as in TRL and sandboxed code tests run in parallel. Each rew
 ``reward/<name>`` (mean, and ``reward/<name>_std``) besides ``reward/total``, the weighted sum that trains.
 An episode succeeds when the first reward (or ``success_reward``) reaches ``success_threshold``.
 
-Checked in the driver before Ray starts (one ConfigError line each): --data is given (the options' schema,
-as the config loads), the files exist and parse, every reward's required columns are in every row, train and
+Checked in the driver before Ray starts (one ConfigError line each): by the options' schema as the config
+loads, --data is given, each path is a .jsonl/.json/.parquet file or a folder (``DataPath``) and there are
+held-out rows (--heldout-data or a saved DatasetDict); then the files parse, every reward's required columns are in every row, train and
 held-out share no prompt, and every reward runs on the first rows (a dry run with stand-in completions)
 returning one finite float per completion.
 """
