@@ -13,7 +13,16 @@ ENV_OPTION_KEYS: dict[str, dict[str, str]] = {"compiler_gym": {"baseline_thre": 
 
 def renamed_run_keys() -> dict[str, str]:
     """Old run config key -> how to write it now (``renamed_keys`` of ``RunConfig``)."""
-    return {old: f"'{new}' (same meaning, same value)" for old, new in RUN_KEYS.items()}
+    return _how_to_write(RUN_KEYS)
+
+
+def renamed_env_option_keys(env: str) -> dict[str, str]:
+    """Old option key of env ``env`` -> how to write it now (``renamed_keys`` of its options model)."""
+    return _how_to_write(ENV_OPTION_KEYS.get(env, {}))
+
+
+def _how_to_write(renames: dict[str, str]) -> dict[str, str]:
+    return {old: f"'{new}' (same meaning, same value)" for old, new in renames.items()}
 
 
 def renamed_flag(flag: str) -> Optional[str]:

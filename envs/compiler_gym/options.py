@@ -7,6 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional
 
 import pydantic
 
+from async_rl.renamed_keys import renamed_env_option_keys
 from async_rl.validation import ConfigSection
 from envs.compiler_gym.programs import program_folder
 from envs.compiler_gym.search import SearchSpec
@@ -48,7 +49,7 @@ class CompilerGymOptions(ConfigSection):
     benchmark_dir, or named datasets (online only)."""
 
     # Options of earlier versions: env_kwargs that still use one are refused with the new spelling.
-    renamed_keys: ClassVar[dict[str, str]] = {"baseline_thre": "'leaky_above' (same meaning, same value)"}
+    renamed_keys: ClassVar[dict[str, str]] = renamed_env_option_keys("compiler_gym")
 
     mode: Literal["per_step", "sequence"] = "per_step"
     """per_step: one pass per step, max_steps per episode; sequence: one step applies up to seq_len passes"""
