@@ -6,7 +6,6 @@ import re
 import sys
 from pathlib import Path
 
-
 PROGRAM_SUFFIXES = (".c", ".cpp", ".cc", ".bc", ".ll")
 BUNDLED_PROGRAMS = Path(__file__).resolve().parents[1] / "programs"  # envs/programs: real C programs written here (not csmith)
 
@@ -46,9 +45,10 @@ def program_folder(folder: str) -> str:
 def program_uris(folder: str) -> list[str]:
     """``file://`` URIs of the .c/.cpp/.cc/.bc/.ll files under ``folder`` (sorted). ``folder`` is a
     ``program_folder`` (the options and commands validated it): a bad one is a caller's bug (its ValueError)."""
-    program_folder(folder)
-    return [f"file://{f}" for f in _program_files(folder)]
-
+    files = _program_files(folder)
+    if not files:
+        program_folder(folder)  # raises, saying why: no such folder, or no program in it
+    return [f"file://{f}" for f in files]
 
 
 def program_name(uri: str) -> str:
