@@ -40,3 +40,29 @@ def test_architecture_names_only_what_the_tree_holds_and_every_package():
     unnamed = sorted(d for d in packages if not any(n == d or ("/" in n.rstrip("/") and d.endswith(f"/{n}"))
                                                     or d == f"async_rl/{n}" for n in named))
     assert not unnamed, f"ARCHITECTURE.md does not say what {unnamed} hold"
+
+
+def _front_and_docs_pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _relative_links(page: Path) -> list[str]:
+    """The targets of the page's Markdown links and images, `](target)`, outside fenced code blocks; web and
+    mail addresses left out, `#anchors` cut off (a link to an anchor of the page itself is the page)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    targets = [t.split("#", 1)[0] for t in re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)]
+    return [t for t in targets if t and not re.match(r"(?i)(https?|mailto):", t)]
+
+
+def test_front_and_docs_pages_link_only_to_what_the_tree_holds():
+    """Every relative link in README.md and docs/*.md names a file or folder of the repository, resolved from
+    the page's own folder."""
+    pages = _front_and_docs_pages()
+    assert len(pages) > 1, "docs/ holds no page: the README's details live in docs/*.md"
+    broken = []
+    for page in pages:
+        for target in _relative_links(page):
+            path = (page.parent / target).resolve()
+            if not (path.is_relative_to(ROOT) and path.exists()):
+                broken.append(f"{page.relative_to(ROOT)}: ]({target})")
+    assert not broken, f"links to what the tree does not hold: {broken}"
