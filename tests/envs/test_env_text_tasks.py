@@ -167,3 +167,30 @@ def test_a_missing_tokenizer_path_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"tokenizer_path .*none: no such directory; pass the model's folder or its "
                                           r"\.gguf file"):
         load_tokenizer(str(tmp_path / "none"))
+
+
+def test_arithmetic_final_evaluation_answers_every_heldout_problem_greedily():
+    """The arithmetic env's final evaluation (the prompts env's, over the generated held-out problems): each
+    problem answered once, greedily, scored by value; what a run logs as eval/heldout_*."""
+    import torch
+
+    from envs import final_evaluation_for
+
+    held = heldout_problems(4, 1)
+    index = {p["prompt"]: i for i, p in enumerate(held)}
+    answers = [str(p["answer"]) for p in held]
+    answers[2] = "I think it is 1000"
+
+    def preprocess(obs, task_name):  # which held-out prompt the policy was asked
+        return torch.tensor([index[obs["prompt"]]])
+
+    def act(batch, deterministic):
+        assert deterministic
+        return [answers[int(i)] for i in batch[:, 0]]
+
+    ts = make_task_set("arithmetic", difficulty=1, heldout_size=4)
+    report = final_evaluation_for("arithmetic")(ts, act, preprocess, 0)
+    assert report["scalars"]["eval/heldout_reward"] == pytest.approx(3 / 4)
+    assert report["scalars"]["eval/heldout_success"] == pytest.approx(3 / 4)
+    rows = report["files"]["eval_problems.json"]
+    assert [r["prompt"] for r in rows] == [p["prompt"] for p in held] and rows[2]["reward"] == 0.0
