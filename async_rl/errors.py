@@ -1,12 +1,22 @@
 """Errors with one-line messages meant for the person running the job."""
 from __future__ import annotations
 
+import argparse
 import difflib
-from typing import Iterable
+from typing import Iterable, NoReturn
 
 
 class ConfigError(ValueError):
     """Bad user input: the message names the problem and the fix, on one line."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose refusal of a command line is one line on stderr, as every other bad input of the
+    project is, and exit code 2: ``error: <what argparse found>; see <prog> --help`` (argparse's own prints its
+    whole usage block first, which buries the line that names the problem). Subparsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
 
 
 class ActorTimeoutError(TimeoutError):

@@ -8,7 +8,6 @@ of every run.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from async_rl import checkpoint as ckpt
+from async_rl.errors import OneLineArgumentParser
 
 # Figures: (file stem, title, tag patterns). A tag goes to the first figure whose pattern matches
 # it; train/* tags no figure names go to "train_diagnostics", so a new loss diagnostic is plotted.
@@ -233,7 +233,7 @@ def report_at_end(log_dir: str, console: Any) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m async_rl.report", description=__doc__.split("\n\n")[0])
+    parser = OneLineArgumentParser(prog="python -m async_rl.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run's --log-dir (several: compared on one plot)")
     parser.add_argument("--out", help="output directory (default: RUN_DIR/report for one run, ./report for several)")
     args = parser.parse_args(argv)

@@ -14,7 +14,6 @@ per core: a worker steps one env at a time.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,6 +25,8 @@ if str(_ROOT) not in sys.path:  # run as a script: make `envs` / `async_rl` impo
     sys.path.insert(0, str(_ROOT))
 
 import numpy as np  # noqa: E402
+
+from async_rl.errors import OneLineArgumentParser  # noqa: E402
 
 MODES = {
     "default": {"fast_render": False},
@@ -85,7 +86,7 @@ def _timed(fn) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", default="libero_spatial")
     ap.add_argument("--task", type=int, default=0, help="task index in the suite")
     ap.add_argument("--image-size", type=int, default=128)

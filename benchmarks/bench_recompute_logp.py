@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from async_rl.errors import OneLineArgumentParser
+
 PROMPTS = ["What is 17 + 25?", "What is 48 - 19?", "Compute 7 + 36.", "What is 50 - 42? Answer with the number only."]
 
 
@@ -55,7 +57,7 @@ def _paired_seconds(first, second, repeats: int) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", default=None, help="a causal LM folder or .gguf (default: SmolLM2-135M)")
     parser.add_argument("--rows", type=int, default=32, help="responses in the super-batch")
     parser.add_argument("--micro-batch", type=int, default=16)

@@ -20,12 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `async_rl` / `envs` / `benchmarks` importable
     sys.path.insert(0, str(ROOT))
 
+from async_rl.errors import OneLineArgumentParser  # noqa: E402
+
 Scalar = (int, float, str, bool, type(None))
 
 
 def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     """An argument parser with the options every benchmark has."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--out", default=None, help="write the figures here as flat JSON")
     ap.add_argument("--plot", default=None, help="write the PNG plot here (default: --out with .png)")

@@ -23,7 +23,6 @@ package: speeds are those of the real architecture, rewards are meaningless). Ex
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from async_rl.errors import OneLineArgumentParser  # noqa: E402
 from benchmarks.common import ROOT  # noqa: E402
 
 # SmolLM2-135M-Instruct's shape (its config.json): what the random stand-in is built as.
@@ -105,7 +105,7 @@ def skip_counters(log_dir: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="write the figures here as flat JSON")
     ap.add_argument("--epochs", type=int, default=3, help="counted training epochs (default 3)")
     ap.add_argument("--model-path", default=None, help="a Hugging Face folder or .gguf file (default: SmolLM2-135M)")

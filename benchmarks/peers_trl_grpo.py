@@ -24,11 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from async_rl.errors import OneLineArgumentParser  # noqa: E402
+
 TRAIN_PROMPTS = 20_000  # more than 15 minutes can use: no prompt is seen twice
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", required=True, help="the Hugging Face folder of the base model")
     ap.add_argument("--out-dir", required=True, help="the merged model goes to OUT_DIR/merged")
     ap.add_argument("--stats", required=True, help="JSON file for the run's figures")

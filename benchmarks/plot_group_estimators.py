@@ -12,7 +12,6 @@ greedy and best-of-16, next to random search with the same compilations. Measure
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -23,6 +22,7 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from async_rl.errors import OneLineArgumentParser  # noqa: E402
 from benchmarks import common  # noqa: E402
 
 MW_COLUMNS = ("final_success", "best_success", "seconds_to_0.9", "env_steps", "groups_completed", "groups_dropped")
@@ -99,7 +99,7 @@ def plot(mw: dict[str, dict[str, list[Any]]], cg: dict[str, dict[str, list[Any]]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(common.ROOT / "benchmarks" / "results"))
     ap.add_argument("--metaworld", nargs="*", default=[], help="bench_learning JSON files (under --results)")
     ap.add_argument("--compilergym", default="group_estimators_compilergym_*_seed*.json", help="glob of bench_compilergym JSON files")

@@ -18,13 +18,14 @@ import sys
 from pathlib import Path
 
 from async_rl.driver import main
+from async_rl.errors import OneLineArgumentParser
 
 SHORTHANDS = {"ctrl_reward": str, "reviser_model_path": str, "missing_judgment_reward": float}
 
 
 def split_shorthands(argv: list[str]) -> tuple[dict, list[str]]:
     """This launch's own flags (as env options) and the rest of the command line."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = OneLineArgumentParser(add_help=False, allow_abbrev=False)
     for key, kind in SHORTHANDS.items():
         parser.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=argparse.SUPPRESS)
     known, rest = parser.parse_known_args(argv)

@@ -29,7 +29,7 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from async_rl.errors import ConfigError  # noqa: E402
+from async_rl.errors import ConfigError, OneLineArgumentParser  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lm_arithmetic.yaml"
 SHORTHANDS = {"data": "data", "heldout_data": "heldout-data", "reward": "rewards"}  # flag -> its --env.KEY flag
@@ -40,7 +40,7 @@ def expand_shorthands(argv: list[str]) -> list[str]:
     ``--env.data X``; every ``--reward``: one ``--env.rewards`` list), so the env's options schema checks them
     with the rest of env_kwargs as the config loads; with any of them and no --env, --env prompts is added (its
     config variant, configs/lm_prompts.yaml, then applies). ConfigError if they come with another --env."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = OneLineArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--data", default=argparse.SUPPRESS)
     parser.add_argument("--heldout-data", dest="heldout_data", default=argparse.SUPPRESS)
     parser.add_argument("--reward", action="append", default=argparse.SUPPRESS)

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script
 
 from async_rl import checkpoint as ckpt  # noqa: E402
 from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
-from async_rl.errors import ConfigError  # noqa: E402
+from async_rl.errors import ConfigError, OneLineArgumentParser  # noqa: E402
 from envs.compiler_gym.client import CompilerGymServerError  # noqa: E402
 from envs.compiler_gym.evaluation import format_search_table, search_programs  # noqa: E402
 from envs.compiler_gym.programs import program_folder, program_uris  # noqa: E402
@@ -101,7 +101,7 @@ def evaluate(checkpoint: Path, config: dict[str, Any], spec: SearchSpec, budget:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="a run's log dir, its checkpoints/ dir or one checkpoint")
     ap.add_argument("--benchmark-dir", required=True, help="folder of .c/.cpp/.bc/.ll programs (e.g. envs/programs)")
     ap.add_argument("--search", required=True, help="greedy, best-of-K or beam-K")

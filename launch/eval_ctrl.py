@@ -28,13 +28,13 @@ if __package__ in (None, ""):  # run as a script
 
 import torch  # noqa: E402
 
-from async_rl.errors import ConfigError  # noqa: E402
+from async_rl.errors import ConfigError, OneLineArgumentParser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", help="a run directory or one checkpoint of a CTRL run (the trained critic)")
     source.add_argument("--model-path", help="a Hugging Face folder or .gguf file as the critic")

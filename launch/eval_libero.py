@@ -14,7 +14,7 @@ from pathlib import Path
 
 from async_rl.config import load_config
 from async_rl.driver import prepare
-from async_rl.errors import ConfigError
+from async_rl.errors import ConfigError, OneLineArgumentParser
 from async_rl.policies.initial_weights import check_init_from
 from async_rl.orchestration.policy_evaluation import load_policy, success_rates
 from envs.libero import parse_init_states
@@ -31,7 +31,7 @@ def parse_init_states_flag(text: str) -> list[int]:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init-from", help="a policy export (launch/sft.py); default: the config's init_from "
                         "(what its RL run starts from), else the policy as built; with --checkpoint: the export "
                         "that run started from, where it is now (default: where it was)")

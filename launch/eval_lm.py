@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script
 
 import torch  # noqa: E402
 
-from async_rl.errors import ConfigError  # noqa: E402
+from async_rl.errors import ConfigError, OneLineArgumentParser  # noqa: E402
 from async_rl.jsonl import jsonl_values  # noqa: E402
 from async_rl.rewards.functions import parse_reward_specs  # noqa: E402
 from async_rl.rewards.scoring import RewardSet, dry_run  # noqa: E402
@@ -60,7 +60,7 @@ def read_problems(path: str) -> tuple[list[dict[str, Any]], str]:
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()  # a checkpoint names its own base model
     source.add_argument("--checkpoint", help="a run's log dir (its newest checkpoint), its checkpoints/ dir or one epoch-* dir")
     source.add_argument("--model-path", help="a Hugging Face folder or a .gguf file (neither flag: the default model)")

@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from async_rl.errors import OneLineArgumentParser  # noqa: E402  (stdlib imports only)
 from benchmarks.bench_lm_peers import missing_peers  # noqa: E402  (stdlib imports only: no torch)
 
 STEPS = ("tests", "weight_sync", "lm_grpo", "lm_peers")
@@ -48,7 +49,7 @@ LM_PEERS_HELDOUT = 16  # one batch of eval_lm: the scoring path is checked, accu
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.split("\n\n")[0])
+    ap = OneLineArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "runs" / "gpu_check" / "gpu_check.json"), help="the JSON to write")
     ap.add_argument("--budget-minutes", type=float, default=8.0, help="the whole check's time (default 8)")
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="steps not to run")

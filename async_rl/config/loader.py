@@ -19,7 +19,7 @@ import yaml
 import envs
 from async_rl.algo import load_clip_config
 from async_rl.config.schema import SECTIONS, RunConfig
-from async_rl.errors import ConfigError, unknown_key_message
+from async_rl.errors import ConfigError, OneLineArgumentParser, unknown_key_message
 from async_rl.plugin_options import describe_options, yaml_inline
 from async_rl.policies import available_policies, policy_kwargs_checked, policy_options_model
 from async_rl.renamed_keys import renamed_flag
@@ -142,7 +142,7 @@ def build_arg_parser(description: str, defaults: Optional[dict[str, Any]] = None
     epilog = (f"Defaults are those of {defaults_from} and the built-in ones. " if defaults_from else "") + \
         "Flag values are YAML (--env-kwargs '{task: push-v3}', --max-epochs null). --print-config shows the " \
         "config a command line resolves to, by section."
-    parser = argparse.ArgumentParser(description=description, argument_default=argparse.SUPPRESS, allow_abbrev=False,
+    parser = OneLineArgumentParser(description=description, argument_default=argparse.SUPPRESS, allow_abbrev=False,
                                      usage="%(prog)s [-h] [--config FILE] [--print-config] [--KEY VALUE ...]",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=textwrap.fill(epilog))
     files = parser.add_argument_group("config files")

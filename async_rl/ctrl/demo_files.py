@@ -5,11 +5,12 @@ the training cases of a CTRL config into ``{"prompt", "response"}`` pairs for ``
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
+
+from async_rl.errors import OneLineArgumentParser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ def demonstrations_main(prog: str, doc: str, make: Callable[[Any, int], Sequence
                         argv: Optional[list[str]] = None) -> tuple[int, Optional[list[dict[str, str]]]]:
     """Parse ``--config --out --seed``, build the config's task set (a bad config: one line, exit 2), write
     ``make(task_set, seed)`` to ``--out``. Returns (exit code, the pairs written or None)."""
-    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    ap = OneLineArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "ctrl_humaneval.yaml"),
                     help="the CTRL run config whose training cases are used")
     ap.add_argument("--out", required=True, help="the JSONL file to write")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from async_rl.errors import ConfigError
+from async_rl.errors import ConfigError, OneLineArgumentParser
 
 BAD_INPUT = 2
 
@@ -33,7 +33,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m async_rl.demos",
+    parser = OneLineArgumentParser(prog="python -m async_rl.demos",
                                      description="Scripted-expert demonstrations for LIBERO (see async_rl/demos/__init__.py).")
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record successful expert episodes")

@@ -97,7 +97,6 @@ exits 0 whatever the code did; bad arguments or no usable sandbox: one line on s
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import os
@@ -107,7 +106,7 @@ import threading
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from async_rl.errors import ConfigError
+from async_rl.errors import ConfigError, OneLineArgumentParser
 from async_rl.sandbox.run import REASONS, SandboxResult, run_candidate
 
 __all__ = ["CHANNEL_VIOLATIONS", "REASONS", "SANDBOX_MODES", "SandboxPool", "SandboxResult", "SandboxUnavailable",
@@ -230,20 +229,13 @@ class SandboxPool:
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m async_rl.sandbox",
-                                     description="Run CODE_FILE, then each line of TESTS_FILE, in the sandbox.")
+    parser = OneLineArgumentParser(prog="python -m async_rl.sandbox",
+                                   description="Run CODE_FILE, then each line of TESTS_FILE, in the sandbox.")
     parser.add_argument("code_file")
     parser.add_argument("tests_file")
     parser.add_argument("--timeout", type=float, default=3.0, help="wall seconds for the code and all tests")
     parser.add_argument("--sandbox-mode", choices=SANDBOX_MODES, default=None,
                         help="weak: allow running WITHOUT isolation where namespaces do not work (default strict)")
-
-    def usage_error(message: str) -> None:  # one line, not argparse's usage block
-        print(f"python -m async_rl.sandbox: {message}; usage: CODE_FILE TESTS_FILE [--timeout S] "
-              "[--sandbox-mode strict|weak]", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = usage_error  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     if not args.timeout > 0:
         print(f"--timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)

@@ -66,10 +66,11 @@ def test_other_bad_input(tmp_path):
                           (["--problems", str(problems), "--model-path", str(tmp_path / "m")], "no such file")):
         done = run_eval(*args, "--out", str(tmp_path / "o.json"))
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    # A checkpoint names its own base model: argparse refuses both sources (its usage line, then the error).
+    # A checkpoint names its own base model: the command line refuses both sources.
     done = run_eval("--problems", str(problems), "--checkpoint", str(tmp_path), "--model-path", str(tmp_path),
                     "--out", str(tmp_path / "o.json"))
-    assert done.returncode == 2 and "argument --model-path: not allowed with argument --checkpoint" in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--model-path: not allowed with argument --checkpoint" in lines[0]
     assert not (tmp_path / "o.json").exists()
 
 
