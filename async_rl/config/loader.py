@@ -143,8 +143,8 @@ def build_arg_parser(description: str, defaults: Optional[dict[str, Any]] = None
         "Flag values are YAML (--env-kwargs '{task: push-v3}', --max-epochs null). --print-config shows the " \
         "config a command line resolves to, by section."
     parser = OneLineArgumentParser(description=description, argument_default=argparse.SUPPRESS, allow_abbrev=False,
-                                     usage="%(prog)s [-h] [--config FILE] [--print-config] [--KEY VALUE ...]",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=textwrap.fill(epilog))
+                                   usage="%(prog)s [-h] [--config FILE] [--print-config] [--KEY VALUE ...]",
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=textwrap.fill(epilog))
     files = parser.add_argument_group("config files")
     files.add_argument("--config", metavar="FILE", help="YAML file of config keys, flat or under section names, "
                        "optionally 'base: other.yaml'; it overrides the launch script's config, flags override it")

@@ -34,7 +34,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="python -m async_rl.demos",
-                                     description="Scripted-expert demonstrations for LIBERO (see async_rl/demos/__init__.py).")
+                                   description="Scripted-expert demonstrations for LIBERO (see async_rl/demos/__init__.py).")
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record successful expert episodes")
     _common_arguments(rec)
