@@ -2,7 +2,6 @@
 all) is one line on stderr and exit code 2 in every command, as the project's other bad input is: argparse's
 usage block would come first and bury it."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from async_rl import report
 from async_rl.config import load_config
 from async_rl.demos import cli as demos_cli
 from async_rl.sandbox import _main as sandbox_main
+from benchmarks import common as bench_common
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,14 +20,6 @@ def _launch(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _benchmark(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 CASES = {
@@ -43,7 +35,7 @@ CASES = {
     "report": (lambda: report.main([]), "the following arguments are required: RUN_DIR"),
     "sandbox": (lambda: sandbox_main(["code.py"]), "the following arguments are required: tests_file"),
     "demos": (lambda: demos_cli.main(["replay-everything"]), "invalid choice: 'replay-everything'"),
-    "benchmark": (lambda: _benchmark("common").parser("doc", "quick").parse_args(["--quick", "--out"]),
+    "benchmark": (lambda: bench_common.parser("doc", "quick").parse_args(["--quick", "--out"]),
                   "argument --out: expected one argument"),
 }
 
