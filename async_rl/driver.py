@@ -24,7 +24,7 @@ from async_rl.cluster_probe import probe_cluster
 from async_rl.config import load_config
 from async_rl.config.schema import RunConfig
 from async_rl.errors import ActorFailedError, ActorTimeoutError, ConfigError
-from async_rl.orchestration.evaluation import final_evaluation
+from async_rl.orchestration.evaluation import evaluate_before_training, final_evaluation
 from async_rl.orchestration.metrics import MetricsReporter, snapshot_scalars, training_scalars
 from async_rl.orchestration.placement import LOCALHOST, lost_node_note
 from async_rl.orchestration.progress import ProgressDisplay
@@ -114,6 +114,7 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
             info = runtime.info
             console.print(f"[bold]policy[/] {cfg.policy}: {info['params']:,} parameters, {info['trainable']:,} trainable; "
                           f"{cfg.num_trainers} trainer rank(s) under ZeRO-2")
+            deadline += _evaluate_before_training(runtime, reporter, stop)
             _train(runtime, reporter, deadline, stop)
             summary = _finish(runtime, reporter, deadline, stop)
         summary["wall_seconds"] = time.monotonic() - started
@@ -180,10 +181,7 @@ def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float, stop: 
     report = None if stop.requested else final_evaluation(runtime)
     if report is not None:
         final.update(report["scalars"])
-        console.print(report["text"], markup=False, soft_wrap=True)
-        reporter.text("eval/final", f"```\n{report['text']}\n```", runtime.epoch)
-        for name, content in report.get("files", {}).items():
-            Path(cfg.log_dir, name).write_text(json.dumps(content, indent=1))
+        _show_env_evaluation(runtime, reporter, report, "final", "")
     reporter.log(final, runtime.epoch)
     summary: dict[str, Any] = dict(reporter.latest)
     summary["epochs"] = runtime.epoch
@@ -192,6 +190,36 @@ def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float, stop: 
     if report is not None:
         summary["final_evaluation"] = {k: v for k, v in report.items() if k != "files"}
     return summary
+
+
+def _evaluate_before_training(runtime: Runtime, reporter: MetricsReporter, stop: StopSignals) -> float:
+    """``eval_before_training`` on a fresh run: the initial weights' evaluations, logged at epoch 0 (the report's
+    "before"); returns the seconds they took, which the deadline adds (--max-minutes is training time)."""
+    cfg = runtime.cfg
+    if (not cfg.eval_before_training or runtime.epoch != 0 or stop.requested
+            or not (len(runtime.evaluators) or envs.final_evaluation_for(cfg.env) is not None)):
+        return 0.0
+    began = time.monotonic()
+    console.print("evaluating the initial weights (eval_before_training) ...")
+    periodic, report = evaluate_before_training(runtime)
+    scalars: dict[str, float] = {}
+    for result in periodic:
+        scalars.update(reporter.evaluation(result, 0))
+    if report is not None:
+        scalars.update(report["scalars"])
+        _show_env_evaluation(runtime, reporter, report, "before_training", "before training:\n")
+    reporter.log_before_training(scalars)
+    return time.monotonic() - began
+
+
+def _show_env_evaluation(runtime: Runtime, reporter: MetricsReporter, report: dict, name: str, heading: str) -> None:
+    """An env's final-evaluation report: its text on the console and as TensorBoard's ``eval/<name>``, its files
+    under the log dir (before training, each named ``before_training_<file>``)."""
+    console.print(heading + report["text"], markup=False, soft_wrap=True)
+    reporter.text(f"eval/{name}", f"```\n{report['text']}\n```", runtime.epoch)
+    prefix = "" if name == "final" else f"{name}_"
+    for file, content in report.get("files", {}).items():
+        Path(runtime.cfg.log_dir, prefix + file).write_text(json.dumps(content, indent=1))
 
 
 def wait_for_warmup(runtime: Runtime, deadline: float, stop: StopSignals) -> bool:

@@ -203,8 +203,9 @@ def final_metrics(runs: Sequence[RunData]) -> list[str]:
 
         lines += ["", "## Evaluations", "",
                   "Held-out and periodic evaluations: the first figure the run logged and the last, and the change "
-                  "between them. A dash under first: evaluated once (an env's final evaluation runs only at the end), "
-                  "so the run holds no earlier figure to compare with.", ""]
+                  "between them: with eval_before_training (the default), the first is the initial weights' at "
+                  "epoch 0. A dash under first: evaluated once (an env's final evaluation without the one before "
+                  "training, or a resumed run's), so the run holds no earlier figure to compare with.", ""]
         lines += header(["first (epoch)", "last (epoch)", "change"], "---:|---:|---:|")
         lines += [row(tag, run, before_after(run, tag)) for tag in evaluated for run in runs if tag in run.scalars]
     return lines

@@ -53,6 +53,10 @@ class RunSection(_Section):
     eval_interval_epochs: Positive = 5
     eval_episodes: Positive = 2
     eval_deterministic: bool = True
+    eval_before_training: bool = True
+    """evaluate the initial weights once before the first update (a periodic evaluation where evaluators run, and
+    the env's final one: held-out problems, programs, cases), logged at epoch 0 as the report's "before"; not on
+    --resume, and not counted in --max-minutes"""
     eval_search: str = "none"
     """search at inference time in the env's final evaluation (CompilerGym: none, greedy, best-of-K, beam-K); an env option"""
     eval_search_budget: pydantic.NonNegativeInt = 0

@@ -48,7 +48,7 @@ class EvaluationPoller:
         """Wait up to ``wait_s`` for the evaluations in flight; the late ones are abandoned (said so)."""
         results = self._collect(timeout_s=wait_s)
         for name in self.in_flight:
-            console.print(f"{name} did not finish its evaluation within {wait_s:.0f} s; the run ends without it",
+            console.print(f"{name} did not finish its evaluation within {wait_s:.0f} s; the run goes on without its figures",
                           style="yellow", markup=False)
         self.in_flight.clear()
         return results
@@ -90,19 +90,51 @@ class EvaluationPoller:
         return results
 
 
-def final_evaluation(runtime: Any) -> Optional[dict]:
+def evaluate_before_training(runtime: Any) -> tuple[list[dict], Optional[dict]]:
+    """The initial weights' figures (``eval_before_training``): one periodic evaluation when evaluators run, and
+    the env's final evaluation when it registers one (held-out problems, programs, cases), each waited for, the
+    workers paused during the latter and collecting again after it. The report's "before" beside its "after"."""
+    cfg, poller = runtime.cfg, runtime.eval_poller
+    periodic: list[dict] = []
+    if len(runtime.evaluators):
+        poller.poll(runtime.epoch)  # epoch 0 is due on every interval
+        periodic = poller.finish(cfg.actor_timeout_s)
+    return periodic, final_evaluation(runtime, resume_workers=True)
+
+
+def final_evaluation(runtime: Any, resume_workers: bool = False) -> Optional[dict]:
     """The env's registered final evaluation (e.g. CompilerGym's held-out programs) on an evaluator
-    with the latest weights, rollouts paused to free the cores; None if the env registers none."""
-    cfg, evaluators = runtime.cfg, runtime.evaluators
+    with the latest weights, rollouts paused to free the cores (and resumed after it with ``resume_workers``);
+    None if the env registers none."""
+    cfg = runtime.cfg
     if envs.final_evaluation_for(cfg.env) is None:
         return None
     runtime.workers.call("pause", what="pause")
+    failed = (("the env's evaluation before training failed, training starts without its figures", "") if resume_workers
+              else ("final evaluation failed, the run ends without it", "; the last checkpoint holds the final weights"))
+    try:
+        return _held_out_report(runtime, _final_evaluator(runtime), failed)
+    finally:
+        if resume_workers:
+            runtime.workers.call("resume", what="resume")
+
+
+def _final_evaluator(runtime: Any) -> Any:
+    """The first periodic evaluator, or (with none) one kept for the final evaluations alone, on the CPUs the
+    paused workers leave idle: outside the evaluator group, so that no periodic evaluation runs on it."""
+    evaluators = runtime.evaluators
     if len(evaluators):
-        evaluator = evaluators[evaluators.names()[0]]
-    else:  # no periodic evaluators: one for the end, on the CPUs the paused workers leave idle
-        evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(
-            0, runtime.task_set, runtime.preprocessor_factory, *runtime.inference_for(0), cfg)
-        evaluators.members["eval-final"] = evaluator  # shut down with the others
+        return evaluators[evaluators.names()[0]]
+    if runtime.final_evaluator is None:
+        runtime.final_evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(
+            0, runtime.task_set, runtime.preprocessor_factory, *runtime.inference_for(0), runtime.cfg)
+    return runtime.final_evaluator
+
+
+def _held_out_report(runtime: Any, evaluator: Any, failed: tuple[str, str]) -> Optional[dict]:
+    """The evaluator's report; a restarted inference actor is healed and asked once more; any other failure is
+    one yellow line, ``failed``'s head and tail around the cause, and None."""
+    cfg = runtime.cfg
     for attempt in (1, 2):
         try:
             return ray.get(evaluator.final_evaluation.remote(cfg.env, cfg.seed), timeout=cfg.startup_timeout_s)
@@ -111,13 +143,13 @@ def final_evaluation(runtime: Any) -> Optional[dict]:
             first = (str(cause).splitlines() or [""])[0]
             if attempt == 1 and isinstance(cause, (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError)):
                 # Ray restarted an inference actor mid-evaluation (e.g. the memory monitor killed it):
-                # it answers again once it holds the final weights.
+                # it answers again once it holds the latest weights.
                 console.print(f"final evaluation: an actor it used was restarted ({type(cause).__name__}); "
                               "sending the weights again and evaluating once more", style="yellow", markup=False)
                 _heal_inference(runtime, cfg.actor_timeout_s)
                 continue
-            console.print(f"final evaluation failed, the run ends without it ({type(cause).__name__}: {first}); "
-                          "the last checkpoint holds the final weights", style="yellow", markup=False, soft_wrap=True)
+            console.print(f"{failed[0]} ({type(cause).__name__}: {first}){failed[1]}", style="yellow", markup=False,
+                          soft_wrap=True)
             return None
     return None
 

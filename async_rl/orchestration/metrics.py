@@ -91,6 +91,11 @@ class MetricsReporter:
         self.logger.log(scalars, step)
         self.latest.update(scalars)
 
+    def log_before_training(self, scalars: Mapping[str, float]) -> None:
+        """The initial weights' evaluation at step 0, kept out of ``latest``: a run's summary holds its trained
+        policy's figures, never the initial ones in place of a final evaluation that did not happen."""
+        self.logger.log(scalars, 0)
+
     def histogram(self, tag: str, values: Any, step: int) -> None:
         self.logger.histogram(tag, values, step)
 

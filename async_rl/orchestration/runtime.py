@@ -6,7 +6,7 @@ import functools
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import ray
 
@@ -103,6 +103,7 @@ class Runtime:
         self.policy_version = self.epoch = 0
         self.tag = f"run-{uuid.uuid4().hex[:8]}"  # actor names are unique to this run
         self.lag_values: list[int] = []  # behaviour-policy lag of every item of the last epoch
+        self.final_evaluator: Optional[Any] = None  # the env's final evaluations' own evaluator, where none is periodic
 
     # ---- start-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -233,6 +234,9 @@ class Runtime:
             self.workers.submit("stop")
             if self.worker_runs:  # empty when start-up failed before the workers were set to collect
                 ray.wait(list(self.worker_runs.values()), num_returns=len(self.worker_runs), timeout=timeout)
+        if self.final_evaluator is not None:  # its envs closed (CompilerGym's servers) before the kill below
+            ray.wait([self.final_evaluator.shutdown.remote()], timeout=timeout)
+            ray.kill(self.final_evaluator)
         for group in ("evaluators", "trainers", "inference"):
             if hasattr(self, group):
                 refs = list(getattr(self, group).submit("shutdown").values())

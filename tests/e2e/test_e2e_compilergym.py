@@ -52,8 +52,8 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                  "--rollout-steps", "4"]
     if policy == "mlp":  # the final evaluation also searches with the policy behind the inference actor
         overrides += ["--eval-search", "best-of-2", "--eval-search-budget", "8"]
-    else:  # mixed precision (formerly tests/policies/test_bf16.py's own Passformer run)
-        overrides += ["--precision", "bf16"]
+    else:  # mixed precision (formerly tests/policies/test_bf16.py's own Passformer run); held out after training only
+        overrides += ["--precision", "bf16", "--no-eval-before-training"]
     # The launch script's config; --policy passformer picks the Passformer's settings (its variant).
     cfg = load_config(overrides, str(ROOT / "configs" / "compilergym_mlp.yaml"))
     assert ("d_model" in cfg.policy_kwargs) == (policy == "passformer") and cfg.actor_timeout_s == (
@@ -110,6 +110,11 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
     assert set(per_program) <= set(tags), per_program
     written = json.loads((log_dir / "eval_programs.json").read_text())
     assert [r["policy_sequence"] for r in written["rows"]] == [r["policy_sequence"] for r in result["rows"]]
+    # The MLP run evaluated the held-out programs on its initial weights too (at epoch 0, on the evaluator it keeps
+    # for the env's evaluations, whose servers are checked gone below); the Passformer run turned that off.
+    steps = [e.step for e in events.Scalars("eval/geomean_reduction_vs_oz")]
+    assert steps == ([0, 2] if policy == "mlp" else [2]), steps
+    assert (log_dir / "before_training_eval_programs.json").exists() == (policy == "mlp")
 
     # Every server process (and with it its CompilerGym service) is gone after the run.
     deadline = time.monotonic() + 30

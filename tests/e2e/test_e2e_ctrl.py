@@ -44,9 +44,12 @@ def test_ctrl_critic_training_with_the_real_model(tmp_path):
     reviser = summary["inspect"]
 
     assert summary["epochs"] == 2 and "train/kl_ref" in summary
-    # The reviser answered in batches: one call per worker step holds all its envs' revisions (the last call
-    # is the final evaluation's, with the generation span only the workers' calls carry).
-    workers = reviser["busy"][:-1]
+    # The reviser answered in batches: one call per worker step holds all its envs' revisions. The evaluator's
+    # process made two more (the held-out cases before training and after it; the last call), without the
+    # generation span only the workers' calls carry.
+    evaluator = reviser["busy"][-1][3]
+    workers = [call for call in reviser["busy"] if call[3] != evaluator]
+    assert [n for _, _, n, pid in reviser["busy"] if pid == evaluator] == [2, 2]
     assert workers and all(n == GROUP for _, _, n, _ in workers)
     assert len(reviser["generated"]) == len(workers) and len({pid for _, _, _, pid in workers}) == 2
     # Every critique was revised and scored; the cache was consulted for each revision with code.

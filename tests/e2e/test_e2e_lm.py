@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from async_rl.config import load_config
 from async_rl.driver import run
@@ -107,3 +108,8 @@ def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkey
     rows = json.loads((tmp_path / "run" / "eval_problems.json").read_text())
     assert [r["prompt"] for r in rows] == [r["prompt"] for r in heldout]
     assert all(set(r["rewards"]) == {"math", "brevity"} for r in rows)
+    # The same evaluation ran on the initial weights (eval_before_training): logged at epoch 0, its rows beside.
+    before = json.loads((tmp_path / "run" / "before_training_eval_problems.json").read_text())
+    assert [r["prompt"] for r in before] == [r["prompt"] for r in heldout]
+    held_out = EventAccumulator(str(tmp_path / "run")).Reload().Scalars("eval/heldout_reward")
+    assert [e.step for e in held_out] == [0, 2] and held_out[1].value == pytest.approx(summary["eval/heldout_reward"])

@@ -97,6 +97,7 @@ def test_real_run(tmp_path, launch_config, clip_mode, extra):
     missing = [tag for tag in REQUIRED_TAGS if tag not in events.Tags()["scalars"]]
     assert not missing, missing
     assert list((log_dir / "swanlab").rglob("*")), "SwanLab offline run files"
+    assert events.Scalars("eval/success_rate")[0].step == 0  # the initial weights' evaluation (eval_before_training)
     kl_ref = [e.value for e in events.Scalars("train/kl_ref")]  # finite, and leaves 0 as training moves
     assert kl_ref and all(math.isfinite(v) and v >= 0 for v in kl_ref) and max(kl_ref) > 0, kl_ref
 

@@ -1,11 +1,14 @@
 """The env's final evaluation at the end of a run: an inference actor that Ray restarted under it
 (seen as ActorUnavailableError inside the evaluator's request) gets the weights again and the
-evaluation runs once more; any other failure ends the run without it, in one line, not a traceback."""
+evaluation runs once more; any other failure ends the run without it, in one line, not a traceback.
+Before training (eval_before_training) the same evaluation and a periodic one run on the initial weights,
+and the workers collect again after it, whatever its outcome."""
 import types
 
 import ray
 
 from async_rl.orchestration import evaluation
+from async_rl.orchestration.evaluation import EvaluationPoller
 
 
 @ray.remote(num_cpus=0)
@@ -24,6 +27,9 @@ class ScriptedEvaluator:
             raise ValueError(kind)
         return {"scalars": {"eval/heldout_reward": 0.5}, "text": "done"}
 
+    def evaluate(self, episodes: int, deterministic: bool, record: int) -> dict:
+        return {"tasks": {"reach": {"success_rate": 1.0, "return": 2.0}}, "policy_versions": [0], "record": record}
+
     def count(self) -> int:
         return self.calls
 
@@ -41,8 +47,12 @@ def runtime_with(evaluator) -> types.SimpleNamespace:
         return len(heals) >= 2  # the restarted actor answers on the second probe
 
     cfg = types.SimpleNamespace(env="arithmetic", seed=0, startup_timeout_s=60.0, actor_timeout_s=30.0)
-    return types.SimpleNamespace(cfg=cfg, evaluators=Evaluators({"eval-0": evaluator}), heals=heals,
-                                 workers=types.SimpleNamespace(call=lambda *a, **k: None),
+    worker_calls = []
+    evaluators = Evaluators({"eval-0": evaluator})
+    return types.SimpleNamespace(cfg=cfg, evaluators=evaluators, heals=heals, worker_calls=worker_calls, epoch=0,
+                                 eval_poller=EvaluationPoller(evaluators, 5, 1, True, video_interval_evals=1,
+                                                              video_episodes=1),
+                                 workers=types.SimpleNamespace(call=lambda method, *a, **k: worker_calls.append(method)),
                                  weight_sync=types.SimpleNamespace(heal=heal))
 
 
@@ -69,3 +79,23 @@ def test_a_second_restart_is_not_retried_forever(ray_local, monkeypatch):
     evaluator = ScriptedEvaluator.remote(["inference restarted", "inference restarted"])
     assert evaluation.final_evaluation(runtime_with(evaluator)) is None
     assert ray.get(evaluator.count.remote()) == 2
+
+
+def test_before_training_one_periodic_and_the_final_evaluation_run_and_the_workers_collect_again(ray_local):
+    evaluator = ScriptedEvaluator.remote([])
+    runtime = runtime_with(evaluator)
+    periodic, report = evaluation.evaluate_before_training(runtime)
+    assert [r["policy_versions"] for r in periodic] == [[0]] and periodic[0]["record"] == 1  # the first evaluation films
+    assert report["scalars"] == {"eval/heldout_reward": 0.5}
+    assert runtime.worker_calls == ["pause", "resume"]
+    assert runtime.eval_poller.poll(5) == [] and list(runtime.eval_poller.in_flight) == ["eval-0"]  # the schedule goes on
+
+
+def test_a_failed_evaluation_before_training_is_one_line_and_training_starts(ray_local, capsys):
+    evaluator = ScriptedEvaluator.remote(["the env raised"])
+    runtime = runtime_with(evaluator)
+    assert evaluation.final_evaluation(runtime, resume_workers=True) is None
+    assert runtime.worker_calls == ["pause", "resume"]
+    err = capsys.readouterr().err
+    assert "evaluation before training failed, training starts without its figures (ValueError: the env raised)" in err
+    assert "checkpoint" not in err and "Traceback" not in err
