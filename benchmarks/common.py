@@ -175,13 +175,15 @@ class TimedRun:
 def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] = (), task_set: Any = None,
               log_interval_s: float = LOG_INTERVAL_S) -> TimedRun:
     """One run of the system for ``minutes`` with ``config`` + ``argv``, logging every
-    ``log_interval_s`` into a fresh ``log_dir`` (old event files would mix into its rates)."""
+    ``log_interval_s`` into a fresh ``log_dir`` (old event files would mix into its rates). No evaluation before
+    training: figures over a run's wall clock (seconds to a success rate, rates from the start) stay comparable
+    with the runs recorded before it existed and with peers that do not evaluate first."""
     from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
     from async_rl.driver import prepare, run  # noqa: PLC0415
 
     shutil.rmtree(log_dir, ignore_errors=True)
     cfg = load_config(["--max-minutes", str(minutes), "--log-dir", str(log_dir), "--swanlab-mode", "disabled",
-                       "--log-interval-seconds", str(log_interval_s), *argv], str(config))
+                       "--log-interval-seconds", str(log_interval_s), "--no-eval-before-training", *argv], str(config))
     task_set = task_set if task_set is not None else prepare(cfg)
     started = time.time()
     return TimedRun(cfg, task_set, run(cfg, task_set), started)
