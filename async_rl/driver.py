@@ -181,7 +181,7 @@ def _finish(runtime: Runtime, reporter: MetricsReporter, deadline: float, stop: 
     report = None if stop.requested else final_evaluation(runtime)
     if report is not None:
         final.update(report["scalars"])
-        _show_env_evaluation(runtime, reporter, report, "final", "")
+        _show_env_evaluation(runtime, reporter, report, before_training=False)
     reporter.log(final, runtime.epoch)
     summary: dict[str, Any] = dict(reporter.latest)
     summary["epochs"] = runtime.epoch
@@ -207,17 +207,18 @@ def _evaluate_before_training(runtime: Runtime, reporter: MetricsReporter, stop:
         scalars.update(reporter.evaluation(result, 0))
     if report is not None:
         scalars.update(report["scalars"])
-        _show_env_evaluation(runtime, reporter, report, "before_training", "before training:\n")
+        _show_env_evaluation(runtime, reporter, report, before_training=True)
     reporter.log_before_training(scalars)
     return time.monotonic() - began
 
 
-def _show_env_evaluation(runtime: Runtime, reporter: MetricsReporter, report: dict, name: str, heading: str) -> None:
-    """An env's final-evaluation report: its text on the console and as TensorBoard's ``eval/<name>``, its files
-    under the log dir (before training, each named ``before_training_<file>``)."""
-    console.print(heading + report["text"], markup=False, soft_wrap=True)
-    reporter.text(f"eval/{name}", f"```\n{report['text']}\n```", runtime.epoch)
-    prefix = "" if name == "final" else f"{name}_"
+def _show_env_evaluation(runtime: Runtime, reporter: MetricsReporter, report: dict, before_training: bool) -> None:
+    """An env's final-evaluation report: its text on the console and as TensorBoard's ``eval/final`` (or
+    ``eval/before_training``), its files under the log dir (before training, named ``before_training_<file>``)."""
+    prefix = "before_training_" if before_training else ""
+    console.print(("before training:\n" if before_training else "") + report["text"], markup=False, soft_wrap=True)
+    reporter.text("eval/before_training" if before_training else "eval/final", f"```\n{report['text']}\n```",
+                  runtime.epoch)
     for file, content in report.get("files", {}).items():
         Path(runtime.cfg.log_dir, prefix + file).write_text(json.dumps(content, indent=1))
 

@@ -177,7 +177,7 @@ def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] =
     """One run of the system for ``minutes`` with ``config`` + ``argv``, logging every
     ``log_interval_s`` into a fresh ``log_dir`` (old event files would mix into its rates). No evaluation before
     training: figures over a run's wall clock (seconds to a success rate, rates from the start) stay comparable
-    with the runs recorded before it existed and with peers that do not evaluate first."""
+    with the recorded results and with peers that do not evaluate first."""
     from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
     from async_rl.driver import prepare, run  # noqa: PLC0415
 

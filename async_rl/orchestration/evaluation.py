@@ -93,29 +93,29 @@ class EvaluationPoller:
 def evaluate_before_training(runtime: Any) -> tuple[list[dict], Optional[dict]]:
     """The initial weights' figures (``eval_before_training``): one periodic evaluation when evaluators run, and
     the env's final evaluation when it registers one (held-out problems, programs, cases), each waited for, the
-    workers paused during the latter and collecting again after it. The report's "before" beside its "after"."""
+    workers paused during the latter and collecting again after it. The report's "before" beside its "after".
+    Both are waited for as start-up is (``startup_timeout_s``): an evaluation of many long episodes outlasts
+    ``actor_timeout_s``, and one abandoned would still run beside the next."""
     cfg, poller = runtime.cfg, runtime.eval_poller
     periodic: list[dict] = []
     if len(runtime.evaluators):
         poller.poll(runtime.epoch)  # epoch 0 is due on every interval
-        periodic = poller.finish(cfg.actor_timeout_s)
-    return periodic, final_evaluation(runtime, resume_workers=True)
+        periodic = poller.finish(cfg.startup_timeout_s)
+    return periodic, final_evaluation(runtime, before_training=True)
 
 
-def final_evaluation(runtime: Any, resume_workers: bool = False) -> Optional[dict]:
+def final_evaluation(runtime: Any, before_training: bool = False) -> Optional[dict]:
     """The env's registered final evaluation (e.g. CompilerGym's held-out programs) on an evaluator
-    with the latest weights, rollouts paused to free the cores (and resumed after it with ``resume_workers``);
+    with the latest weights, rollouts paused to free the cores (and resumed after it ``before_training``);
     None if the env registers none."""
     cfg = runtime.cfg
     if envs.final_evaluation_for(cfg.env) is None:
         return None
     runtime.workers.call("pause", what="pause")
-    failed = (("the env's evaluation before training failed, training starts without its figures", "") if resume_workers
-              else ("final evaluation failed, the run ends without it", "; the last checkpoint holds the final weights"))
     try:
-        return _held_out_report(runtime, _final_evaluator(runtime), failed)
+        return _held_out_report(runtime, _final_evaluator(runtime), before_training)
     finally:
-        if resume_workers:
+        if before_training:
             runtime.workers.call("resume", what="resume")
 
 
@@ -131,9 +131,9 @@ def _final_evaluator(runtime: Any) -> Any:
     return runtime.final_evaluator
 
 
-def _held_out_report(runtime: Any, evaluator: Any, failed: tuple[str, str]) -> Optional[dict]:
+def _held_out_report(runtime: Any, evaluator: Any, before_training: bool) -> Optional[dict]:
     """The evaluator's report; a restarted inference actor is healed and asked once more; any other failure is
-    one yellow line, ``failed``'s head and tail around the cause, and None."""
+    one yellow line saying what the run does without it, and None."""
     cfg = runtime.cfg
     for attempt in (1, 2):
         try:
@@ -148,8 +148,11 @@ def _held_out_report(runtime: Any, evaluator: Any, failed: tuple[str, str]) -> O
                               "sending the weights again and evaluating once more", style="yellow", markup=False)
                 _heal_inference(runtime, cfg.actor_timeout_s)
                 continue
-            console.print(f"{failed[0]} ({type(cause).__name__}: {first}){failed[1]}", style="yellow", markup=False,
-                          soft_wrap=True)
+            why = f"({type(cause).__name__}: {first})"
+            line = (f"the env's evaluation before training failed, training starts without its figures {why}"
+                    if before_training else
+                    f"final evaluation failed, the run ends without it {why}; the last checkpoint holds the final weights")
+            console.print(line, style="yellow", markup=False, soft_wrap=True)
             return None
     return None
 

@@ -52,7 +52,7 @@ def test_compilergym_run(tmp_path, policy, clip_mode):
                  "--rollout-steps", "4"]
     if policy == "mlp":  # the final evaluation also searches with the policy behind the inference actor
         overrides += ["--eval-search", "best-of-2", "--eval-search-budget", "8"]
-    else:  # mixed precision (formerly tests/policies/test_bf16.py's own Passformer run); held out after training only
+    else:  # mixed precision; the held-out programs after training only
         overrides += ["--precision", "bf16", "--no-eval-before-training"]
     # The launch script's config; --policy passformer picks the Passformer's settings (its variant).
     cfg = load_config(overrides, str(ROOT / "configs" / "compilergym_mlp.yaml"))

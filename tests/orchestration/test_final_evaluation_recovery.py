@@ -94,7 +94,7 @@ def test_before_training_one_periodic_and_the_final_evaluation_run_and_the_worke
 def test_a_failed_evaluation_before_training_is_one_line_and_training_starts(ray_local, capsys):
     evaluator = ScriptedEvaluator.remote(["the env raised"])
     runtime = runtime_with(evaluator)
-    assert evaluation.final_evaluation(runtime, resume_workers=True) is None
+    assert evaluation.final_evaluation(runtime, before_training=True) is None
     assert runtime.worker_calls == ["pause", "resume"]
     err = capsys.readouterr().err
     assert "evaluation before training failed, training starts without its figures (ValueError: the env raised)" in err
