@@ -40,7 +40,9 @@ def _inspect(runtime):
     # The training group (store, gloo pairs) and the weight-sync group listen on loopback only.
     listening = {name: [c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
                  for name, pid in pids.items()}
-    before = _replay_versions(runtime)
+    # Training may have drawn only the first pushes (v0: the workers collect during the evaluation before
+    # training, and an epoch here is one small update), so wait for what a broadcast policy collected.
+    before = _replay_versions(runtime, newer_than=0)
     runtime.train_epoch()  # one more epoch and broadcast: workers must move to the new version
     after = _replay_versions(runtime, newer_than=runtime.policy_version - 1)
     return {"trainers": trainers, "inference": inference, "status": status, "versions": (before, after),
