@@ -34,7 +34,7 @@ environment, else uses EGL (a GPU's EGL where there is one, Mesa's llvmpipe on a
 is imported. ``fast_render`` (MSAA off, no shadows, no reflections; ~3x faster in software) is on
 by default when the GL renderer is a software one.
 
-The TaskSet is plain data (suite, task indices, names, instructions, paths relative to LIBERO's
+The TaskSet is plain data (its options, task indices, names, instructions, paths relative to LIBERO's
 bddl / init-state folders) built in the driver without importing robosuite or mujoco; init states
 are read lazily in the worker with ``torch.load(weights_only=True)`` (numpy arrays, allow-listed).
 LIBERO asks interactively where its data lives unless ``$LIBERO_CONFIG_PATH/config.yaml`` exists,
@@ -48,7 +48,7 @@ import contextlib
 import difflib
 import io
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Optional, Sequence, Union
 
@@ -208,43 +208,23 @@ def libero_task_set(options: LiberoOptions) -> LiberoTaskSet:
         if max(init_state_subset) >= count:
             raise ConfigError(f"libero init_states {init_states!r} goes past the last initial state: the tasks have "
                               f"{count} (indices 0..{count - 1})")
-    return LiberoTaskSet(
-        suite=suite,
-        task_indices=indices,
-        task_names=[t.name for t in specs],
-        instructions=[t.language for t in specs],
-        bddl_files=bddl,
-        init_state_files=inits,
-        image_size=options.image_size,
-        cameras=list(options.cameras),
-        max_episode_steps=options.max_episode_steps or SUITE_MAX_STEPS[suite],
-        init_state_order=options.init_state_order,
-        settle_steps=options.settle_steps,
-        fast_render=options.fast_render,
-        render_backend=options.render_backend,
-        reward_scale=options.reward_scale,
-        init_states=init_state_subset,
-    )
+    return LiberoTaskSet(options, indices, [t.name for t in specs], [t.language for t in specs], bddl, inits,
+                         max_episode_steps=options.max_episode_steps or SUITE_MAX_STEPS[suite],
+                         init_states=init_state_subset)
 
 
 @dataclass
 class LiberoTaskSet:
-    """Picklable LIBERO TaskSet: names, instructions and paths relative to LIBERO's data folders."""
+    """Picklable LIBERO TaskSet: the options it was built from; the tasks they chose (names, instructions, paths
+    relative to LIBERO's data folders); what the options leave to the suite, resolved."""
 
-    suite: str
+    options: LiberoOptions  # the camera, rendering, reward and reset-order settings every env of the set shares
     task_indices: list[int]  # indices into the suite's standard task order
     task_names: list[str]
     instructions: list[str]
     bddl_files: list[str]  # relative to LIBERO's bddl_files folder
     init_state_files: list[str]  # relative to LIBERO's init_files folder
-    image_size: int = 128
-    cameras: list[str] = field(default_factory=lambda: list(CAMERAS))
-    max_episode_steps: int = 220
-    init_state_order: str = "cycle"
-    settle_steps: int = 10
-    fast_render: Optional[bool] = None
-    render_backend: str = "auto"
-    reward_scale: float = 1.0
+    max_episode_steps: int  # the options' limit, else the suite's (OpenVLA's)
     init_states: Optional[list[int]] = None  # the reset schedule's subset of each task's initial states; None: all
     action_dim: int = ACTION_DIM
     obs_dim: int = PROPRIO_DIM  # the flat part of the observation (proprio)
@@ -258,9 +238,9 @@ class LiberoTaskSet:
         """What a policy / preprocessor needs to know about the observation dict."""
         return {
             "type": "libero",
-            "cameras": list(self.cameras),
-            "image_size": self.image_size,
-            "image_shape": [self.image_size, self.image_size, 3],
+            "cameras": list(self.options.cameras),
+            "image_size": self.options.image_size,
+            "image_shape": [self.options.image_size, self.options.image_size, 3],
             "proprio_dim": PROPRIO_DIM,
             "instruction": True,
             "instructions": list(self.instructions),
@@ -320,19 +300,19 @@ class LiberoTaskEnv:
     """One LIBERO task's env; ``reset`` restores a fixed initial state without rebuilding the scene."""
 
     def __init__(self, task_set: LiberoTaskSet, task_index: int, seed: int) -> None:
-        ts = task_set
-        self.render_backend = configure_rendering(ts.render_backend) if ts.cameras else "none"
+        ts, options = task_set, task_set.options
+        self.render_backend = configure_rendering(options.render_backend) if options.cameras else "none"
         root = ensure_libero_config()
         control_env = import_libero("libero.libero.envs.env_wrapper").ControlEnv
         self._quat2axisangle = import_libero("robosuite.utils.transform_utils").quat2axisangle
         self.task_name = ts.task_names[task_index]
         self.instruction = ts.instructions[task_index]
-        self.cameras = list(ts.cameras)
+        self.cameras = list(options.cameras)
         self.max_episode_steps = int(ts.max_episode_steps)
-        self.settle_steps = int(ts.settle_steps)
-        self.reward_scale = float(ts.reward_scale)
+        self.settle_steps = options.settle_steps
+        self.reward_scale = float(options.reward_scale)
         self._init_states = load_init_states(root / "init_files" / ts.init_state_files[task_index])
-        self._schedule = InitStateSchedule(len(self._init_states), ts.init_state_order, seed, ts.init_states)
+        self._schedule = InitStateSchedule(len(self._init_states), options.init_state_order, seed, ts.init_states)
         self._seed = int(seed) % 2**32
         self.init_state_index = -1
         render = bool(self.cameras)
@@ -342,8 +322,8 @@ class LiberoTaskEnv:
             has_renderer=False,
             has_offscreen_renderer=render,
             camera_names=[CAMERAS[c] for c in self.cameras],
-            camera_heights=ts.image_size,
-            camera_widths=ts.image_size,
+            camera_heights=options.image_size,
+            camera_widths=options.image_size,
             hard_reset=False,  # reset = restore a state; rebuilding the scene costs ~20x more
             ignore_done=True,  # our own step limit; robosuite's horizon would raise past it
         )
@@ -352,7 +332,7 @@ class LiberoTaskEnv:
         self.fast_render = False
         if render:
             self.gl_renderer = gl_renderer_name(self._render_context())
-            fast = ts.fast_render
+            fast = options.fast_render
             if fast is None:
                 fast = any(s in self.gl_renderer.lower() for s in SOFTWARE_GL)
             if fast:

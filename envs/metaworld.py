@@ -93,32 +93,27 @@ def metaworld_task_set(options: MetaWorldOptions) -> MetaWorldTaskSet:
     by_name: dict[str, list[bytes]] = {name: [] for name in task_names}
     for t in bm.train_tasks:
         by_name[t.env_name].append(t.data)
-    return MetaWorldTaskSet(
-        benchmark=bench,
-        task_names=task_names,
-        task_data=[by_name[name] for name in task_names],
-        max_episode_steps=options.max_episode_steps,
-        reward_scale=options.reward_scale,
-        seed=seed,
-    )
+    return MetaWorldTaskSet(options, task_names, [by_name[name] for name in task_names])
 
 
 @dataclass
 class MetaWorldTaskSet:
-    """Picklable MetaWorld TaskSet: plain data only (no env classes, no benchmark object)."""
+    """Picklable MetaWorld TaskSet: plain data only (no env classes, no benchmark object); the options it was
+    built from, and the goal data they chose."""
 
-    benchmark: str
+    options: MetaWorldOptions
     task_names: list[str]
     task_data: list[list[bytes]]  # task_data[i]: the pickled goal variations of task_names[i]
-    max_episode_steps: int = 500
-    reward_scale: float = 1.0
-    seed: int = 0
     obs_dim: int = field(default=OBS_DIM)
     action_dim: int = field(default=ACTION_DIM)
     success_rule: ClassVar[str] = "any"  # a task once solved counts (MetaWorld's success is per step)
 
     def __len__(self) -> int:
         return len(self.task_names)
+
+    @property
+    def max_episode_steps(self) -> int:
+        return self.options.max_episode_steps
 
     def make_env(self, task_index: int, seed: int) -> MetaWorldTaskEnv:
         if not 0 <= task_index < len(self.task_names):
@@ -127,8 +122,8 @@ class MetaWorldTaskSet:
             task_name=self.task_names[task_index],
             task_data=self.task_data[task_index],
             seed=seed,
-            max_episode_steps=self.max_episode_steps,
-            reward_scale=self.reward_scale,
+            max_episode_steps=self.options.max_episode_steps,
+            reward_scale=self.options.reward_scale,
         )
 
 
