@@ -53,7 +53,7 @@ def _accumulated(mode, micro_batch, ranks):
             part = rows[k * micro_batch:(k + 1) * micro_batch]
             loss = objective(_inputs(logp, logp_old, advantage, entropy, mask, part, counts)).loss
             (loss / (accumulation * ranks)).backward()
-            total += float(loss) / (accumulation * ranks)
+            total += float(loss.detach()) / (accumulation * ranks)
     return total, logp.grad.clone()
 
 
