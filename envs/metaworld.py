@@ -122,7 +122,7 @@ class MetaWorldTaskSet:
             task_name=self.task_names[task_index],
             task_data=self.task_data[task_index],
             seed=seed,
-            max_episode_steps=self.options.max_episode_steps,
+            max_episode_steps=self.max_episode_steps,
             reward_scale=self.options.reward_scale,
         )
 

@@ -106,7 +106,7 @@ def evaluate_before_training(runtime: Any) -> tuple[list[dict], Optional[dict]]:
 
 def final_evaluation(runtime: Any, before_training: bool = False) -> Optional[dict]:
     """The env's registered final evaluation (e.g. CompilerGym's held-out programs) on an evaluator
-    with the latest weights, rollouts paused to free the cores (and resumed after it ``before_training``);
+    with the latest weights, rollouts paused to free the cores (collecting again after it when ``before_training``);
     None if the env registers none."""
     cfg = runtime.cfg
     if envs.final_evaluation_for(cfg.env) is None:
