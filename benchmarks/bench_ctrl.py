@@ -80,11 +80,10 @@ def untrained_figures(argv: list[str]) -> dict[str, float]:
     torch.set_num_threads(cfg.torch_threads)  # as the actors of a run
     cases = heldout_set(task_set)
     critic = load_writer(None, cfg.policy_kwargs["model_path"], cfg.policy_kwargs["max_new_tokens"],
-                         batch_size=task_set.reviser_batch)
-    reviser = load_writer(None, task_set.reviser_path(), task_set.reviser_max_new_tokens,
-                          task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
-    figures = evaluate(cases, critic.write, reviser.write, task_set.timeout_s)
-    headroom = reviser_headroom(cases, reference_solutions("heldout"), reviser.write, task_set.timeout_s)
+                         batch_size=task_set.options.reviser_batch)
+    reviser = load_writer(None, *task_set.reviser_args())
+    figures = evaluate(cases, critic.write, reviser.write, task_set.options.timeout_s)
+    headroom = reviser_headroom(cases, reference_solutions("heldout"), reviser.write, task_set.options.timeout_s)
     return {**headroom, "cases": figures["n"], "cases_correct": figures["n_correct"], "initial_pass": figures["initial_pass"],
             "revise_alone_pass": figures["revise_alone_pass"], "untrained_critic_pass": figures["critic_pass"],
             "untrained_judgment_accuracy": figures["judgment_accuracy"],
@@ -150,10 +149,9 @@ def supervised_figures(export: str, argv: list[str]) -> dict[str, float]:
 
     cfg, task_set = load(argv, SFT_CONFIG)
     torch.set_num_threads(cfg.torch_threads)
-    critic = load_writer(None, None, None, batch_size=task_set.reviser_batch, init_from=export)
-    reviser = load_writer(None, task_set.reviser_path(), task_set.reviser_max_new_tokens,
-                          task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
-    figures = evaluate(heldout_set(task_set), critic.write, reviser.write, task_set.timeout_s, alone=False)
+    critic = load_writer(None, None, None, batch_size=task_set.options.reviser_batch, init_from=export)
+    reviser = load_writer(None, *task_set.reviser_args())
+    figures = evaluate(heldout_set(task_set), critic.write, reviser.write, task_set.options.timeout_s, alone=False)
     return {"sft_critic_pass": figures["critic_pass"], "sft_judgment_accuracy": figures["judgment_accuracy"],
                          "sft_regression_rate": figures["regression_rate"], "sft_format_rate": figures["critic_format_rate"]}
 

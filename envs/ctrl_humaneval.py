@@ -97,8 +97,7 @@ def remote_reviser(task_set: "CTRLTaskSet") -> TextFn:
     from async_rl.ctrl.reviser import reviser_handle  # noqa: PLC0415
 
     def handle() -> Any:
-        return reviser_handle(task_set.reviser_name, task_set.reviser_path(), task_set.reviser_max_new_tokens,
-                              task_set.reviser_max_prompt_tokens, task_set.reviser_batch)
+        return reviser_handle(task_set.reviser_name, *task_set.reviser_args())
 
     current = [handle()]
 
@@ -108,10 +107,10 @@ def remote_reviser(task_set: "CTRLTaskSet") -> TextFn:
                 # A future, not ray.get: this runs in the worker's env thread, not on the async actor's event
                 # loop, which ray.get would warn about.
                 ref = current[0].revise.remote(prompts, generated, os.getpid())
-                return ref.future().result(timeout=task_set.reviser_timeout_s)
+                return ref.future().result(timeout=task_set.options.reviser_timeout_s)
             except concurrent.futures.TimeoutError:
                 raise RuntimeError(f"the CTRL reviser did not revise {len(prompts)} prompts within "
-                                   f"reviser_timeout_s={task_set.reviser_timeout_s:g} s") from None
+                                   f"reviser_timeout_s={task_set.options.reviser_timeout_s:g} s") from None
             except ray.exceptions.RayActorError:
                 if attempt:
                     raise
@@ -124,8 +123,7 @@ def local_reviser(task_set: "CTRLTaskSet") -> TextFn:
     """Revisions in this process (no Ray: unit tests, evaluation scripts)."""
     from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
 
-    return load_writer(None, task_set.reviser_path(), task_set.reviser_max_new_tokens,
-                       task_set.reviser_max_prompt_tokens, task_set.reviser_batch).write
+    return load_writer(None, *task_set.reviser_args()).write
 
 
 def revision_queue(task_set: "CTRLTaskSet") -> RevisionQueue:
@@ -141,7 +139,7 @@ def revision_queue(task_set: "CTRLTaskSet") -> RevisionQueue:
 def heldout_set(task_set: "CTRLTaskSet") -> list[dict[str, Any]]:
     """The balanced held-out cases every evaluation of a config uses (drawn with seed 0 whatever the run's
     seed, so that runs and benchmarks compare on the same cases)."""
-    return balanced(task_set.heldout, task_set.heldout_cases, 0)
+    return balanced(task_set.heldout, task_set.options.heldout_cases, 0)
 
 
 def ctrl_final_evaluation(task_set: "CTRLTaskSet", act: Any, preprocess: Any, seed: int) -> dict[str, Any]:
@@ -158,7 +156,8 @@ def ctrl_final_evaluation(task_set: "CTRLTaskSet", act: Any, preprocess: Any, se
             out += [response_text(a, task_set.tokenizer_path, "ctrl") for a in actions]
         return out
 
-    figures = evaluate(cases, critique, revision_queue(task_set).revise, task_set.timeout_s, alone=False)
+    figures = evaluate(cases, critique, revision_queue(task_set).revise, task_set.options.timeout_s,
+                       alone=False)
     rows = figures.pop("rows")
     scalars = {f"eval/{k}": float(figures[k]) for k in ("critic_pass", "judgment_accuracy", "regression_rate",
                                                         "critic_format_rate", "initial_pass")}
@@ -235,34 +234,29 @@ def ctrl_humaneval_task_set(options: CTRLOptions) -> "CTRLTaskSet":
         raise ConfigError(f"ctrl_humaneval has no training or no held-out case left (task_ids {options.task_ids}, "
                           f"max_prompt_chars {options.max_prompt_chars}); widen them")
     longest = [max((critic_prompt(c["prompt"], c["solution"]) for c in cases), key=len) for cases in built.values()]
-    # The task set carries the options that scoring and the reviser read; the case-building ones stay here.
-    carried = options.model_dump(exclude={"mutations", "samples", "max_prompt_chars", "task_ids", "reviser_model_path"})
-    return CTRLTaskSet(**carried, reviser_model_path=reviser_model_path, train=built["train"], heldout=built["heldout"],
-                       obs_spec={"text": True, "example_prompts": longest})
+    return CTRLTaskSet(split=options.split, tokenizer_path=options.tokenizer_path, seed=options.seed,
+                       options=options.model_copy(update={"reviser_model_path": reviser_model_path}),
+                       train=built["train"], heldout=built["heldout"], obs_spec={"text": True, "example_prompts": longest})
 
 
 @dataclass
 class CTRLTaskSet(TextTaskSetBase):
-    """The cases of both splits travel with it (~1 MB): every process scores the same cases."""
+    """The cases of both splits travel with it (~1 MB): every process scores the same cases. ``options`` are
+    the ones it was built from, the reviser's path resolved (scoring and the reviser read them); ``split``,
+    ``tokenizer_path`` and ``seed`` are the base's, which the driver sets per use."""
 
-    timeout_s: float = 3.0
-    ctrl_reward: str = "all_pass"
-    missing_judgment_reward: float = 0.0
-    format_check: bool = True
-    reviser_model_path: Optional[str] = None
-    reviser_max_new_tokens: int = 256
-    reviser_max_prompt_tokens: int = 1536
-    reviser_batch: int = 8
-    reviser_timeout_s: float = 900.0
-    heldout_cases: Optional[int] = 16
+    options: CTRLOptions = field(default_factory=CTRLOptions)
     train: list = field(default_factory=list)
     heldout: list = field(default_factory=list)
     reviser_name: str = field(default_factory=lambda: f"ctrl-reviser-{uuid.uuid4().hex[:8]}")  # unique to the run
     task_names: list[str] = field(default_factory=lambda: ["ctrl_humaneval"])
 
-    def reviser_path(self) -> Optional[str]:
-        """The reviser's model: its own path, else the critic's base model (the driver's model path)."""
-        return self.reviser_model_path or self.tokenizer_path
+    def reviser_args(self) -> tuple[Optional[str], int, int, int]:
+        """What the reviser is loaded with (``load_writer``'s model path, max new tokens, max prompt tokens, batch
+        size): its own model, else the critic's base model (the driver's model path), and its limits."""
+        o = self.options
+        return (o.reviser_model_path or self.tokenizer_path, o.reviser_max_new_tokens, o.reviser_max_prompt_tokens,
+                o.reviser_batch)
 
     def heldout_count(self) -> int:
         return len(self.heldout)
@@ -302,8 +296,8 @@ class CTRLEnv(PreparedStepEnv):
 
     def _score_revision(self, revision: str) -> "Future[SandboxResult]":
         case = self.problem["case"]
-        future, hit = score_revision(revision, case["tests"], case["prefix"], _CACHE, shared_pool(), self.task_set.timeout_s,
-                                   case.get("entry_point"))
+        future, hit = score_revision(revision, case["tests"], case["prefix"], _CACHE, shared_pool(),
+                                     self.task_set.options.timeout_s, case.get("entry_point"))
         if hit is not None:  # None: no code, nothing looked up
             self.extra["ctrl_cache_lookups"] += 1
             self.extra["ctrl_cache_hits"] += int(hit)
@@ -316,7 +310,7 @@ class CTRLEnv(PreparedStepEnv):
         text = response_text(action, self.tokenizer_path, self.task_name)
         case = self.problem["case"]
         ticket = None
-        if parse_judgment(text) is not None or not self.task_set.format_check:
+        if parse_judgment(text) is not None or not self.task_set.options.format_check:
             ticket = self.queue.add(revision_prompt(case["prompt"], case["solution"], text), self._score_revision,
                                     (self._asked, time.time()))
         self._pending = (action_key(action), ticket)
@@ -330,8 +324,9 @@ class CTRLEnv(PreparedStepEnv):
         waited = self.queue.waited_ms
         result = None if ticket is None else self.queue.result(ticket)
         self.extra["ctrl_reviser_wait_ms"] += self.queue.waited_ms - waited
-        reward, info = critique_reward(text, result, self.task_set.ctrl_reward, self.task_set.missing_judgment_reward,
-                                       self.task_set.format_check)
+        options = self.task_set.options
+        reward, info = critique_reward(text, result, options.ctrl_reward, options.missing_judgment_reward,
+                                       options.format_check)
         if info["reason"] in CHANNEL_VIOLATIONS:  # a revision over a cap or forging answers: hacking shows here
             self.extra["ctrl_channel_violations"] += 1
         if info["judgment"] is None:

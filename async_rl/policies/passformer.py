@@ -51,6 +51,13 @@ class PassformerOptions(ConfigSection):
     temperature: pydantic.PositiveFloat = 1.0
     """pass tokens are sampled from softmax(logits / temperature), and that is the policy trained"""
 
+    @pydantic.model_validator(mode="after")
+    def _heads_divide_width(self) -> "PassformerOptions":
+        if self.model_path is None and self.d_model % self.heads:  # else BART refuses it inside an actor, after Ray
+            raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}; each attention head "
+                             "takes d_model / heads dimensions: pick a multiple (e.g. d_model 64, heads 4)")
+        return self
+
 
 class PassformerPreprocessor:
     """CompilerGym observation -> ``{"features": float32 [F], "ir_tokens": int64 [L]}``."""

@@ -140,6 +140,8 @@ def test_a_relation_between_a_plugins_options_is_one_line_at_load(env, env_kwarg
                                                     "cameras ['wrist', 'agentview', 'wrist'] name a camera twice; list each once"),
     ("causal_lm", "{min_new_tokens: 65}", "min_new_tokens 65 > max_new_tokens 64; set min_new_tokens at most "
                                           "max_new_tokens"),
+    ("passformer", "{d_model: 66}", "d_model 66 is not a multiple of heads 4; each attention head takes d_model / "
+                                    "heads dimensions: pick a multiple (e.g. d_model 64, heads 4)"),
 ])
 def test_a_relation_between_a_policys_options_is_one_line_at_load(policy, policy_kwargs, line):
     with pytest.raises(ConfigError) as err:
