@@ -197,7 +197,7 @@ def _evaluate_before_training(runtime: Runtime, reporter: MetricsReporter, stop:
     "before"); returns the seconds they took, which the deadline adds (--max-minutes is training time)."""
     cfg = runtime.cfg
     if (not cfg.eval_before_training or runtime.epoch != 0 or stop.requested
-            or not (len(runtime.evaluators) or envs.final_evaluation_for(cfg.env) is not None)):
+            or not (len(runtime.evaluators) or envs.final_evaluation_for(cfg.env, runtime.task_set) is not None)):
         return 0.0
     began = time.monotonic()
     console.print("evaluating the initial weights (eval_before_training) ...")

@@ -42,9 +42,14 @@ def available_envs() -> list[str]:
     return ENVS.names()
 
 
-def final_evaluation_for(name: str) -> Optional[FinalEvaluation]:
-    """The final evaluation environment ``name`` registered, or None; unknown names raise ConfigError."""
-    return ENVS.entry(name).meta.get("final_evaluation")
+def final_evaluation_for(name: str, task_set: Any = None) -> Optional[FinalEvaluation]:
+    """The final evaluation environment ``name`` registered, or None; None too when ``task_set`` says its options
+    ask for none (``final_evaluation_on`` false: LIBERO without held-out initial states). Unknown names raise
+    ConfigError."""
+    evaluate = ENVS.entry(name).meta.get("final_evaluation")
+    if task_set is not None and not getattr(task_set, "final_evaluation_on", True):
+        return None
+    return evaluate
 
 
 def env_options_model(name: str) -> type[ConfigSection]:

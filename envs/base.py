@@ -51,6 +51,9 @@ class TaskSet(Protocol):
     task once solved stays solved: MetaWorld, LIBERO) or ``"final"`` (the label judges the state the
     episode ends in and an early end clears it: CompilerGym). A task set without it is ``"any"``;
     every reader goes through ``success_rule`` and ``episode_success`` below.
+
+    ``final_evaluation_on`` (optional, true where absent) false says that the options ask for no final
+    evaluation, though the env registers one (LIBERO without ``heldout_init_states``).
     """
 
     task_names: list[str]

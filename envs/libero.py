@@ -58,6 +58,7 @@ import pydantic
 from async_rl.errors import ConfigError
 from async_rl.validation import ConfigSection, checked_folder
 from envs import register_env
+from envs.libero_evaluation import held_out_evaluation
 from envs.libero_setup import (INSTALL_HINT, SOFTWARE_GL, configure_rendering, ensure_libero_config, fast_render_settings,
                                gl_renderer_name, import_benchmark, import_libero, libero_package_dir,
                                switch_to_fast_render)
@@ -110,25 +111,26 @@ def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, Sequence[
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
-def parse_init_states(spec: Union[str, Sequence[int]]) -> Optional[list[int]]:
-    """``init_states`` as sorted distinct indices, or None for "all"; bad input is a one-line ValueError."""
+def parse_init_states(spec: Union[str, Sequence[int]], option: str = "init_states") -> Optional[list[int]]:
+    """``init_states`` (or the ``option`` named) as sorted distinct indices, or None for "all"; bad input is a
+    one-line ValueError."""
     hint = 'give "all", a list of indices or an inclusive range such as "0-39"'
     if isinstance(spec, str):
         if spec == "all":
             return None
         match = _RANGE.match(spec)
         if not match:
-            raise ValueError(f"libero init_states {spec!r} is not a range; {hint}")
+            raise ValueError(f"libero {option} {spec!r} is not a range; {hint}")
         first, last = int(match.group(1)), int(match.group(2))
         if first > last:
-            raise ValueError(f"libero init_states range {spec!r} is empty (its start is past its end); {hint}")
+            raise ValueError(f"libero {option} range {spec!r} is empty (its start is past its end); {hint}")
         return list(range(first, last + 1))
     if not spec:
-        raise ValueError(f"libero init_states must not be {spec!r}; {hint}")
+        raise ValueError(f"libero {option} must not be {spec!r}; {hint}")
     if any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in spec):
-        raise ValueError(f"libero init_states {spec!r} must be non-negative integers; {hint}")
+        raise ValueError(f"libero {option} {spec!r} must be non-negative integers; {hint}")
     if len(set(spec)) != len(spec):
-        raise ValueError(f"libero init_states lists an index twice: {list(spec)}")
+        raise ValueError(f"libero {option} lists an index twice: {list(spec)}")
     return sorted(spec)
 
 
@@ -158,6 +160,10 @@ class LiberoOptions(ConfigSection):
     init_states: Union[str, list[pydantic.NonNegativeInt]] = "all"
     """the initial states the reset schedule uses: all, a list of indices or an inclusive range "a-b" (e.g.
     "0-39" for training, leaving 40-49 held out)"""
+    heldout_init_states: Optional[Union[str, list[pydantic.NonNegativeInt]]] = None
+    """initial states outside init_states that every task is scored from, deterministically, before and after
+    training (the report's eval/heldout_success_rate), e.g. "40-49"; null = no held-out evaluation. Each is one
+    episode of up to max_episode_steps per task: long on a CPU"""
 
     @pydantic.field_validator("tasks")
     @classmethod
@@ -185,13 +191,27 @@ class LiberoOptions(ConfigSection):
         parse_init_states(spec)
         return spec
 
+    @pydantic.model_validator(mode="after")
+    def _held_out_apart_from_training(self) -> "LiberoOptions":
+        if self.heldout_init_states is None:
+            return self
+        held_out = parse_init_states(self.heldout_init_states, "heldout_init_states")
+        training = parse_init_states(self.init_states)
+        if held_out is None or training is None or set(held_out) & set(training):
+            shared = "all" if held_out is None or training is None else sorted(set(held_out) & set(training))
+            raise ValueError(f"heldout_init_states {self.heldout_init_states!r} and init_states {self.init_states!r} "
+                             f"share initial states ({shared}): held-out ones are those training never resets to; "
+                             'e.g. init_states "0-39" with heldout_init_states "40-49"')
+        return self
 
-@register_env("libero", options=LiberoOptions)
+
+@register_env("libero", options=LiberoOptions, final_evaluation=held_out_evaluation)
 def libero_task_set(options: LiberoOptions) -> LiberoTaskSet:
     """Build a LIBERO TaskSet: the suite's tasks, their files checked; ``reset(init_state=k)`` still takes any
     initial state, ``init_states`` only restricts the reset schedule."""
-    suite, init_states = options.suite, options.init_states
-    init_state_subset = parse_init_states(init_states)
+    suite = options.suite
+    init_state_subset = parse_init_states(options.init_states)
+    held_out = None if options.heldout_init_states is None else parse_init_states(options.heldout_init_states)
     benchmark = import_benchmark()
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
         bench = benchmark.get_benchmark_dict()[suite]()
@@ -203,14 +223,16 @@ def libero_task_set(options: LiberoOptions) -> LiberoTaskSet:
     inits = [f"{t.problem_folder}/{t.init_states_file}" for t in specs]
     for folder, files in (("bddl_files", bddl), ("init_files", inits)):
         checked_folder(root / folder, f"LIBERO's {folder} {root / folder}", INSTALL_HINT, holds=files)
-    if init_state_subset is not None:  # bounds need the files' counts (50 per task in every suite)
+    chosen = {"init_states": init_state_subset, "heldout_init_states": held_out}
+    if any(chosen.values()):  # bounds need the files' counts (50 per task in every suite)
         count = min(len(load_init_states(root / "init_files" / rel)) for rel in inits)
-        if max(init_state_subset) >= count:
-            raise ConfigError(f"libero init_states {init_states!r} goes past the last initial state: the tasks have "
-                              f"{count} (indices 0..{count - 1})")
+        for option, subset in chosen.items():
+            if subset is not None and max(subset) >= count:
+                raise ConfigError(f"libero {option} {getattr(options, option)!r} goes past the last initial state: "
+                                  f"the tasks have {count} (indices 0..{count - 1})")
     return LiberoTaskSet(options, indices, [t.name for t in specs], [t.language for t in specs], bddl, inits,
                          max_episode_steps=options.max_episode_steps or SUITE_MAX_STEPS[suite],
-                         init_states=init_state_subset)
+                         init_states=init_state_subset, heldout_init_states=held_out)
 
 
 @dataclass
@@ -226,12 +248,18 @@ class LiberoTaskSet:
     init_state_files: list[str]  # relative to LIBERO's init_files folder
     max_episode_steps: int  # the options' limit, else the suite's (OpenVLA's)
     init_states: Optional[list[int]] = None  # the reset schedule's subset of each task's initial states; None: all
+    heldout_init_states: Optional[list[int]] = None  # scored before and after training; None: no such evaluation
     action_dim: int = ACTION_DIM
     obs_dim: int = PROPRIO_DIM  # the flat part of the observation (proprio)
     success_rule: ClassVar[str] = "any"  # success terminates the episode: its last step says it either way
 
     def __len__(self) -> int:
         return len(self.task_names)
+
+    @property
+    def final_evaluation_on(self) -> bool:
+        """Whether the run evaluates held-out initial states (``envs.final_evaluation_for``)."""
+        return self.heldout_init_states is not None
 
     @property
     def obs_spec(self) -> dict[str, Any]:

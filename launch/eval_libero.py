@@ -16,8 +16,9 @@ from async_rl.config import load_config
 from async_rl.driver import prepare
 from async_rl.errors import ConfigError, OneLineArgumentParser
 from async_rl.policies.initial_weights import check_init_from
-from async_rl.orchestration.policy_evaluation import load_policy, success_rates
+from async_rl.orchestration.policy_evaluation import load_policy, local_act
 from envs.libero import parse_init_states
+from envs.libero_evaluation import success_rates
 
 
 def parse_init_states_flag(text: str) -> list[int]:
@@ -50,7 +51,8 @@ def main(argv=None) -> dict:
     except (ConfigError, ValueError) as exc:  # ValueError: weights that do not fit the configured policy
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    result = success_rates(task_set, policy, preprocess, states, cfg.seed, progress=lambda line: print(line, flush=True))
+    result = success_rates(task_set, local_act(policy), preprocess, states, cfg.seed,
+                           progress=lambda line: print(line, flush=True))
     result["policy"] = own.checkpoint or init_from or "as built (no init_from)"
     print(json.dumps({k: result[k] for k in ("success_rate", "per_task", "policy")}, indent=2))
     if own.json:

@@ -119,7 +119,7 @@ class EvaluationWorker:
         """The evaluation ``env_name`` registers for the end of a run (e.g. CompilerGym's held-out
         programs against -Oz), with the latest weights; None if it registers none. Its report:
         ``scalars``, ``text`` and ``files`` (written under the run's log dir by the driver)."""
-        evaluate = envs.final_evaluation_for(env_name)
+        evaluate = envs.final_evaluation_for(env_name, self.task_set)
         if evaluate is None:
             return None
         inference, timeout, loop = self.policy.inference, self.policy.timeout_s, asyncio.get_running_loop()

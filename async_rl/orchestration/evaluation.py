@@ -109,7 +109,7 @@ def final_evaluation(runtime: Any, before_training: bool = False) -> Optional[di
     with the latest weights, rollouts paused to free the cores (collecting again after it when ``before_training``);
     None if the env registers none."""
     cfg = runtime.cfg
-    if envs.final_evaluation_for(cfg.env) is None:
+    if envs.final_evaluation_for(cfg.env, runtime.task_set) is None:
         return None
     runtime.workers.call("pause", what="pause")
     try:

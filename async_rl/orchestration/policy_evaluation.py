@@ -1,12 +1,11 @@
-"""Success rate of a policy on chosen initial states of a LIBERO-style env, in one process without Ray:
-the measure of a supervised or RL-trained policy on held-out initial states (``launch/eval_libero.py``)
-and of the checks that an exported policy acts as it did in training."""
+"""A supervised or RL-trained policy in one process without Ray, for measures outside a run: an export's or a
+checkpoint's policy (``load_policy``) and its ``act`` callable (``local_act``), which the env's episode loops
+take (``launch/eval_libero.py`` scores held-out initial states with ``envs.libero_evaluation``)."""
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -56,40 +55,10 @@ def checkpoint_policy(path: str, obs_spec: Any, action_dim: int, init_from: Opti
     return model
 
 
-@torch.inference_mode()
-def run_episode(env: Any, policy: Any, preprocess: Any, init_state: int, deterministic: bool = True) -> dict[str, Any]:
-    """One episode from ``init_state``; (success, steps)."""
-    obs = env.reset(init_state=init_state)
-    success, steps = False, 0
-    while True:
-        out = policy.act(preprocess(obs, env.task_name).unsqueeze(0), deterministic)
-        obs, _, terminated, truncated, info = env.step(out["env_action"][0].float().numpy())
-        steps += 1
-        if terminated or truncated:
-            success = bool(info.get("success", terminated))
-            return {"success": success, "steps": steps}
-
-
-def success_rates(task_set: Any, policy: Any, preprocess: Any, init_states: Sequence[int], seed: int = 0,
-                  progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """Deterministic episodes of every task from each of ``init_states``: the mean success, per task
-    and per episode."""
-    started = time.monotonic()
-    per_task: dict[str, float] = {}
-    episodes = []
-    for task in range(len(task_set)):
-        env = task_set.make_env(task, seed)
-        try:
-            results = []
-            for k in init_states:
-                result = {"task": env.task_name, "init_state": int(k), **run_episode(env, policy, preprocess, int(k))}
-                results.append(result)
-                progress(f"{env.task_name} init state {k}: {'success' if result['success'] else 'failure'} "
-                         f"in {result['steps']} steps")
-        finally:
-            env.close()
-        per_task[env.task_name] = sum(r["success"] for r in results) / len(results)
-        episodes += results
-    return {"success_rate": sum(e["success"] for e in episodes) / len(episodes), "per_task": per_task,
-            "episodes": episodes, "init_states": [int(k) for k in init_states],
-            "wall_seconds": time.monotonic() - started}
+def local_act(policy: Any) -> Callable[[Any, bool], Any]:
+    """``policy`` (in this process) as the ``act`` callable the episode loops and final evaluations take:
+    observations [B] -> the environment's actions [B, A] as float32 numpy."""
+    @torch.inference_mode()
+    def act(obs: Any, deterministic: bool) -> Any:
+        return policy.act(obs, deterministic)["env_action"].float().numpy()
+    return act

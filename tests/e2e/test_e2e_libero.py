@@ -8,6 +8,7 @@ launch): DeepSpeed trains in bf16 with finite losses and no skipped update, the 
 trainer's exact bf16 weights, and the checkpoint restores them exactly. The discrete launch's run stays in
 float32 (the VLA's float32 run path)."""
 import functools
+import json
 import math
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def test_real_run(tmp_path, launch_config):
         "--clip-mode", "soft_clip", "--log-dir", str(log_dir), "--max-epochs", "2", "--max-minutes", "null",
         "--swanlab-mode", "offline", "--log-interval-seconds", "0.01", "--num-rollout-workers", "1",
         "--env-kwargs", "{suite: libero_spatial, tasks: [0], image_size: 64, cameras: [agentview], max_episode_steps: 10, "
-                        "settle_steps: 2}",
+                        "settle_steps: 2" + (", init_states: 0-47, heldout_init_states: 48-49}" if discrete else "}"),
         "--rollout-steps", "8", "--train-batch-size", "4", "--accumulation-steps", "2", "--super-batch-size", "8",
         "--updates-per-epoch", "1",
     ]
@@ -98,6 +99,12 @@ def test_real_run(tmp_path, launch_config):
     required = REQUIRED_TAGS + (["eval/success_rate", f"eval_task/{TASK}/success_rate"] if discrete else [])
     missing = [tag for tag in required if tag not in tags]
     assert not missing, missing
+    if discrete:  # held-out initial states: scored by the initial weights (epoch 0) and the final ones
+        assert [e.step for e in events.Scalars("eval/heldout_success_rate")] == [0, 2]
+        assert summary["final_evaluation"]["heldout_success_rate"] in (0.0, 0.5, 1.0)
+        for name in ("before_training_heldout_episodes.json", "heldout_episodes.json"):
+            episodes = json.loads((log_dir / name).read_text())
+            assert [e["init_state"] for e in episodes] == [48, 49] and all(1 <= e["steps"] <= 10 for e in episodes)
     assert list((log_dir / "swanlab").rglob("*")), "SwanLab offline run files"
     assert not ray.is_initialized()
 

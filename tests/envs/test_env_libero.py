@@ -97,6 +97,12 @@ def test_task_selection_all_names_and_limits():
     ({"cameras": None}, ["option 'cameras' = None", "valid list"]),
     ({"reward_scale": "one"}, ["option 'reward_scale' = 'one'", "valid number"]),
     ({"suit": "libero_10"}, ["unknown libero env option 'suit'", "did you mean 'suite'"]),
+    ({"heldout_init_states": "40-49"}, ["heldout_init_states '40-49' and init_states 'all' share initial states (all)",
+                                        'e.g. init_states "0-39" with heldout_init_states "40-49"']),
+    ({"init_states": "0-40", "heldout_init_states": [40, 41]}, ["share initial states ([40])"]),
+    ({"init_states": "0-39", "heldout_init_states": "49-40"}, ["libero heldout_init_states range '49-40' is empty"]),
+    ({"init_states": "0-39", "heldout_init_states": "40-50"}, ["libero heldout_init_states '40-50' goes past the last "
+                                                               "initial state: the tasks have 50 (indices 0..49)"]),
 ])
 def test_bad_options_are_config_errors(kwargs, words):
     with pytest.raises(ConfigError) as err:
@@ -340,3 +346,30 @@ def test_missing_assets_is_a_config_error(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "CONFIG_ERROR the installed LIBERO package" in res.stdout and "no assets/scenes there" in res.stdout
     assert "make setup" in res.stdout
+
+
+def test_held_out_evaluation_scores_every_task_from_each_held_out_state():
+    """The env's final evaluation runs only when held-out initial states are asked for; then it plays one
+    deterministic episode of each task from each of them through ``act`` and reports their success."""
+    import torch
+
+    from envs.libero_evaluation import held_out_evaluation
+
+    assert envs.final_evaluation_for("libero") is held_out_evaluation
+    ts = envs.make_task_set("libero", suite=SUITE, tasks=[TASK], cameras=[], max_episode_steps=3, settle_steps=0,
+                            init_states="0-47", heldout_init_states="48-49")
+    assert envs.final_evaluation_for("libero", ts) is held_out_evaluation
+    assert envs.final_evaluation_for("libero", envs.make_task_set("libero", suite=SUITE, tasks=[TASK])) is None
+    calls = []
+
+    def act(obs, deterministic):
+        calls.append((tuple(obs.shape), deterministic))
+        return np.tile(NOOP, (obs.shape[0], 1))
+
+    report = held_out_evaluation(ts, act, lambda obs, task: torch.as_tensor(obs["proprio"]), SEED)
+    assert [(e["init_state"], e["steps"], e["success"]) for e in report["files"]["heldout_episodes.json"]] == [
+        (48, 3, False), (49, 3, False)]  # three no-op steps succeed at nothing; each ran to the limit
+    assert calls == [((1, PROPRIO_DIM), True)] * 6
+    assert report["scalars"] == {"eval/heldout_success_rate": 0.0, f"eval/heldout_success_rate/{ts.task_names[0]}": 0.0}
+    assert report["text"].startswith("libero: 2 held-out episodes (1 tasks x initial states 48..49), deterministic: "
+                                     "success 0.000")
