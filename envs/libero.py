@@ -193,16 +193,23 @@ class LiberoOptions(ConfigSection):
 
     @pydantic.model_validator(mode="after")
     def _held_out_apart_from_training(self) -> "LiberoOptions":
-        if self.heldout_init_states is None:
-            return self
-        held_out = parse_init_states(self.heldout_init_states, "heldout_init_states")
-        training = parse_init_states(self.init_states)
-        if held_out is None or training is None or set(held_out) & set(training):
-            shared = "all" if held_out is None or training is None else sorted(set(held_out) & set(training))
-            raise ValueError(f"heldout_init_states {self.heldout_init_states!r} and init_states {self.init_states!r} "
-                             f"share initial states ({shared}): held-out ones are those training never resets to; "
-                             'e.g. init_states "0-39" with heldout_init_states "40-49"')
+        parse_held_out_init_states(self.heldout_init_states, self.init_states)
         return self
+
+
+def parse_held_out_init_states(spec: Optional[Union[str, Sequence[int]]], training: Union[str, Sequence[int]]
+                               ) -> Optional[list[int]]:
+    """``heldout_init_states`` as sorted indices (None: no held-out evaluation asked for); a one-line ValueError
+    when they are not indices or share one with ``init_states`` (``training``)."""
+    if spec is None:
+        return None
+    held_out, trained = parse_init_states(spec, "heldout_init_states"), parse_init_states(training)
+    if held_out is None or trained is None or set(held_out) & set(trained):
+        shared = "all" if held_out is None or trained is None else sorted(set(held_out) & set(trained))
+        raise ValueError(f"heldout_init_states {spec!r} and init_states {training!r} share initial states ({shared}): "
+                         'held-out ones are those training never resets to; e.g. init_states "0-39" with '
+                         'heldout_init_states "40-49"')
+    return held_out
 
 
 @register_env("libero", options=LiberoOptions, final_evaluation=held_out_evaluation)
@@ -211,7 +218,7 @@ def libero_task_set(options: LiberoOptions) -> LiberoTaskSet:
     initial state, ``init_states`` only restricts the reset schedule."""
     suite = options.suite
     init_state_subset = parse_init_states(options.init_states)
-    held_out = None if options.heldout_init_states is None else parse_init_states(options.heldout_init_states)
+    held_out = parse_held_out_init_states(options.heldout_init_states, options.init_states)
     benchmark = import_benchmark()
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
         bench = benchmark.get_benchmark_dict()[suite]()
