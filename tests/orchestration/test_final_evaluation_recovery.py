@@ -53,7 +53,8 @@ def runtime_with(evaluator) -> types.SimpleNamespace:
                                  eval_poller=EvaluationPoller(evaluators, 5, 1, True, video_interval_evals=1,
                                                               video_episodes=1),
                                  workers=types.SimpleNamespace(call=lambda method, *a, **k: worker_calls.append(method)),
-                                 weight_sync=types.SimpleNamespace(heal=heal))
+                                 weight_sync=types.SimpleNamespace(heal=heal),
+                                 task_set=types.SimpleNamespace(final_evaluation_on=True))
 
 
 def test_a_restarted_inference_actor_is_healed_and_the_evaluation_runs_again(ray_local, monkeypatch):
@@ -99,3 +100,13 @@ def test_a_failed_evaluation_before_training_is_one_line_and_training_starts(ray
     err = capsys.readouterr().err
     assert "evaluation before training failed, training starts without its figures (ValueError: the env raised)" in err
     assert "checkpoint" not in err and "Traceback" not in err
+
+
+def test_a_task_set_whose_options_ask_for_none_gets_no_evaluation_and_no_pause(ray_local):
+    """LIBERO registers a final evaluation that only runs with held-out initial states named: without them the
+    workers are not paused for nothing and the evaluator is not asked."""
+    evaluator = ScriptedEvaluator.remote([])
+    runtime = runtime_with(evaluator)
+    runtime.task_set = types.SimpleNamespace(final_evaluation_on=False)
+    assert evaluation.final_evaluation(runtime, before_training=True) is None
+    assert runtime.worker_calls == [] and ray.get(evaluator.count.remote(), timeout=30) == 0
