@@ -42,6 +42,9 @@ def _inspect(runtime):
     status = ray.get(runtime.trainers["trainer-0"].status.remote(), timeout=60)
     trainer = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
+    # The final evaluation (the discrete run's held-out states) leaves the workers paused and the trainer may have
+    # drained the buffer: they collect again for the sample.
+    runtime.workers.call("resume", what="resume")
     sample = wait_for_replay(runtime)
     return {"status": status, "trainer": trainer, "inference": inference, "sample": sample}
 

@@ -30,6 +30,9 @@ NEW_TOKENS, GROUP = 8, 4
 def _inspect(runtime):
     trainer = ray.get(runtime.trainers["trainer-0"].weights.remote(), timeout=60)
     inference = ray.get(runtime.inference["inference-0"].weights.remote(), timeout=60)
+    # The env's final evaluation left the workers paused, and the buffer may hold nothing of a trained policy yet:
+    # they collect again for the sample.
+    runtime.workers.call("resume", what="resume")
     batch = wait_for_replay(runtime, lambda b: int(b["policy_version"].max()) >= 1, timeout_s=300)
     # The reference policy, built here as an inference copy is before any weights reach it (adapters still zero).
     with torch.inference_mode():
