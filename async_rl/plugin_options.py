@@ -21,6 +21,13 @@ def given_options(options: ConfigSection) -> dict[str, Any]:
     return options.model_dump(exclude_unset=True)
 
 
+def model_path_option(takes: str, when_null: str) -> Any:
+    """The ``model_path`` option of a policy that loads a model: what folder or file it ``takes`` and what it loads
+    ``when_null``. Declaring it is what lets a run pass ``--model-path``, which overrides it (the config loader
+    refuses that flag for a policy whose options have no ``model_path``)."""
+    return pydantic.Field(None, description=f"{takes} (--model-path wins); null = {when_null}")
+
+
 def yaml_inline(value: Any) -> str:
     """A value as YAML on one line (how flags and config files write it); a string with line breaks is
     double-quoted, its breaks escaped."""

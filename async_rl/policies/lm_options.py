@@ -6,14 +6,14 @@ from typing import Optional
 
 import pydantic
 
+from async_rl.plugin_options import model_path_option
 from async_rl.validation import ConfigSection
 
 
 class CausalLMOptions(ConfigSection):
     """The causal LM policy's options."""
 
-    model_path: Optional[str] = None
-    """a Hugging Face folder or a .gguf file (--model-path wins); null = the default small model"""
+    model_path: Optional[str] = model_path_option("a Hugging Face folder or a .gguf file", "the default small model")
     max_prompt_tokens: pydantic.PositiveInt = 256
     """prompts are left-padded to this many tokens; a longer prompt of the env is refused before the run"""
     max_new_tokens: pydantic.PositiveInt = 64

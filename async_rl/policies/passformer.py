@@ -29,6 +29,7 @@ from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.features import compiler_features, feature_dim
 from async_rl.policies.nets import cast_inputs
 from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from async_rl.plugin_options import model_path_option
 from async_rl.validation import ConfigSection, checked_folder
 
 SAVED_BART_HINT = ("pass a BartForConditionalGeneration save_pretrained folder, or leave it out for the tiny default "
@@ -38,8 +39,8 @@ SAVED_BART_HINT = ("pass a BartForConditionalGeneration save_pretrained folder, 
 class PassformerOptions(ConfigSection):
     """The Passformer policy's options (the tiny BART's shape applies when no model is given)."""
 
-    model_path: Optional[str] = None
-    """a BartForConditionalGeneration save_pretrained folder (--model-path wins); null = a tiny BART from scratch"""
+    model_path: Optional[str] = model_path_option("a BartForConditionalGeneration save_pretrained folder",
+                                                  "a tiny BART from scratch")
     d_model: pydantic.PositiveInt = 64
     """the tiny BART's width"""
     layers: pydantic.PositiveInt = 2

@@ -52,6 +52,7 @@ from async_rl.policies.vla_layouts import checkpoint_layout, flat_pixels, run_ba
 from async_rl.policies.vla_loading import (OPENVLA_PROMPT, backbone_hidden_size, check_model_dir, image_size,
                                            load_backbone, load_norm_stats, load_processor, pixel_stats)
 from async_rl.policies.vla_tiny import FAMILIES, tiny_vla_path
+from async_rl.plugin_options import model_path_option
 from async_rl.validation import ConfigSection
 
 Head = Literal["continuous", "discrete"]
@@ -78,8 +79,8 @@ class TinyVLAShape(ConfigSection):
 class VLAOptions(ConfigSection):
     """The VLA policies' options (vla: a Gaussian action head; vla_discrete: OpenVLA's action tokens)."""
 
-    model_path: Optional[str] = None
-    """a local checkpoint folder (--model-path wins); null = the cached tiny VLA (tiny_vla) for the env's image size"""
+    model_path: Optional[str] = model_path_option("a local checkpoint folder",
+                                                  "the cached tiny VLA (tiny_vla) for the env's image size")
     cameras: list[Literal["agentview", "wrist"]] = ["agentview"]
     """the env's cameras the model sees, in this order"""
     prompt: str = OPENVLA_PROMPT
