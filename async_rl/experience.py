@@ -35,19 +35,16 @@ class Field:
 
 STEP_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("obs", None, "nested, policy-defined", "worker", ("inference", "trainer"), "the preprocessed observation"),
-    Field("action", None, "[A]", "inference", ("trainer",), "what the trainer evaluates; stored under the "
-                                                             "policy's action_key (e.g. action_token)"),
+    Field("action", None, "[A]", "inference", ("trainer",), "what the trainer evaluates; stored under the policy's action_key (e.g. action_token)"),
     Field("logp", torch.float32, "[A] (or [1] per sequence)", "inference", ("trainer",), "behaviour log-prob"),
-    Field("logp_ref", torch.float32, "[A]", "inference", ("trainer",), "the reference policy's log-prob of the action; "
-                                                                       "only with reference_logp_on sampler"),
+    Field("logp_ref", torch.float32, "[A]", "inference", ("trainer",), "the reference policy's log-prob of the action; only with reference_logp_on sampler"),
     Field("value", torch.float32, "[]", "inference", ("advantage", "trainer"), "behaviour V(s); the value clip's anchor"),
     Field("reward", torch.float32, "[]", "env", ("advantage",), "scaled; a time-limit cut adds gamma * V(next obs)"),
     Field("done", torch.bool, "[]", "env", ("advantage",), "the episode ended (terminated or truncated) here"),
     Field("policy_version", torch.int64, "[]", "inference", ("replay", "trainer"), "staleness filter, policy lag"),
     Field("advantage", torch.float32, "[]", "advantage", ("trainer",), "only from estimators that run on the worker"),
     Field("value_target", torch.float32, "[]", "advantage", ("trainer",), "only from estimators that run on the worker"),
-    Field("task", torch.int64, "[]", "worker", ("advantage",), "the episode's task in the task set; only with "
-                                                                 "normalize_advantages_per: task"),
+    Field("task", torch.int64, "[]", "worker", ("advantage",), "the episode's task in the task set; only with normalize_advantages_per: task"),
     # Group rollouts only (the group estimators; async_rl/actors/groups.py):
     Field("group_id", torch.int64, "[]", "worker", ("advantage", "trainer"), "the group of episodes sharing one start"),
     Field("success", torch.bool, "[]", "worker", ("trainer",), "the episode (not the step) succeeded"),
