@@ -53,6 +53,12 @@ def success_rates(task_set: Any, act: Act, preprocess: Any, init_states: Sequenc
             "wall_seconds": time.monotonic() - started}
 
 
+def states_text(states: Sequence[int]) -> str:
+    """Sorted initial-state indices as the options write them: "40-49" when they run without a gap, else a list."""
+    contiguous = len(states) > 1 and list(states) == list(range(states[0], states[-1] + 1))
+    return f"{states[0]}-{states[-1]}" if contiguous else ", ".join(str(k) for k in states)
+
+
 def held_out_evaluation(task_set: Any, act: Act, preprocess: Any, seed: int) -> dict[str, Any]:
     """LIBERO's final evaluation (and, with ``eval_before_training``, the one before training): every task from
     each of the task set's ``heldout_init_states``. Reports ``eval/heldout_success_rate`` and, per task,
@@ -60,9 +66,8 @@ def held_out_evaluation(task_set: Any, act: Act, preprocess: Any, seed: int) -> 
     result = success_rates(task_set, act, preprocess, task_set.heldout_init_states, seed)
     scalars = {"eval/heldout_success_rate": result["success_rate"],
                **{f"eval/heldout_success_rate/{task}": rate for task, rate in result["per_task"].items()}}
-    states = result["init_states"]
     text = (f"libero: {len(result['episodes'])} held-out episodes ({len(task_set)} tasks x initial states "
-            f"{states[0]}..{states[-1]}), deterministic: success {result['success_rate']:.3f} "
+            f"{states_text(result['init_states'])}), deterministic: success {result['success_rate']:.3f} "
             f"({result['wall_seconds']:.0f} s)")
     return {"scalars": scalars, "text": text, "files": {"heldout_episodes.json": result["episodes"]},
             "heldout_success_rate": result["success_rate"], "per_task": result["per_task"]}

@@ -348,6 +348,15 @@ def test_missing_assets_is_a_config_error(tmp_path):
     assert "make setup" in res.stdout
 
 
+def test_held_out_states_are_written_as_the_options_write_them():
+    """The report names the held-out states as a range only when they run without a gap (40, 45 is not 40..45)."""
+    from envs.libero_evaluation import states_text
+
+    assert states_text([40, 41, 42]) == "40-42"
+    assert states_text([40, 45]) == "40, 45"
+    assert states_text([7]) == "7"
+
+
 def test_held_out_evaluation_scores_every_task_from_each_held_out_state():
     """The env's final evaluation runs only when held-out initial states are asked for; then it plays one
     deterministic episode of each task from each of them through ``act`` and reports their success."""
@@ -371,5 +380,5 @@ def test_held_out_evaluation_scores_every_task_from_each_held_out_state():
         (48, 3, False), (49, 3, False)]  # three no-op steps succeed at nothing; each ran to the limit
     assert calls == [((1, PROPRIO_DIM), True)] * 6
     assert report["scalars"] == {"eval/heldout_success_rate": 0.0, f"eval/heldout_success_rate/{ts.task_names[0]}": 0.0}
-    assert report["text"].startswith("libero: 2 held-out episodes (1 tasks x initial states 48..49), deterministic: "
+    assert report["text"].startswith("libero: 2 held-out episodes (1 tasks x initial states 48-49), deterministic: "
                                      "success 0.000")
