@@ -24,12 +24,12 @@ from torch import nn
 
 from async_rl.algo import categorical_entropy
 from async_rl.errors import ConfigError
+from async_rl.plugin_options import model_path_option
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec
 from async_rl.policies.features import compiler_features, feature_dim
 from async_rl.policies.nets import cast_inputs
 from async_rl.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from async_rl.plugin_options import model_path_option
 from async_rl.validation import ConfigSection, checked_folder
 
 SAVED_BART_HINT = ("pass a BartForConditionalGeneration save_pretrained folder, or leave it out for the tiny default "

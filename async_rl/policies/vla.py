@@ -42,6 +42,7 @@ from torch import nn
 from async_rl.algo import categorical_entropy, tanh_gaussian_entropy, tanh_gaussian_log_prob
 from async_rl.algo.behaviour_cloning import behaviour_cloning_loss, gaussian_bc_loss
 from async_rl.errors import ConfigError
+from async_rl.plugin_options import model_path_option
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec, check_env_prompts_fit
 from async_rl.policies.nets import cast_inputs, check_log_std_range
@@ -52,7 +53,6 @@ from async_rl.policies.vla_layouts import checkpoint_layout, flat_pixels, run_ba
 from async_rl.policies.vla_loading import (OPENVLA_PROMPT, backbone_hidden_size, check_model_dir, image_size,
                                            load_backbone, load_norm_stats, load_processor, pixel_stats)
 from async_rl.policies.vla_tiny import FAMILIES, tiny_vla_path
-from async_rl.plugin_options import model_path_option
 from async_rl.validation import ConfigSection
 
 Head = Literal["continuous", "discrete"]
