@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`.
 PY := .venv/bin/python
 
-.PHONY: setup run test bench lock durations peers coverage
+.PHONY: setup run test lint bench lock durations peers coverage
 
 # Installs exactly the lock in requirements/ (both venvs; a stamp skips it when nothing changed).
 setup:
@@ -14,8 +14,14 @@ lock:
 run: setup
 	$(PY) launch/ds_libero_ppo.py --clip-mode soft_clip
 
+# The linter first (pyproject.toml [tool.ruff]): a finding fails `make test` before any test runs.
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900
+
+# The linter alone (what `make test` runs first); `.venv/bin/python -m ruff check --fix .` applies its safe fixes.
+lint: setup
+	$(PY) -m ruff check .
 
 # What `make test` runs, under coverage.py (.coveragerc): line coverage of async_rl/ and envs/, Ray actors and
 # subprocesses included, into tests/coverage.json (tests/README.md, Coverage; per file: runs/coverage/report.txt).

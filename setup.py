@@ -66,6 +66,8 @@ EXTRAS_REQUIRE = {
         "matplotlib>=3.8",
         "stable-baselines3>=2.7,<3",
         "py-spy>=0.3",  # benchmarks/profile_actors.py
+        # The linter `make test` runs first (pyproject.toml [tool.ruff]); pinned: a new release adds findings.
+        "ruff==0.17.6",
     ],
 }
 

@@ -20,6 +20,7 @@ before training one) commits ``epoch-000012-1``, newer than ``epoch-000012``.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -260,14 +261,34 @@ def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_model(module: torch.nn.Module, directory: Path) -> None:
     save_file(trainable_state(module), str(directory / "model.safetensors"))
     if has_lora(module):
-        from peft import get_peft_model_state_dict
+        save_adapter(module, directory / "adapter")
 
-        adapter = directory / "adapter"
-        adapter.mkdir()
-        module.peft_config["default"].save_pretrained(str(adapter))
-        # Key names as PeftModel.save_pretrained writes them (the policy sits at base_model.model).
-        state = {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(module).items()}
-        save_file(state, str(adapter / "adapter_model.safetensors"))
+
+def save_adapter(module: torch.nn.Module, adapter: Path) -> None:
+    """The LoRA adapters in peft's format, relative to the Hugging Face model the policy holds
+    (``hf_model_attr``): ``PeftModel.from_pretrained(AutoModel....from_pretrained(base), adapter)`` loads every
+    tensor, and ``base_model_name_or_path`` names that base. Tensors outside that model (a value head) and
+    tensors trained whole are not adapters: they stay in model.safetensors only."""
+    from peft import get_peft_model_state_dict  # noqa: PLC0415
+
+    root = getattr(module, "hf_model_attr", "")
+    prefix = f"{root}." if root else ""
+    model = module.get_submodule(root) if root else module
+    config = copy.deepcopy(module.peft_config["default"])
+    adapted = sorted(name[len(prefix):].rpartition(".lora_A")[0]
+                     for name, _ in module.named_parameters() if name.startswith(prefix) and ".lora_A." in name)
+    leaves = sorted({name.rpartition(".")[2] for name in adapted})
+    # peft matches a list by name suffix: the leaf names when they pick exactly the adapted layers, else the full names.
+    every_leaf = [name for name, _ in model.named_modules() if name.rpartition(".")[2] in leaves]
+    config.target_modules = leaves if sorted(every_leaf) == adapted else adapted
+    config.base_model_name_or_path = getattr(model, "name_or_path", None) or None
+    config.inference_mode = True
+    adapter.mkdir()
+    config.save_pretrained(str(adapter))
+    # Key names as PeftModel.save_pretrained writes them: the adapted model sits at base_model.model.
+    state = {f"base_model.model.{k[len(prefix):]}": v.detach().cpu().contiguous()
+             for k, v in get_peft_model_state_dict(module).items() if k.startswith(prefix)}
+    save_file(state, str(adapter / "adapter_model.safetensors"))
 
 
 def load_model(module: torch.nn.Module, directory: Path) -> None:

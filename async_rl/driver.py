@@ -19,6 +19,7 @@ from rich.console import Console
 
 import envs
 from async_rl import checkpoint as ckpt
+from async_rl.actors.step_health import SkipNotes, SkippedUpdatesError, check_skipped_updates
 from async_rl.algo import check_group_capacity
 from async_rl.cluster_probe import probe_cluster
 from async_rl.config import load_config
@@ -33,15 +34,16 @@ from async_rl.orchestration.schedules import schedule_for
 from async_rl.orchestration.stop_signals import StopSignals
 from async_rl.policies import prepare_policy
 from async_rl.policies.initial_weights import check_init_from
-from async_rl.report import report_at_end
 from async_rl.process_setup import check_resources, pythonpath_with
+from async_rl.report import report_at_end
 from async_rl.sandbox import set_sandbox_mode
+from envs.base import TaskSet
 
 console = Console(stderr=True)
 FINAL_EVAL_GRACE_S = 30.0
 
 
-def prepare(cfg: RunConfig) -> Any:
+def prepare(cfg: RunConfig) -> TaskSet:
     """Every check that needs no Ray: builds the task set, checks local resources and the
     policy's kwargs / model path (which may resolve ``cfg.policy_kwargs``, e.g. a default model)."""
     unfit = probe_cluster(cfg.ray_address)  # unreachable, token refused, other Ray/Python: one line, not ray.init's retries
@@ -80,7 +82,7 @@ def main(default_config: str, description: str = "", argv: Optional[list[str]] =
     except ConfigError as exc:  # found once Ray is up: a cluster's resources (placement.check_cluster)
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (ActorFailedError, ActorTimeoutError):
+    except (ActorFailedError, ActorTimeoutError, SkippedUpdatesError):
         raise SystemExit(1) from None  # run() has printed what failed and the last complete checkpoint
     except KeyboardInterrupt:  # a second Ctrl-C: run() shut everything down on its way out
         print("aborted (second Ctrl-C): no checkpoint of the epoch in progress", file=sys.stderr)
@@ -90,7 +92,8 @@ def main(default_config: str, description: str = "", argv: Optional[list[str]] =
     return summary
 
 
-def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtime], Any]] = None) -> dict[str, Any]:
+def run(cfg: RunConfig, task_set: Optional[TaskSet] = None,
+        inspect: Optional[Callable[[Runtime], Any]] = None) -> dict[str, Any]:
     """Train until ``max_epochs`` or ``max_minutes``; returns a summary of the run.
 
     ``inspect(runtime)``, if given, runs after training and before shut-down (tests use it to
@@ -124,11 +127,15 @@ def run(cfg: RunConfig, task_set: Any = None, inspect: Optional[Callable[[Runtim
                           markup=False, soft_wrap=True)
         console.print(f"done: {reporter.status()}; {summary['wall_seconds']:.0f} s")
         console.print(_where_logs(cfg))
+        if cfg.policy == "causal_lm":  # the trained model outside the project (async_rl/policies/lm_export.py)
+            console.print(f"export: .venv/bin/python launch/export_lm.py --checkpoint {cfg.log_dir} --out DIR "
+                          "(a Hugging Face folder, LoRA merged; the peft adapter alone: checkpoints/*/adapter)",
+                          markup=False, soft_wrap=True)
         if inspect is not None:
             summary["inspect"] = inspect(runtime)
         return summary
-    except (ActorFailedError, ActorTimeoutError) as exc:
-        lost = lost_node_note(cfg, getattr(runtime, "placement", None), exc)
+    except (ActorFailedError, ActorTimeoutError, SkippedUpdatesError) as exc:
+        lost = "" if isinstance(exc, SkippedUpdatesError) else lost_node_note(cfg, getattr(runtime, "placement", None), exc)
         console.print(f"run stopped: {exc}{lost}; last complete checkpoint: {ckpt.latest_checkpoint(cfg.log_dir) or 'none'}",
                       style="red", markup=False, soft_wrap=True)
         raise
@@ -147,13 +154,14 @@ def _train(runtime: Runtime, reporter: MetricsReporter, deadline: float, stop: S
     console.print(f"collecting a first super-batch of {cfg.super_batch_size} ...")
     if not wait_for_warmup(runtime, deadline, stop):
         console.print("stop signal during warm-up" if stop.requested else "time limit reached during warm-up")
-    last_log = 0.0
+    last_log, notes = 0.0, SkipNotes()
     with ProgressDisplay(console, cfg.max_epochs, runtime.epoch, deadline, cfg.log_interval_seconds) as progress:
         while ((cfg.max_epochs is None or runtime.epoch < cfg.max_epochs) and time.monotonic() < deadline
                and not stop.requested):
             if not schedule.before_epoch(runtime, deadline):
                 break
-            scalars = training_scalars(runtime.train_epoch(), runtime.policy_version)
+            metrics = runtime.train_epoch()
+            scalars = training_scalars(metrics, runtime.policy_version)
             runtime.check_workers()
             for result in runtime.eval_poller.poll(runtime.epoch):
                 scalars.update(reporter.evaluation(result, runtime.epoch))  # scalars; videos logged
@@ -163,6 +171,10 @@ def _train(runtime: Runtime, reporter: MetricsReporter, deadline: float, stop: S
             reporter.log(scalars, runtime.epoch)
             reporter.histogram("rollout/policy_lag", runtime.lag_values, runtime.epoch)
             progress.update(runtime.epoch, reporter.status())
+            note = notes.line(metrics, runtime.epoch)
+            if note:
+                console.print(note, style="yellow", markup=False, soft_wrap=True)
+            check_skipped_updates(metrics, cfg.max_skipped_updates_in_a_row)  # logged first: TensorBoard shows it
             if cfg.checkpoint_interval_epochs and runtime.epoch % cfg.checkpoint_interval_epochs == 0:
                 runtime.save_checkpoint()
 
@@ -278,7 +290,7 @@ def init_ray(cfg: RunConfig) -> None:
 
 def _session_dir() -> str:
     try:
-        return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 (for the no-leftover check)
+        return ray._private.worker._global_node.get_session_dir_path()  # for the no-leftover check
     except AttributeError:
         return ""
 

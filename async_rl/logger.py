@@ -21,13 +21,24 @@ def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     return flat
 
 
+NONFINITE = "nonfinite/"  # the prefix of a key that counts another key's non-finite values
+
+
 def mean_metrics(rows: list[Mapping[str, float]]) -> dict[str, float]:
-    """Per-key means over the finite values (a skipped non-finite update reports NaN)."""
-    out = {}
+    """Per-key means over the finite values, and for a key that had non-finite values (a minibatch skipped for a
+    NaN loss reports its terms as they came) their count as ``nonfinite/<key>``: nothing is dropped unseen. Keys
+    that are such counts already (rows that are means themselves, e.g. one per trainer rank) are summed."""
+    out: dict[str, float] = {}
     for key in {k for row in rows for k in row}:
-        values = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        present = [r[key] for r in rows if key in r]
+        if key.startswith(NONFINITE):
+            out[key] = out.get(key, 0.0) + sum(present)
+            continue
+        values = [v for v in present if math.isfinite(v)]
         if values:
             out[key] = sum(values) / len(values)
+        if len(values) < len(present):
+            out[NONFINITE + key] = out.get(NONFINITE + key, 0.0) + len(present) - len(values)
     return out
 
 
@@ -43,7 +54,8 @@ TB_LAYOUT = {
                 "policy lag": ["Multiline", [r"rollout/policy_lag"]]},
     "eval": {"success": ["Multiline", [r"eval/success_rate", r"eval_task/.*/success_rate"]],
              "return": ["Multiline", [r"eval/return"]], "recording cost (s/episode)": ["Multiline", [r"eval/media_"]]},
-    "health": {"restarts, drops, skips": ["Multiline", [r"health/"]]},
+    "health": {"restarts, drops, skips": ["Multiline", [r"health/(?!nonfinite/)"]],
+               "non-finite values": ["Multiline", [r"health/nonfinite"]]},
     "sync": {"broadcast seconds": ["Multiline", [r"sync/broadcast"]], "policy version": ["Multiline", [r"sync/policy_version"]]},
     "replay": {"buffer": ["Multiline", [r"replay/"]]},
 }
@@ -58,7 +70,7 @@ class MetricsLogger:
         self.tb.add_custom_scalars(TB_LAYOUT)
         self._swanlab = None
         if swanlab_mode != "disabled":
-            import swanlab
+            import swanlab  # noqa: PLC0415
 
             self._swanlab = swanlab.init(project=project, mode=swanlab_mode, logdir=str(self.log_dir / "swanlab"),
                                          config=dict(config or {}))

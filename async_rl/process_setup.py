@@ -66,12 +66,72 @@ def precision_dtype(precision: str, device: torch.device) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
 
-def visible_gpu_ids() -> list[int]:
-    """GPU ids this process may use (``CUDA_VISIBLE_DEVICES`` order)."""
+def deepspeed_cpu_supports_fp16() -> bool:
+    """DeepSpeed's own answer whether its CPU accelerator trains in fp16: yes where oneDNN has fp16
+    kernels (Intel CPUs with AVX-512 FP16 / AMX), no elsewhere; its engine refuses fp16 where it says no."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: PLC0415  (only an fp16 config asks)
+
+    return bool(CPU_Accelerator().is_fp16_supported())
+
+
+# CUDA_VISIBLE_DEVICES entries that name a device: an index, a GPU's UUID, a MIG instance (both spellings).
+_DEVICE_ID_PREFIXES = ("GPU-", "MIG-")
+
+
+def is_device_id(entry: str) -> bool:
+    """``entry`` names a CUDA device: an index ("0"), a GPU UUID ("GPU-8f2c..."), a MIG id ("MIG-<uuid>", or the
+    older "MIG-GPU-<uuid>/<gi>/<ci>")."""
+    return entry.isdigit() or (entry.startswith(_DEVICE_ID_PREFIXES) and len(entry) > 4)
+
+
+def parse_visible_devices(value: str) -> list[str]:
+    """The devices a ``CUDA_VISIBLE_DEVICES`` value lets a process see, as the CUDA runtime reads it: its
+    entries (whitespace around them ignored) up to the first one that names no device ("-1", any negative
+    index, "NoDevFiles" that batch schedulers set, an empty entry): "" and "-1" hide every GPU."""
+    devices = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not is_device_id(entry):
+            break
+        devices.append(entry)
+    return devices
+
+
+def visible_gpu_ids() -> list[str]:
+    """GPU ids this process may use, in ``CUDA_VISIBLE_DEVICES`` order (indices, UUIDs or MIG ids as written
+    there); without the variable, the indices of every GPU torch sees."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
-        return [int(x) for x in env.split(",") if x.strip() != ""]
-    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        return parse_visible_devices(env)
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def pin_gpu(gpu_id: Optional[str], who: str) -> None:
+    """Make ``gpu_id`` the one GPU this process sees (a GPU named by hand; None keeps what Ray set for the
+    actor's ``num_gpus``). CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when it initialises: call this first
+    thing in an actor. Once CUDA is up the variable changes nothing, so that is an error, not a silent no-op."""
+    if gpu_id is None:
+        return
+    if torch.cuda.is_initialized() and parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES", "")) != [gpu_id]:
+        raise RuntimeError(f"{who}: CUDA was initialised in this process before GPU {gpu_id} was pinned, so "
+                           "CUDA_VISIBLE_DEVICES would be ignored; build the actor before anything touches CUDA")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu_id
+
+
+def trainer_rank_env(rank: int, world_size: int, device: str) -> dict[str, str]:
+    """RANK, WORLD_SIZE and LOCAL_RANK of a trainer rank whose GPU (if any) is already pinned.
+
+    DeepSpeed reads LOCAL_RANK as the index of the rank's device (``set_device(LOCAL_RANK)``, the engine on
+    ``cuda:LOCAL_RANK``, the NCCL group bound to it). Every trainer actor sees exactly its own GPU (Ray's
+    ``num_gpus`` or ``pin_gpu``) as ``cuda:0``, so the consistent pair is LOCAL_RANK 0 and cuda:0 on every
+    rank, whichever node it shares. A rank that saw several GPUs would put every rank of its node on cuda:0:
+    refused here."""
+    if device != "cpu" and torch.cuda.is_available():
+        seen = visible_gpu_ids()
+        if len(seen) > 1:
+            raise ConfigError(f"trainer-{rank} sees {len(seen)} GPUs ({', '.join(seen)}); a trainer rank uses one: "
+                              "let Ray give it one (no trainer_gpu_ids) or name one per rank in trainer_gpu_ids")
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"}
 
 
 class ProcessPlan(Protocol):
@@ -86,11 +146,11 @@ class ProcessPlan(Protocol):
     trainer_num_cpus: float
     inference_num_cpus: float
     worker_num_cpus: float
-    trainer_gpu_ids: Optional[list[int]]
-    inference_gpu_ids: Optional[list[int]]
+    trainer_gpu_ids: Optional[list[str]]
+    inference_gpu_ids: Optional[list[str]]
 
 
-def plan_gpus(cfg: ProcessPlan) -> tuple[list[Optional[int]], list[Optional[int]]]:
+def plan_gpus(cfg: ProcessPlan) -> tuple[list[Optional[str]], list[Optional[str]]]:
     """GPU id per trainer and per inference actor (None = CPU).
 
     Default split: the first ``num_trainers`` visible GPUs train, the rest serve inference
@@ -102,14 +162,17 @@ def plan_gpus(cfg: ProcessPlan) -> tuple[list[Optional[int]], list[Optional[int]
     gpus = visible_gpu_ids()
     trainer_ids = cfg.trainer_gpu_ids or gpus[: cfg.num_trainers]
     inference_pool = cfg.inference_gpu_ids or gpus[cfg.num_trainers :] or gpus[-1:]
+    shown = ", ".join(gpus) or "none"
     if len(trainer_ids) < cfg.num_trainers:
-        raise ConfigError(
-            f"num_trainers={cfg.num_trainers} but only {len(gpus)} GPU(s) visible ({gpus}); "
-            "lower --num-trainers or set CUDA_VISIBLE_DEVICES"
-        )
+        raise ConfigError(f"num_trainers={cfg.num_trainers} but only {len(gpus)} GPU(s) visible ({shown}); "
+                          "lower --num-trainers or set CUDA_VISIBLE_DEVICES")
     missing = [g for g in [*trainer_ids, *inference_pool] if g not in gpus]
     if missing:
-        raise ConfigError(f"GPU id(s) {missing} are not visible (visible: {gpus}); fix trainer_gpu_ids/inference_gpu_ids")
+        raise ConfigError(f"GPU id(s) {', '.join(missing)} are not visible (visible: {shown}); fix "
+                          "trainer_gpu_ids/inference_gpu_ids (ids as CUDA_VISIBLE_DEVICES writes them)")
+    if len(set(trainer_ids)) < len(trainer_ids):  # NCCL refuses two ranks on one device
+        raise ConfigError(f"trainer_gpu_ids {', '.join(trainer_ids)} name a GPU twice; each trainer rank needs a GPU "
+                          "of its own")
     inference_ids = [inference_pool[i % len(inference_pool)] for i in range(cfg.num_inference_actors)]
     return list(trainer_ids), inference_ids
 

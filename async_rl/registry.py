@@ -5,8 +5,11 @@ A ``Registry`` maps a name to an object plus optional metadata. Objects register
 ``@REGISTRY.register("name", **meta)`` in the module that defines them. A registry may name a
 ``package``: on the first lookup of an unknown name every submodule of that package (except those
 starting with ``_`` and those in ``skip``) is imported once, so a new environment or policy is one
-new file. Such modules import their heavy dependencies inside functions, never at module level,
-so that discovery stays cheap and never fails because another module's package is missing.
+new file. ``plugins`` names further modules, outside ``package``, imported in the same discovery: a
+domain package above the registry's layer (CTRL's env, ``async_rl/ctrl/env.py``) registers there
+without the registry's package importing any of its code. Such modules import their heavy dependencies
+inside functions, never at module level, so that discovery stays cheap and never fails because another
+module's package is missing.
 """
 from __future__ import annotations
 
@@ -32,12 +35,13 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Name -> object, discovered from ``package`` on the first miss; unknown names are one-line ConfigErrors."""
 
-    def __init__(self, kind: str, package: Optional[str] = None, skip: Iterable[str] = ()) -> None:
+    def __init__(self, kind: str, package: Optional[str] = None, skip: Iterable[str] = (),
+                 plugins: Iterable[str] = ()) -> None:
         self.kind = kind  # what the names are, for error messages ("environment", "policy", ...)
-        self.package, self.skip = package, set(skip)
+        self.package, self.skip, self.plugins = package, set(skip), tuple(plugins)
         self._entries: dict[str, Entry[T]] = {}
         self._discovered = package is None
-        self.broken_modules: dict[str, str] = {}  # module -> import error, reported with unknown names
+        self.broken_modules: dict[str, str] = {}  # module's file -> import error, reported with unknown names
 
     def register(self, name: str, **meta: Any) -> Callable[[T], T]:
         """Decorator: register the decorated object under ``name`` with ``meta``."""
@@ -55,18 +59,19 @@ class Registry(Generic[T]):
         self._entries[name] = Entry(name, obj, dict(meta))
 
     def discover(self) -> None:
-        """Import every module of ``package`` once, so that each registers what it defines."""
+        """Import every module of ``package`` and every module of ``plugins`` once, so that each registers
+        what it defines."""
         if self._discovered:
             return
         self._discovered = True
         package = importlib.import_module(self.package)
-        for info in pkgutil.iter_modules(package.__path__):
-            if info.name.startswith("_") or info.name in self.skip:
-                continue
+        names = [f"{self.package}.{info.name}" for info in pkgutil.iter_modules(package.__path__)
+                 if not (info.name.startswith("_") or info.name in self.skip)]
+        for name in [*names, *self.plugins]:
             try:
-                importlib.import_module(f"{self.package}.{info.name}")
+                importlib.import_module(name)
             except ImportError as exc:  # a module that breaks the lazy-import rule; keep the others usable
-                self.broken_modules[info.name] = f"{exc.__class__.__name__}: {exc}"
+                self.broken_modules[name.replace(".", "/") + ".py"] = f"{exc.__class__.__name__}: {exc}"
 
     def entry(self, name: str) -> Entry[T]:
         """The entry of ``name``; ConfigError naming the valid names if there is none."""
@@ -75,8 +80,7 @@ class Registry(Generic[T]):
         if name not in self._entries:
             msg = unknown_key_message(name, self._entries, self.kind)
             if self.broken_modules:
-                where = self.package.replace(".", "/")
-                broken = "; ".join(f"{where}/{m}.py: {err}" for m, err in sorted(self.broken_modules.items()))
+                broken = "; ".join(f"{m}: {err}" for m, err in sorted(self.broken_modules.items()))
                 msg += f" ({self.kind} modules that failed to import: {broken})"
             raise ConfigError(msg)
         return self._entries[name]

@@ -31,7 +31,8 @@ FIGURES = (
     ("policy_lag", "Policy lag (versions)", (r"rollout/policy_lag", )),
 )
 # The summary's final metrics, in this order, where the run has them.
-HEADLINE = ("rollout/episode_return", "rollout/success_rate", "rollout/success_rate_recent", "rollout/env_steps_per_sec", "rollout/policy_lag", "train/policy_loss", "train/value_loss",
+HEADLINE = ("rollout/episode_return", "rollout/success_rate", "rollout/success_rate_recent", "rollout/env_steps_per_sec",
+            "rollout/policy_lag", "train/policy_loss", "train/value_loss",
             "train/entropy", "train/clip_frac", "train/ess", "sync/policy_version", "rollout/total_env_steps")
 # The table's window: the mean of the last WINDOW logged points of each metric, beside its last value. One
 # logging window of the rollout scalars holds a few episodes (LIBERO: 1-2), so its success can read 0 beside a

@@ -28,12 +28,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
+
+if TYPE_CHECKING:
+    from envs.base import TaskSet
 
 ENV_KWARGS = "{benchmark: MT10, task: null, max_episode_steps: 500}"
 ASYNC_ONLY_FLAGS = ("--max-sample-reuse",)  # the config refuses them with --sync
@@ -54,7 +57,7 @@ def flags_for(mode: str, extra: list[str]) -> list[str]:
     return out
 
 
-def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root: Path, task_set: Any,
+def run_mode(mode: str, minutes: float, epochs: int | None, seed: int, log_root: Path, task_set: TaskSet,
              extra: list[str], log_interval_s: float = common.LOG_INTERVAL_S) -> dict[str, Any]:
     """One run in ``mode`` ("async" or "sync"); its rates and curves."""
     log_dir = log_root / mode
@@ -132,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     epochs = args.epochs
     log_interval_s = 2.0 if args.quick else common.LOG_INTERVAL_S
 
-    import envs  # noqa: PLC0415
-    from async_rl.config import load_config  # noqa: PLC0415
+    import envs
+    from async_rl.config import load_config
 
     clock = common.Stopwatch()
     info = common.machine()

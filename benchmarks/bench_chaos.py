@@ -75,9 +75,9 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common  # noqa: E402
+import psutil
 
-import psutil  # noqa: E402
+from benchmarks import common
 
 LAUNCH = common.ROOT / "launch" / "ds_metaworld_ppo_mlp.py"
 LOG_INTERVAL_S = 1.0  # fine log points: recovery times are measured between them
@@ -159,14 +159,14 @@ def schedule(rng: random.Random, kills: int, start: float, end: float, min_gap: 
 
 def run_chaos(minutes: float, kills: int, seed: int, min_gap: float, log_dir: Path, extra: list[str]) -> dict[str, Any]:
     """Launch, kill on schedule, wait for the end; returns kills, samples and the launch's exit."""
-    import shutil  # noqa: PLC0415
+    import shutil
 
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
     rng = random.Random(seed)
     cmd = [sys.executable, str(LAUNCH), "--max-minutes", str(minutes), "--log-dir", str(log_dir),
            "--swanlab-mode", "disabled", "--log-interval-seconds", str(LOG_INTERVAL_S), "--seed", str(seed), *extra]
-    log = open(log_dir / "launch.log", "w")  # noqa: SIM115 - closed below
+    log = open(log_dir / "launch.log", "w")  # closed below
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=common.ROOT, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(common.ROOT), "COLUMNS": "200"})
@@ -257,7 +257,7 @@ def counter_rollbacks(kill_times: list[float], series: dict[str, list[tuple[floa
 
 def analyse(result: dict[str, Any], log_dir: Path, launch_args: Optional[list[str]] = None) -> dict[str, Any]:
     """The figures of the docstring from the kills, the RSS samples and the TensorBoard scalars."""
-    from async_rl.config import load_config  # noqa: PLC0415
+    from async_rl.config import load_config
 
     cfg = load_config(list(launch_args or []), str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
     last = lambda tag: (common.scalars(log_dir, tag) or [(0.0, 0.0)])[-1][1]  # noqa: E731

@@ -28,19 +28,19 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from async_rl.config import load_config  # noqa: E402
-from async_rl.driver import prepare, run  # noqa: E402
-from async_rl.errors import ConfigError  # noqa: E402
-from benchmarks import common  # noqa: E402
-from envs.compiler_gym.client import compiler_gym_unavailable_reason  # noqa: E402
-from envs.compiler_gym.evaluation import format_search_table, search_horizon, search_programs  # noqa: E402
-from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_uris  # noqa: E402
-from envs.compiler_gym.options import parse_search  # noqa: E402
-from envs.compiler_gym.search import ModelPolicy  # noqa: E402
-from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
-from launch.eval_compilergym import load_policy, read_run_config  # noqa: E402
+from async_rl.checkpoint import resolve_checkpoint
+from async_rl.config import load_config
+from async_rl.driver import prepare, run
+from async_rl.errors import ConfigError
+from benchmarks import common
+from envs.compiler_gym.client import compiler_gym_unavailable_reason
+from envs.compiler_gym.evaluation import format_search_table, search_horizon, search_programs
+from envs.compiler_gym.options import parse_search
+from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_uris
+from envs.compiler_gym.search import ModelPolicy
+from launch.eval_compilergym import load_policy, read_run_config
 
 QUICK_BUNDLED = ("crc32", "quicksort", "strings")  # a bit-twiddling loop, a sort, string handling
 
@@ -63,7 +63,7 @@ def train(policy: str, args: Any) -> tuple[Path, dict[str, float]]:
 
 def evaluate(checkpoint: Path, args: Any) -> tuple[str, dict[str, float], list[dict]]:
     """The three searches and random search on both program sets; (policy, figures, tables)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     torch.manual_seed(args.seed)  # the policy's samples
     config = read_run_config(checkpoint)

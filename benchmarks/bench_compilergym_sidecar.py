@@ -27,12 +27,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
+import numpy as np
+import psutil
 
-from benchmarks import common  # noqa: E402
-from envs import make_task_set  # noqa: E402
-from envs.compiler_gym.client import compiler_gym_unavailable_reason  # noqa: E402
+from benchmarks import common
+from envs import make_task_set
+from envs.compiler_gym.client import compiler_gym_unavailable_reason
 
 FIRST_SEED = 1_000_000  # small held-out csmith programs (seeds whose -Oz is below -O0 are used)
 EPISODE = 45

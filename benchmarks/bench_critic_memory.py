@@ -26,9 +26,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 CASES = {"metaworld": "metaworld_mt1_ppo.yaml", "compilergym": "compilergym_mlp.yaml", "libero": "libero_ppo.yaml"}
 ESTIMATORS = {"gae": [], "grpo": ["--advantage", "grpo", "--group-size", "8"]}
@@ -40,10 +40,10 @@ def _nbytes(tensors: Any) -> int:
 
 def measure(config: Path, argv: list[str]) -> dict[str, Any]:
     """Sizes of the model a trainer rank builds for ``config`` + ``argv`` (no Ray, one process)."""
-    from async_rl.actors.trainer_setup import optimizer_groups, training_model  # noqa: PLC0415
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import prepare  # noqa: PLC0415
-    from async_rl.orchestration.runtime import Runtime  # noqa: PLC0415
+    from async_rl.actors.trainer_setup import optimizer_groups, training_model
+    from async_rl.config import load_config
+    from async_rl.driver import prepare
+    from async_rl.orchestration.runtime import Runtime
 
     cfg = load_config(argv, str(config))
     task_set = prepare(cfg)

@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, machine, parser, report  # noqa: E402
+from benchmarks.common import ROOT, machine, parser, report
 
 CONFIG = ROOT / "configs" / "ctrl_humaneval.yaml"
 SFT_CONFIG, FROM_SFT_CONFIG = ROOT / "configs" / "ctrl_sft.yaml", ROOT / "configs" / "ctrl_from_sft.yaml"
@@ -53,14 +53,14 @@ HEADROOM_KEYS = ("approve_all_pass", "oracle_critique_pass", "oracle_fix_rate")
 
 
 def config(argv: list[str], path: Path = CONFIG) -> Any:
-    from async_rl.config import load_config  # noqa: PLC0415
+    from async_rl.config import load_config
 
     return load_config(["--swanlab-mode", "disabled", *argv], str(path))
 
 
 def load(argv: list[str], path: Path = CONFIG) -> tuple[Any, Any]:
     """The config and its task set (the cases built or read from the disk cache)."""
-    from async_rl.driver import prepare  # noqa: PLC0415
+    from async_rl.driver import prepare
 
     cfg = config(argv, path)
     return cfg, prepare(cfg)
@@ -68,13 +68,13 @@ def load(argv: list[str], path: Path = CONFIG) -> tuple[Any, Any]:
 
 def untrained_figures(argv: list[str]) -> dict[str, float]:
     """Stage 1: the base model as the critic, the reviser as the runs configure it, in this process."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from async_rl.ctrl.cases import reference_solutions  # noqa: PLC0415
-    from async_rl.ctrl.evaluate import evaluate  # noqa: PLC0415
-    from async_rl.ctrl.headroom import reviser_headroom  # noqa: PLC0415
-    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
-    from envs.ctrl_humaneval import heldout_set  # noqa: PLC0415
+    from async_rl.ctrl.cases import reference_solutions
+    from async_rl.ctrl.env import heldout_set
+    from async_rl.ctrl.evaluate import evaluate
+    from async_rl.ctrl.headroom import reviser_headroom
+    from async_rl.ctrl.reviser import load_writer
 
     cfg, task_set = load(argv)
     torch.set_num_threads(cfg.torch_threads)  # as the actors of a run
@@ -123,10 +123,10 @@ def overlap(stats: dict[str, Any]) -> dict[str, float]:
 def supervised_stage(seed: int, epochs: int, argv: list[str], log_dir: Path) -> tuple[str, dict[str, float]]:
     """The critic's supervised stage for one seed: reference critiques of the training cases, ``launch/sft.py``
     for ``epochs`` passes, and the exported critic's own figures on the held-out set (no RL yet)."""
-    import shutil  # noqa: PLC0415
+    import shutil
 
-    from async_rl.ctrl.critique_sft import critique_demonstrations  # noqa: PLC0415
-    from launch.sft import main as sft_main  # noqa: PLC0415
+    from async_rl.ctrl.critique_sft import critique_demonstrations
+    from launch.sft import main as sft_main
 
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
@@ -141,11 +141,11 @@ def supervised_stage(seed: int, epochs: int, argv: list[str], log_dir: Path) -> 
 
 def supervised_figures(export: str, argv: list[str]) -> dict[str, float]:
     """A supervised critic's own figures on the held-out set (no RL)."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from async_rl.ctrl.evaluate import evaluate  # noqa: PLC0415
-    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
-    from envs.ctrl_humaneval import heldout_set  # noqa: PLC0415
+    from async_rl.ctrl.env import heldout_set
+    from async_rl.ctrl.evaluate import evaluate
+    from async_rl.ctrl.reviser import load_writer
 
     cfg, task_set = load(argv, SFT_CONFIG)
     torch.set_num_threads(cfg.torch_threads)
@@ -159,11 +159,11 @@ def supervised_figures(export: str, argv: list[str]) -> dict[str, float]:
 def trained_run(seed: int, minutes: float, argv: list[str], log_dir: Path, init_from: Optional[str] = None) -> dict[str, Any]:
     """Stage 2 and 3 for one seed: a run of ``minutes`` (from the supervised export ``init_from``, with
     ``configs/ctrl_from_sft.yaml``), its final evaluation and its timeline overlap."""
-    import shutil  # noqa: PLC0415
+    import shutil
 
-    import ray  # noqa: PLC0415
+    import ray
 
-    from async_rl.driver import run  # noqa: PLC0415
+    from async_rl.driver import run
 
     shutil.rmtree(log_dir, ignore_errors=True)
     start = ["--init-from", init_from] if init_from else []

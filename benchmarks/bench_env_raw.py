@@ -16,9 +16,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 
 def _worker(task_set, task_index: int, seed: int, seconds: float, barrier, results) -> None:

@@ -40,11 +40,11 @@ from typing import Any, Callable, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
+import numpy as np
+import ray
 
-from async_rl.actors.inference import InferenceActor  # noqa: E402
-from benchmarks import common  # noqa: E402
+from async_rl.actors.inference import InferenceActor
+from benchmarks import common
 
 CONFIGS = {"mlp": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "vla": common.LIBERO_CONFIG}
 
@@ -52,10 +52,10 @@ CONFIGS = {"mlp": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "vla": com
 def policy_and_observation(config: Path, seed: int) -> tuple[Callable[[], Any], dict, str]:
     """(the driver's policy factory for ``config``, one preprocessed real observation as a one-row
     wire dict, the policy's name)."""
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import prepare  # noqa: PLC0415
-    from async_rl.orchestration.runtime import Runtime  # noqa: PLC0415
-    from async_rl.experience import to_wire  # noqa: PLC0415
+    from async_rl.config import load_config
+    from async_rl.driver import prepare
+    from async_rl.experience import to_wire
+    from async_rl.orchestration.runtime import Runtime
 
     cfg = load_config(["--seed", str(seed)], str(config))
     task_set = prepare(cfg)

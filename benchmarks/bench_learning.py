@@ -81,14 +81,17 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
+
+if TYPE_CHECKING:
+    from envs.base import TaskSet
 
 TASKS = ("reach-v3", "push-v3")
 OVERHEAD_S = {"system": 25.0, "sb3": 10.0}  # per run, beyond its --max-minutes (see the module docstring)
@@ -114,7 +117,7 @@ GROUP_COUNTERS = ("groups_opened", "groups_completed", "groups_dropped")
 
 def sb3_preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(PPO kwargs, VecNormalize kwargs) of an rl-baselines3-zoo entry (see the module docstring)."""
-    import torch.nn as nn  # noqa: PLC0415
+    import torch.nn as nn
 
     if name == "zoo-halfcheetah":
         ppo = dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
@@ -166,7 +169,7 @@ def _round(x: Optional[float], nd: int = 3) -> Optional[float]:
 # ---- this system ------------------------------------------------------------------------
 
 def run_system(task: str, method: str, minutes: float, seed: int, log_root: Path) -> dict[str, Any]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config, clip_mode, extra = SYSTEM_METHODS[method]
     log_dir = log_root / f"{task}_{method}"
@@ -202,14 +205,14 @@ def run_system(task: str, method: str, minutes: float, seed: int, log_root: Path
 # ---- Stable-Baselines3 ------------------------------------------------------------------
 
 def _gym_env_class():
-    import gymnasium as gym  # noqa: PLC0415
+    import gymnasium as gym
 
     class MetaWorldGymEnv(gym.Env):
         """gymnasium adapter of one ``TaskEnv`` (seeded when built; ``reset(seed=...)`` is ignored)."""
 
         metadata = {"render_modes": []}
 
-        def __init__(self, task_set: Any, seed: int) -> None:
+        def __init__(self, task_set: TaskSet, seed: int) -> None:
             self.env = task_set.make_env(0, seed)
             self.observation_space = gym.spaces.Box(-np.inf, np.inf, (task_set.obs_dim,), np.float32)
             self.action_space = gym.spaces.Box(-1.0, 1.0, (task_set.action_dim,), np.float32)
@@ -227,20 +230,20 @@ def _gym_env_class():
     return MetaWorldGymEnv
 
 
-def _make_gym_env(task_set: Any, seed: int):
+def _make_gym_env(task_set: TaskSet, seed: int):
     return _gym_env_class()(task_set, seed)
 
 
 def run_sb3(task: str, minutes: float, seed: int, preset: str, vec_env: str, threads: int,
             n_envs: int = 2) -> dict[str, Any]:
-    import functools  # noqa: PLC0415
+    import functools
 
-    import torch  # noqa: PLC0415
-    from stable_baselines3 import PPO  # noqa: PLC0415
-    from stable_baselines3.common.callbacks import BaseCallback  # noqa: PLC0415
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize  # noqa: PLC0415
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
-    from envs import make_task_set  # noqa: PLC0415
+    from envs import make_task_set
 
     class SuccessCallback(BaseCallback):
         """Per-episode success (any step), logged every LOG_INTERVAL_S; stops learn() at the deadline."""

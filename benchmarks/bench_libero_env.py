@@ -39,7 +39,7 @@ class ModeRun:
     """One env of the benchmark task in one mode, stepped in timing windows."""
 
     def __init__(self, mode: str, suite: str, task: int, image_size: int, backend: str, seed: int = 0) -> None:
-        from envs import make_task_set  # noqa: PLC0415
+        from envs import make_task_set
 
         ts = make_task_set("libero", suite=suite, tasks=[task], image_size=image_size, render_backend=backend,
                            **MODES[mode])

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, libero_unavailable, machine, parser, report, scalars  # noqa: E402
+from benchmarks.common import ROOT, libero_unavailable, machine, parser, report, scalars
 
 PY = sys.executable
 # naive: the outcome itself is the advantage (no baseline), so with LIBERO's 0/1 reward only successful episodes
@@ -73,7 +73,7 @@ def evaluate(policy_flags: list[str], states: list[int], out: Path) -> dict[str,
     out.parent.mkdir(parents=True, exist_ok=True)
     procs = []
     for k, part in enumerate(halves(states)):
-        log = open(out.with_name(f"{out.stem}_{k}.log"), "w")  # noqa: SIM115  (closed below)
+        log = open(out.with_name(f"{out.stem}_{k}.log"), "w")  # closed below
         cmd = [PY, "launch/eval_libero.py", *policy_flags, "--init-states", part, "--json", str(out.with_name(f"{out.stem}_{k}.json"))]
         # One torch thread each: two processes with torch's default (a thread per core) each on 2 cores did 6 of 10
         # episodes in 14 min; with one thread each all 10 took 88 s (same episodes, same outcomes).

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, machine, parser, rate, report, scalars, start_local_ray, timed_run  # noqa: E402
+from benchmarks.common import ROOT, machine, parser, rate, report, scalars, start_local_ray, timed_run
 
 CONFIGS = {"arithmetic": ROOT / "configs" / "lm_arithmetic.yaml", "humaneval": ROOT / "configs" / "lm_humaneval.yaml"}
 GEN_BATCH, GEN_TOKENS, GEN_REPEATS = 16, 32, 3
@@ -33,11 +33,12 @@ GEN_BATCH, GEN_TOKENS, GEN_REPEATS = 16, 32, 3
 def base_accuracy(env: str, config: Path) -> float:
     """The base model's greedy mean reward on the env's held-out problems, through the same final
     evaluation a trained run uses (no training: the run's weights are the base)."""
+    import torch
+
     from async_rl.config import load_config
     from async_rl.driver import prepare
     from async_rl.policies.lm_checkpoint import load_lm_policy
     from envs import final_evaluation_for
-    import torch
 
     cfg = load_config(["--env", env, "--swanlab-mode", "disabled"], str(config))
     task_set = prepare(cfg)

@@ -25,15 +25,14 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_lm import checkpoint_figures, stored_over_real  # noqa: E402
-from benchmarks.common import ROOT, machine, parser, rate, report, scalars, timed_run  # noqa: E402
+from benchmarks.bench_lm import checkpoint_figures, stored_over_real
+from benchmarks.common import ROOT, machine, parser, rate, report, scalars, timed_run
 
 CONFIG = ROOT / "configs" / "lm_arithmetic.yaml"
 GPU_CONFIG = ROOT / "configs" / "lm_arithmetic_gpu_preset.yaml"
@@ -58,7 +57,7 @@ class ProcessSampler:
     line's first word (``ray::TrainerActor``) and summed by name."""
 
     def __init__(self, root_pid: int, period_s: float = 2.0) -> None:
-        import psutil  # noqa: PLC0415
+        import psutil
 
         self._root, self._period = psutil.Process(root_pid), period_s
         self._cpu: dict[int, tuple[str, float]] = {}
@@ -76,7 +75,7 @@ class ProcessSampler:
         self._thread.join()
 
     def _loop(self) -> None:
-        import psutil  # noqa: PLC0415
+        import psutil
 
         while not self._stop.wait(self._period):
             rss = 0
@@ -119,7 +118,7 @@ def trained_rate(update_times: list[float]) -> float:
 
 def heldout_file(path: Path, count: int = HELDOUT) -> Path:
     """The held-out problems both systems answer (the arithmetic env's fixed list), as eval_lm reads them."""
-    from envs.arithmetic import heldout_problems  # noqa: PLC0415
+    from envs.arithmetic import heldout_problems
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"prompt": p["prompt"], "answer": p["answer"]}) + "\n"
@@ -143,7 +142,7 @@ def heldout_accuracy(source: list[str], problems: Path, out: Path, threads: int 
 def cuda_gpu_count() -> int:
     """CUDA GPUs torch sees here (0 without a GPU or without torch's CUDA build)."""
     try:
-        import torch  # noqa: PLC0415
+        import torch
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -159,9 +158,9 @@ def gpu_layout(gpus: int) -> str:
 
 def same_work_flags() -> list[str]:
     """Flags that set the GPU preset's WORK_KEYS to CONFIG's values (flow YAML, as the config flags read them)."""
-    import yaml  # noqa: PLC0415
+    import yaml
 
-    from async_rl.config import read_config_file  # noqa: PLC0415
+    from async_rl.config import read_config_file
 
     values, flags = read_config_file(CONFIG).values, []
     for key in WORK_KEYS:
@@ -252,7 +251,7 @@ def trl_command(seed: int, minutes: float, out_dir: Path, updates: Optional[int]
 def run_trl(seed: int, minutes: float, root: Path, problems: Path, updates: Optional[int],
             model_path: Optional[str] = None, gpu: bool = False) -> dict[str, Any]:
     """TRL's GRPOTrainer in its own process (peers_trl_grpo.py); its figures (``trl_`` keys)."""
-    from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+    from async_rl.policies.lm_loading import resolve_lm_path
 
     out_dir = root / f"trl-seed{seed}"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, parser, rate, report, scalars, training_steps  # noqa: I001 (common puts the checkout on sys.path)
+from common import ROOT, parser, rate, report, scalars, training_steps  # common puts the checkout on sys.path
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 from multinode_cluster import TwoNodeCluster, namespaces_unavailable  # noqa: E402

@@ -32,9 +32,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ray  # noqa: E402
+import ray
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 CONFIG = common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"
 
@@ -48,7 +48,7 @@ class _Echo:
 
 
 def _config(k: int, seed: int) -> Any:
-    from async_rl.config import load_config  # noqa: PLC0415
+    from async_rl.config import load_config
 
     return load_config(["--seed", str(seed), "--envs-per-worker", str(k)], str(CONFIG))
 
@@ -56,7 +56,7 @@ def _config(k: int, seed: int) -> Any:
 def steps_per_sec(k: int, seconds: float, warmup_s: float, seed: int, tag: str, runtime: Any) -> dict[str, float]:
     """One worker with ``k`` envs: env steps/s over ``seconds`` after ``warmup_s``, and the inference
     actor's batching in that window."""
-    from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers  # noqa: PLC0415
+    from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
 
     cfg = _config(k, seed)
     peers = WorkerPeers(task_set=f"{tag}:task_set", inference=f"{tag}:inference", replay=f"{tag}:replay",
@@ -105,7 +105,7 @@ def _reason(exc: BaseException) -> str:
 
 def compiled_call_ms(method: Any, wire: Any, reps: int) -> tuple[float | None, str]:
     """Median round trip of a compiled graph ``InputNode -> method``; (None, why) if Ray refuses it."""
-    from ray.dag import InputNode  # noqa: PLC0415
+    from ray.dag import InputNode
 
     try:
         with InputNode() as inp:
@@ -132,17 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds or (6.0 if args.quick else 10.0)
     reps = args.reps or (200 if args.quick else 500)
 
-    from async_rl.actors.inference import InferenceActor  # noqa: PLC0415
-    from async_rl.actors.peers import SharedValue  # noqa: PLC0415
-    from async_rl.actors.replay_buffer import ReplayBufferActor  # noqa: PLC0415
-    from async_rl.actors.stats import StatsActor  # noqa: PLC0415
-    from async_rl.experience import to_wire  # noqa: PLC0415
-    from benchmarks.bench_env_raw import per_worker_steps_per_sec  # noqa: PLC0415
+    from async_rl.actors.inference import InferenceActor
+    from async_rl.actors.peers import SharedValue
+    from async_rl.actors.replay_buffer import ReplayBufferActor
+    from async_rl.actors.stats import StatsActor
+    from async_rl.experience import to_wire
+    from benchmarks.bench_env_raw import per_worker_steps_per_sec
 
     clock = common.Stopwatch()
     info = common.machine()
-    from async_rl.driver import prepare  # noqa: PLC0415
-    from async_rl.orchestration.runtime import Runtime  # noqa: PLC0415
+    from async_rl.driver import prepare
+    from async_rl.orchestration.runtime import Runtime
 
     cfg = _config(8, args.seed)
     task_set = prepare(cfg)

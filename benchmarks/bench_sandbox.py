@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import parser, report, run_facts  # noqa: E402
+from benchmarks.common import parser, report, run_facts
 
 HEADLINE = ("ms_per_candidate_median", "ms_per_candidate_mean", "pool_candidates_per_s", "pool_workers",
             "canonical_all_passed",
@@ -31,8 +31,8 @@ HEADLINE = ("ms_per_candidate_median", "ms_per_candidate_mean", "pool_candidates
 
 def _jobs(limit: int) -> list[tuple[str, list[str], dict]]:
     """(code, tests, extra keyword args of run_tests) per problem, as the env hands them to the sandbox."""
-    from async_rl import sandbox  # noqa: PLC0415
-    from envs.humaneval import _problems  # noqa: PLC0415
+    from async_rl import sandbox
+    from envs.humaneval import _problems
 
     takes_prefix = "prefix" in inspect.signature(sandbox.run_tests).parameters
     jobs = []
@@ -51,7 +51,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.workers < 1:
         ap.error(f"--workers must be >= 1, got {args.workers}")
-    from async_rl.sandbox import SandboxPool, isolation_mode, run_tests  # noqa: PLC0415
+    from async_rl.sandbox import SandboxPool, isolation_mode, run_tests
 
     load_before, t_start = __import__("os").getloadavg(), time.monotonic()
     jobs = _jobs(40 if args.quick else 164)

@@ -21,15 +21,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
+import numpy as np
+import ray
 
-from async_rl.actors.inference import InferenceActor  # noqa: E402
-from async_rl.actors.policy_client import PolicyClient  # noqa: E402
-from async_rl.config import load_config  # noqa: E402
-from async_rl.experience import from_wire  # noqa: E402
-from async_rl.policies import build_policy  # noqa: E402
-from benchmarks import common  # noqa: E402
+from async_rl.actors.inference import InferenceActor
+from async_rl.actors.policy_client import PolicyClient
+from async_rl.config import load_config
+from async_rl.experience import from_wire
+from async_rl.policies import build_policy
+from benchmarks import common
 
 CONFIG = common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"
 STATE_DIM, ACTION_DIM = 39, 4  # MetaWorld's

@@ -36,9 +36,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common  # noqa: E402
-from benchmarks.bench_env_raw import raw_env_steps_per_sec  # noqa: E402
-from benchmarks.collect_only import collect_only_steps_per_sec  # noqa: E402
+from benchmarks import common
+from benchmarks.bench_env_raw import raw_env_steps_per_sec
+from benchmarks.collect_only import collect_only_steps_per_sec
 
 CONFIGS = {"metaworld": common.ROOT / "configs" / "metaworld_mt1_ppo.yaml", "libero": common.LIBERO_CONFIG}
 
@@ -56,8 +56,8 @@ def measure(env: str, config: Path, minutes: float, raw_seconds: float, log_root
             extra: list[str], workers: int | None = None, log_interval_s: float = common.LOG_INTERVAL_S) -> dict[str, Any]:
     """The system's steps/s for ``minutes`` (with ``workers`` rollout workers, else the config's),
     then the raw env's with as many processes."""
-    from async_rl.orchestration.runtime import obs_spec_of  # noqa: PLC0415
-    from async_rl.policies import build_policy  # noqa: PLC0415
+    from async_rl.orchestration.runtime import obs_spec_of
+    from async_rl.policies import build_policy
 
     log_dir = log_root / (env if workers is None else f"{env}_w{workers}")
     # Logical CPUs only (placement): 0.1 per worker lets 4 workers + 2 trainers fit a 2-core Ray.
@@ -95,8 +95,8 @@ def measure_collect_only(config: Path, workers: int, seconds: float, raw_seconds
                          extra: list[str]) -> dict[str, float]:
     """Collection only with ``workers`` workers (the config's envs per worker), then the raw env with as many
     processes; figures suffixed ``_w<workers>``."""
-    from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
-    from async_rl.driver import prepare  # noqa: PLC0415
+    from async_rl.config import load_config  # heavy imports only when needed
+    from async_rl.driver import prepare
 
     cfg = load_config(["--num-rollout-workers", str(workers), *extra], str(config))
     task_set = prepare(cfg)

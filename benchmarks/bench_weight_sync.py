@@ -42,14 +42,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import ray
+import torch
 
-from async_rl.policies import build_policy  # noqa: E402
-from async_rl.weights.rendezvous import find_free_port  # noqa: E402
-from async_rl.weights.group import WeightSyncGroup  # noqa: E402
-from benchmarks import common  # noqa: E402
+from async_rl.policies import build_policy
+from async_rl.weights.group import WeightSyncGroup
+from async_rl.weights.rendezvous import find_free_port
+from benchmarks import common
 
 _MiB = 1 << 20
 NAMES = ["sender (rank 0)", "receiver (rank 1)"]
@@ -168,7 +168,7 @@ def _cases(sizes_mib: list[int], params_m: list[float] = ()) -> list[tuple[str, 
         cases.append((f"{mib}mib", [(mib * _MiB // 4,)]))
         if mib > 1:  # 1 MiB as 1 MiB pieces is the one-tensor case again
             cases.append((f"{mib}mib_many", [(_MiB // 4,)] * mib))
-    from async_rl.config import load_config  # noqa: PLC0415
+    from async_rl.config import load_config
 
     cfg = load_config([], str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))  # the MLP that MetaWorld trains
     policy = build_policy(cfg.policy, {"state_dim": 39}, 4, **cfg.policy_kwargs)

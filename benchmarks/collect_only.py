@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import ray
 
 from benchmarks import common
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
+    from envs.base import TaskSet
 
 
 def _workers_steps(workers: list[Any], method: str) -> int:
@@ -30,14 +34,15 @@ def _cpu_seconds(pids: list[int]) -> float:
     return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
 
-def collect_only_steps_per_sec(cfg: Any, task_set: Any, workers: int, seconds: float, warmup_s: float) -> dict[str, float]:
+def collect_only_steps_per_sec(cfg: RunConfig, task_set: TaskSet, workers: int, seconds: float,
+                               warmup_s: float) -> dict[str, float]:
     """Env steps/s of ``workers`` workers collecting with no trainer, and the inference batching seen."""
-    from async_rl.actors.inference import InferenceActor  # noqa: PLC0415  (heavy imports only when needed)
-    from async_rl.actors.peers import SharedValue  # noqa: PLC0415
-    from async_rl.actors.replay_buffer import ReplayBufferActor  # noqa: PLC0415
-    from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers  # noqa: PLC0415
-    from async_rl.actors.stats import StatsActor  # noqa: PLC0415
-    from async_rl.orchestration.runtime import Runtime  # noqa: PLC0415
+    from async_rl.actors.inference import InferenceActor  # heavy imports only when needed
+    from async_rl.actors.peers import SharedValue
+    from async_rl.actors.replay_buffer import ReplayBufferActor
+    from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
+    from async_rl.actors.stats import StatsActor
+    from async_rl.orchestration.runtime import Runtime
 
     runtime = Runtime(cfg, task_set)  # the factories only; starts nothing
     tag = f"collect{os.getpid()}"

@@ -14,13 +14,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `async_rl` / `envs` / `benchmarks` importable
     sys.path.insert(0, str(ROOT))
 
 from async_rl.errors import OneLineArgumentParser  # noqa: E402
+
+if TYPE_CHECKING:
+    from async_rl.config.schema import RunConfig
+    from envs.base import TaskSet
 
 Scalar = (int, float, str, bool, type(None))
 
@@ -43,7 +47,7 @@ def plot_path(args: argparse.Namespace) -> Optional[Path]:
 def machine() -> dict[str, Any]:
     """Facts recorded with every result: cores, memory, GPU or not, and how loaded the machine was."""
     try:
-        import torch  # noqa: PLC0415
+        import torch
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     except ImportError:
@@ -112,10 +116,10 @@ def report(figures: Mapping[str, Any], args: argparse.Namespace, plot: Optional[
 
 def pyplot():
     """matplotlib's pyplot on the file-only backend (no display here)."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     return plt
 
@@ -144,9 +148,9 @@ def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
     Ray gives its raylet a fixed 30 s to register, which a loaded machine can miss: retry a few
     times. The caller calls ``ray.shutdown()`` in a ``finally``.
     """
-    import ray  # noqa: PLC0415
+    import ray
 
-    from async_rl.process_setup import pythonpath_with  # noqa: PLC0415  (imports torch: only when needed)
+    from async_rl.process_setup import pythonpath_with  # imports torch: only when needed
 
     env_vars = {"PYTHONPATH": pythonpath_with(ROOT)}
     for attempt in range(1, attempts + 1):
@@ -154,7 +158,7 @@ def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                      runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
             return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception on a start-up timeout
+        except Exception as e:  # Ray raises a bare Exception on a start-up timeout
             ray.shutdown()
             if attempt == attempts:
                 raise
@@ -166,20 +170,20 @@ LOG_INTERVAL_S = 5.0  # TensorBoard points every 5 s: enough for rates and curve
 
 @dataclass
 class TimedRun:
-    cfg: Any
-    task_set: Any
+    cfg: RunConfig
+    task_set: TaskSet
     summary: dict[str, Any]
     started: float  # time.time() when run() was called (TensorBoard wall times are on this clock)
 
 
-def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] = (), task_set: Any = None,
+def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] = (), task_set: Optional[TaskSet] = None,
               log_interval_s: float = LOG_INTERVAL_S) -> TimedRun:
     """One run of the system for ``minutes`` with ``config`` + ``argv``, logging every
     ``log_interval_s`` into a fresh ``log_dir`` (old event files would mix into its rates). No evaluation before
     training: figures over a run's wall clock (seconds to a success rate, rates from the start) stay comparable
     with the recorded results and with peers that do not evaluate first."""
-    from async_rl.config import load_config  # noqa: PLC0415  (heavy imports only when needed)
-    from async_rl.driver import prepare, run  # noqa: PLC0415
+    from async_rl.config import load_config  # heavy imports only when needed
+    from async_rl.driver import prepare, run
 
     shutil.rmtree(log_dir, ignore_errors=True)
     cfg = load_config(["--max-minutes", str(minutes), "--log-dir", str(log_dir), "--swanlab-mode", "disabled",
@@ -191,7 +195,7 @@ def timed_run(config: Path, log_dir: Path, minutes: float, argv: Sequence[str] =
 
 def scalars(log_dir: str | Path, tag: str) -> list[tuple[float, float]]:
     """``(wall_time, value)`` of every TensorBoard event of ``tag`` under ``log_dir`` ([] if none)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0}).Reload()
     if tag not in events.Tags()["scalars"]:
@@ -220,7 +224,7 @@ def training_steps(log_dir: str | Path) -> tuple[list[tuple[float, float]], list
 
 def optional_import(module: str) -> Optional[str]:
     """None if ``module`` imports, else the one-line reason it does not (for guarded benchmark parts)."""
-    import importlib  # noqa: PLC0415
+    import importlib
 
     try:
         importlib.import_module(module)

@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from async_rl.errors import OneLineArgumentParser  # noqa: E402
-from benchmarks.common import ROOT  # noqa: E402
+from async_rl.errors import OneLineArgumentParser
+from benchmarks.common import ROOT
 
 # SmolLM2-135M-Instruct's shape (its config.json): what the random stand-in is built as.
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -53,6 +53,12 @@ def random_smollm2(tokenizer_dir: Path, out: Path) -> Path:
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def chosen_model(model_path: str | None, random_shape: str | None, folder: Path) -> str | None:
+    """The model a check loads: ``model_path``, or with ``random_shape`` (a tokenizer folder) a random
+    SmolLM2-135M-shaped model built in ``folder``; None = the project's default model."""
+    return str(random_smollm2(Path(random_shape), folder)) if random_shape else model_path
 
 
 def _device_and_dtype(actor_self: Any) -> tuple[str, str]:
@@ -128,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    model_path = args.model_path
-    if args.random_smollm2_shape:
-        model_path = str(random_smollm2(Path(args.random_smollm2_shape), out.parent / "random_smollm2_135m"))
+    model_path = chosen_model(args.model_path, args.random_smollm2_shape, out.parent / "random_smollm2_135m")
 
     from async_rl.config import load_config
     from async_rl.driver import prepare, run

@@ -22,8 +22,8 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from async_rl.errors import OneLineArgumentParser  # noqa: E402
-from benchmarks import common  # noqa: E402
+from async_rl.errors import OneLineArgumentParser
+from benchmarks import common
 
 MW_COLUMNS = ("final_success", "best_success", "seconds_to_0.9", "env_steps", "groups_completed", "groups_dropped")
 CG_COLUMNS = ("csmith_greedy_vs_oz", "csmith_best_of_16_vs_oz", "csmith_best_of_16_random_vs_oz",

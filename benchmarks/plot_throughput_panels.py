@@ -20,8 +20,8 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from async_rl.errors import OneLineArgumentParser  # noqa: E402
-from benchmarks import common  # noqa: E402
+from async_rl.errors import OneLineArgumentParser
+from benchmarks import common
 
 PANELS = ("throughput", "async_vs_sync", "request_path", "weight_sync", "inference")
 
@@ -105,7 +105,6 @@ DRAW = {"throughput": draw_throughput, "async_vs_sync": draw_async, "request_pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse  # noqa: PLC0415
 
     ap = OneLineArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suffix", default="", help="the benchmarks' --out names are <name><suffix>.json")

@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, machine, parser, report  # noqa: E402
+from benchmarks.common import ROOT, machine, parser, report
 
 CONFIG = ROOT / "configs" / "ctrl_humaneval.yaml"
 
@@ -58,10 +58,10 @@ def parting(tokenizer: Any, first: str, second: str) -> tuple[list[int], int, in
 
 
 def measure(model: Any, preprocess: Any, tokenizer: Any, cases: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    import torch  # noqa: PLC0415
+    import torch
 
-    from async_rl.ctrl.critique import JUDGMENT_CORRECT, critic_prompt  # noqa: PLC0415
-    from async_rl.ctrl.critique_sft import APPROVAL  # noqa: PLC0415
+    from async_rl.ctrl.critique import JUDGMENT_CORRECT, critic_prompt
+    from async_rl.ctrl.critique_sft import APPROVAL
 
     judge_head, judge_yes, judge_no = parting(tokenizer, JUDGMENT_CORRECT, JUDGMENT_CORRECT.replace("Correct", "Incorrect"))
     decide_head, decide_yes, decide_no = parting(tokenizer, APPROVAL, "Analysis: The line `x = 1` is wrong")
@@ -83,12 +83,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = parser(__doc__, "the same measure (it has one size)")
     ap.add_argument("--init-from", default=None, help="a supervised critic's export (default: the base model)")
     args = ap.parse_args(argv)
-    import torch  # noqa: PLC0415
+    import torch
 
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import prepare  # noqa: PLC0415
-    from async_rl.policies.causal_lm import load_tokenizer  # noqa: PLC0415
-    from async_rl.policies.lm_checkpoint import load_lm_policy  # noqa: PLC0415
+    from async_rl.config import load_config
+    from async_rl.driver import prepare
+    from async_rl.policies.causal_lm import load_tokenizer
+    from async_rl.policies.lm_checkpoint import load_lm_policy
 
     started = time.monotonic()
     cfg = load_config(["--swanlab-mode", "disabled"], str(CONFIG))

@@ -27,7 +27,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 ROLES = ("RolloutWorkerActor", "InferenceActor", "TrainerActor", "ReplayBufferActor", "StatsActor",
          "EvaluationWorkerActor")
@@ -47,7 +47,7 @@ def role_of(proc: Any, driver_pid: int) -> str:
 
 
 def tree(pid: int) -> list[Any]:
-    import psutil  # noqa: PLC0415
+    import psutil
 
     try:
         root = psutil.Process(pid)
@@ -94,17 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     extra = [a for a in extra if a != "--"]
     minutes = args.minutes or (1.75 if args.quick else 4.0)
     window = args.window or (15.0 if args.quick else 30.0)
-    import psutil  # noqa: PLC0415
+    import psutil
 
     clock = common.Stopwatch()
     info = common.machine()
     shutil.rmtree(args.log_dir, ignore_errors=True)
     cmd = [sys.executable, str(common.ROOT / "launch" / "ds_metaworld_ppo_mlp.py"), "--max-minutes", str(minutes),
            "--log-dir", args.log_dir, "--swanlab-mode", "disabled", "--log-interval-seconds", "5", *extra]
-    from async_rl.process_setup import pythonpath_with  # noqa: PLC0415  (imports torch: only when needed)
+    from async_rl.process_setup import pythonpath_with  # imports torch: only when needed
 
     env = {**os.environ, "PYTHONPATH": pythonpath_with(common.ROOT)}
-    log = open(Path(tempfile.gettempdir()) / "profile_actors_run.log", "w")  # noqa: SIM115
+    log = open(Path(tempfile.gettempdir()) / "profile_actors_run.log", "w")
     run = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     figures: dict[str, Any] = {}
     pyspy = shutil.which("py-spy") or (str(Path(sys.executable).parent / "py-spy")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine, parser, report  # noqa: E402
+from benchmarks.common import machine, parser, report
 
 BATCH, NEW_TOKENS, PROMPT_TOKENS = 16, 24, 64
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

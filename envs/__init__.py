@@ -1,4 +1,5 @@
-"""Environment registry: a new environment is one file in ``envs/`` plus one config.
+"""Environment registry: a new environment is one file in ``envs/`` plus one config (or, for an env that belongs
+to a domain package above envs, one module there named in ``DOMAIN_ENV_MODULES``).
 
 An env module registers a TaskSet factory with ``@register_env("name", options=NameOptions)``, optionally
 with a ``final_evaluation`` the runtime runs on the final weights after training. ``NameOptions`` (a
@@ -27,7 +28,14 @@ __all__ = ["ENVS", "FinalEvaluation", "TaskEnv", "TaskSet", "available_envs", "e
 # ({"eval/...": float}), ``text`` (printable), ``files`` ({name: JSON-able}) and any raw fields.
 FinalEvaluation = Callable[[TaskSet, Callable[[Any, bool], np.ndarray], Callable[..., Any], int], dict]
 
-ENVS: Registry[Callable[[Any], TaskSet]] = Registry("environment", package=__name__, skip=("base",))
+# Env modules that live in their domain package, above envs/ (CTRL's env beside its cases, reward and reviser).
+# Discovery imports them by name, as it imports this package's modules, so ``--env ctrl_humaneval`` resolves
+# wherever an env name is resolved (the config loader, the driver, each Ray worker); no module of envs/ imports
+# their code.
+DOMAIN_ENV_MODULES = ("async_rl.ctrl.env",)
+
+ENVS: Registry[Callable[[Any], TaskSet]] = Registry("environment", package=__name__, skip=("base",),
+                                                     plugins=DOMAIN_ENV_MODULES)
 
 
 def register_env(name: str, *, options: type[ConfigSection], final_evaluation: Optional[FinalEvaluation] = None
@@ -42,7 +50,7 @@ def available_envs() -> list[str]:
     return ENVS.names()
 
 
-def final_evaluation_for(name: str, task_set: Any = None) -> Optional[FinalEvaluation]:
+def final_evaluation_for(name: str, task_set: Optional[TaskSet] = None) -> Optional[FinalEvaluation]:
     """The final evaluation environment ``name`` registered, or None; None too when ``task_set`` says its options
     ask for none (``final_evaluation_on`` false: LIBERO without held-out initial states). Unknown names raise
     ConfigError."""

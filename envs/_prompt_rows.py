@@ -1,12 +1,13 @@
 """Rows of prompts from a user's file: JSONL, Parquet, or a folder a Hugging Face ``datasets`` object was
-saved to (``save_to_disk``; a ``DatasetDict`` is read by split). One row per prompt: a ``prompt`` column
-(plain text, or chat messages ``[{"role": "user", "content": ...}]``) and any other columns, which the
-rewards receive. A row's shape is a schema (``PromptRow``); every problem with a file is a one-line
-ConfigError naming the flag, the file and the row.
-"""
+saved to (``save_to_disk``; a ``DatasetDict`` is read by split, ``heldout_split_of`` finds its held-out one).
+One row per prompt: a prompt column (``prompt``, or the one ``prompt_column`` names, which is read as
+``prompt``; plain text, or chat messages ``[{"role": "system", ...}, {"role": "user", "content": ...}]``) and
+any other columns, which the rewards receive. A row's shape is a schema (``PromptRow``); every problem with a
+file is a one-line ConfigError naming the flag, the file and the row."""
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional, Sequence, Union
@@ -18,6 +19,7 @@ from async_rl.jsonl import jsonl_values
 
 FORMATS = "a .jsonl file, a .parquet file or a datasets save_to_disk folder"
 NEEDS_PROMPT = "needs a \"prompt\": a string or a list of chat messages [{\"role\": \"user\", \"content\": ...}]"
+HELDOUT_SPLITS = ("test", "validation")  # looked for, in this order, when heldout_split is not set
 
 
 def _not_blank(prompt: str) -> str:
@@ -34,21 +36,21 @@ class ChatMessage(pydantic.BaseModel):
     content: Any
 
 
-def _one_user_message(messages: list[ChatMessage]) -> list[ChatMessage]:
+def _ends_with_a_user_message(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """A conversation the model answers next: a system message only first, the last message the user's."""
     roles = [m.role for m in messages]
-    if roles != ["user"]:
-        # The causal-LM preprocessor builds [system_prompt, user] itself from one user message.
-        raise ValueError(f"chat prompts of one user message are supported, got roles {roles}; put a system message "
-                         "in --policy-kwargs \"{system_prompt: ...}\"")
+    if roles[-1] != "user" or "system" in roles[1:]:
+        raise ValueError(f"a chat prompt is an optional system message, then messages ending with the user's; got roles "
+                         f"{roles}")
     return messages
 
 
 TextPrompt = Annotated[str, pydantic.AfterValidator(_not_blank)]
-ChatPrompt = Annotated[list[ChatMessage], pydantic.Field(min_length=1), pydantic.AfterValidator(_one_user_message)]
+ChatPrompt = Annotated[list[ChatMessage], pydantic.Field(min_length=1), pydantic.AfterValidator(_ends_with_a_user_message)]
 
 
 class PromptRow(pydantic.BaseModel):
-    """A row of a user's file: a prompt (non-blank text, or chat messages: one user message) and any other
+    """A row of a user's file: a prompt (non-blank text, or chat messages ending with a user message) and any other
     columns, which the rewards receive. Strict: a value of another type is refused, not converted."""
 
     model_config = pydantic.ConfigDict(extra="allow", strict=True)
@@ -81,19 +83,28 @@ class Rows:
 
 
 @functools.lru_cache(maxsize=8)
-def read_rows(path: str, split: Optional[str] = None, flag: str = "--data") -> Rows:
-    """The rows of ``path`` (for a saved ``DatasetDict``, of its ``split``), each checked against ``PromptRow``;
-    read once per process. ``path`` is a ``DataPath``: the options and commands validated it, so a bad one here
-    is a caller's bug (data_path's plain ValueError)."""
+def read_rows(path: str, split: Optional[str] = None, flag: str = "--data", prompt_column: str = "prompt") -> Rows:
+    """The rows of ``path`` (for a saved ``DatasetDict``, of its ``split``), each checked against ``PromptRow``
+    with its ``prompt_column`` read as ``prompt``; read once per process. ``path`` is a ``DataPath``: the options
+    and commands validated it, so a bad one here is a caller's bug (data_path's plain ValueError)."""
     data_path(path)
     name = f"{path}{_of(split)}"
     try:
         rows, labels = _rows_and_labels(Path(path).expanduser(), split, name, flag)
     except UnreadableRows as exc:  # the one place a file's refusal becomes a line
         raise ConfigError(f"{flag} {name}: {exc}") from None
+    if prompt_column != "prompt":
+        rows = [_renamed(row, prompt_column) for row in rows]
     for row, label in zip(rows, labels):
-        check_row(row, f"{flag} {label}")
+        check_row(row, f"{flag} {label}", prompt_column)
     return Rows(tuple(rows), tuple(labels))
+
+
+def _renamed(row: Any, prompt_column: str) -> Any:
+    """``row`` with its ``prompt_column`` as ``prompt`` (first), the other columns as they were."""
+    if not isinstance(row, dict) or prompt_column not in row:
+        return row
+    return {"prompt": row[prompt_column], **{k: v for k, v in row.items() if k not in (prompt_column, "prompt")}}
 
 
 class UnreadableRows(ValueError):
@@ -143,7 +154,7 @@ def _saved_dataset(p: Path, split: Optional[str]) -> list[dict]:
     if isinstance(data, datasets.DatasetDict):
         if split is None or split not in data:
             raise UnreadableRows(f"a DatasetDict with splits {', '.join(data)}; split {split!r} is not one of them "
-                                 "(set train_split / heldout_split)")
+                                 "(set --env.train-split / --env.heldout-split)")
         data = data[split]
     return data.to_list()
 
@@ -153,9 +164,33 @@ def is_split_folder(path: str) -> bool:
     return (Path(path).expanduser() / "dataset_dict.json").is_file()
 
 
-def check_row(row: Any, where: str) -> None:
+def split_names(path: str) -> list[str]:
+    """The splits a saved ``DatasetDict`` folder lists in its ``dataset_dict.json`` (none when it lists none)."""
+    try:
+        splits = json.loads((Path(path).expanduser() / "dataset_dict.json").read_text()).get("splits", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(s) for s in splits] if isinstance(splits, list) else []
+
+
+def heldout_split_of(path: str, chosen: Optional[str], train_split: str, flag: str = "--data") -> str:
+    """The held-out split of a saved ``DatasetDict``: ``chosen`` when set, else the first of ``HELDOUT_SPLITS``
+    it has; none of them is one ConfigError line naming its splits and the option to set."""
+    if chosen is not None:
+        return chosen
+    splits = split_names(path)
+    found = next((s for s in HELDOUT_SPLITS if s in splits and s != train_split), None)
+    if found is None:
+        raise ConfigError(f"{flag} {path}: a DatasetDict with splits {', '.join(splits) or '(none listed)'} and no "
+                          f"held-out split ({' or '.join(HELDOUT_SPLITS)}); set --env.heldout-split NAME or pass "
+                          "--heldout-data FILE")
+    return found
+
+
+def check_row(row: Any, where: str, prompt_column: str = "prompt") -> None:
     """``row`` against ``PromptRow``; the one place its refusal becomes a line naming ``where`` (flag, file and
-    row) and the fix: the schema's own message where a check of it failed, else what a row needs."""
+    row) and the fix: the schema's own message where a check of it failed, else what a row needs (for a row
+    without its prompt column: that column's name and the option that names another)."""
     try:
         PromptRow.model_validate(row)
     except pydantic.ValidationError as exc:
@@ -164,13 +199,17 @@ def check_row(row: Any, where: str) -> None:
             problem = ours[0]
         elif not isinstance(row, dict):
             problem = "a row must be a JSON object with a \"prompt\""
+        elif prompt_column != "prompt" and "prompt" not in row:
+            problem = (f"has no prompt column {prompt_column!r} (its keys: {', '.join(map(str, row))}); "
+                       "name the prompt column with --env.prompt-column NAME")
         else:
-            problem = NEEDS_PROMPT + ("" if "prompt" in row else f" (its keys: {', '.join(map(str, row))})")
+            problem = NEEDS_PROMPT + ("" if "prompt" in row else f" (its keys: {', '.join(map(str, row))}; "
+                                      "another column is named with --env.prompt-column NAME)")
         raise ConfigError(f"{where}: {problem}") from None
 
 
 def prompt_text(prompt: Any) -> str:
-    """The user message the policy's chat template receives: the prompt itself or its one user message."""
+    """A prompt's question as text: the prompt itself, or a chat prompt's last (user) message."""
     return prompt if isinstance(prompt, str) else str(prompt[-1]["content"])
 
 

@@ -81,6 +81,11 @@ def response_text(action: Union[str, np.ndarray, list], tokenizer_path: Optional
     return load_tokenizer(str(tokenizer_path)).decode([int(i) for i in ids if i >= 0], skip_special_tokens=True)
 
 
+def response_tokens(action: Union[str, np.ndarray, list]) -> int:
+    """The response's tokens: its ids less the padding (a response given as text, as tests do, counts none)."""
+    return 0 if isinstance(action, str) else int((np.asarray(action).reshape(-1) >= 0).sum())
+
+
 class TextEnvBase:
     """One-step episodes: a subclass sets ``task_name`` and implements ``_problem(start)`` (-> its
     prompt and whatever scoring needs) and ``score(text) -> (reward, info)``."""
@@ -93,6 +98,7 @@ class TextEnvBase:
         self.rng = np.random.default_rng(seed)
         self.problem: Optional[dict] = None
         self.reasons: Counter = Counter({r: 0 for r in self.reason_names})  # running totals for counters()
+        self.completions = self.completion_tokens = 0  # likewise: the stats' completions/s and tokens per completion
 
     def reset(self, start: Optional[int] = None) -> dict[str, str]:
         """A problem drawn by the env's seeded RNG, or (group rollouts) the problem of ``start``:
@@ -109,12 +115,17 @@ class TextEnvBase:
             raise RuntimeError(f"{self.task_name} env: call reset() before step() (an episode is one step)")
         reward, info = self.score(response_text(action, self.tokenizer_path, self.task_name))
         self.reasons[info["reason"]] += 1
+        self.completions += 1
+        self.completion_tokens += response_tokens(action)
         obs, self.problem = self.observation(), None
         return obs, float(reward), True, False, info
 
     def counters(self) -> dict[str, int]:
-        """Running totals the rollout worker logs as ``env/<name>``: how each response ended."""
-        return {f"{self.task_name}_{reason}": n for reason, n in self.reasons.items()}
+        """Running totals the rollout worker logs as ``env/<name>``: how each response ended, and the responses
+        (``completions``) and their tokens (``completion_tokens``), which the stats turn into completions/s and
+        the mean completion length (``rollout/completions_per_sec``, ``rollout/completion_tokens``)."""
+        return {**{f"{self.task_name}_{reason}": n for reason, n in self.reasons.items()},
+                "completions": self.completions, "completion_tokens": self.completion_tokens}
 
     def _problem(self, start: Optional[int]) -> dict:
         raise NotImplementedError

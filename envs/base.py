@@ -69,7 +69,7 @@ class TaskSet(Protocol):
 SUCCESS_RULES = ("any", "final")
 
 
-def success_rule(task_set: Any) -> str:
+def success_rule(task_set: TaskSet) -> str:
     """``task_set``'s ``success_rule`` (``"any"`` where it declares none); ValueError if it is not one of
     ``SUCCESS_RULES``, since a misspelt rule would silently score every episode by the wrong steps."""
     rule = getattr(task_set, "success_rule", "any")

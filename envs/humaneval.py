@@ -26,7 +26,6 @@ import pydantic
 
 from async_rl.code_blocks import extract_code
 from async_rl.errors import ConfigError
-from async_rl.rewards.code_tests import shared_pool  # noqa: F401  (ctrl_humaneval imports it from here)
 from async_rl.rewards.functions import parse_reward_specs
 from async_rl.sandbox import SandboxPool, SandboxResult, run_tests
 from envs import register_env

@@ -59,9 +59,18 @@ from async_rl.errors import ConfigError
 from async_rl.validation import ConfigSection, checked_folder
 from envs import register_env
 from envs.libero_evaluation import held_out_evaluation
-from envs.libero_setup import (INSTALL_HINT, SOFTWARE_GL, configure_rendering, ensure_libero_config, fast_render_settings,
-                               gl_renderer_name, import_benchmark, import_libero, libero_package_dir,
-                               switch_to_fast_render)
+from envs.libero_setup import (
+    INSTALL_HINT,
+    SOFTWARE_GL,
+    configure_rendering,
+    ensure_libero_config,
+    fast_render_settings,
+    gl_renderer_name,
+    import_benchmark,
+    import_libero,
+    libero_package_dir,
+    switch_to_fast_render,
+)
 
 # Episode step limits of OpenVLA's LIBERO eval (openvla/openvla,
 # experiments/robot/libero/run_libero_eval.py: "max_steps = 220  # longest training demo has 193

@@ -9,14 +9,48 @@ actions [B, A]`` (numpy), the contract of every env's final evaluation.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
+
+from envs.base import Observation
 
 Act = Callable[[Any, bool], np.ndarray]
 
 
-def run_episode(env: Any, act: Act, preprocess: Any, init_state: int, deterministic: bool = True) -> dict[str, Any]:
+class InitStateEnv(Protocol):
+    """An env as these episodes play it: reset to a chosen initial state (``envs.libero.LiberoTaskEnv`` is one)."""
+
+    task_name: str
+
+    def reset(self, init_state: Optional[int] = None) -> Observation:
+        """Start an episode from the task's initial state ``init_state`` (None: the env's own schedule)."""
+        ...
+
+    def step(self, action: np.ndarray) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """(obs, reward, terminated, truncated, info), as ``TaskEnv.step``."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class InitStateTaskSet(Protocol):
+    """A task set whose envs reset to chosen initial states (``envs.libero.LiberoTaskSet`` is one); this module
+    cannot import LIBERO's, which imports it."""
+
+    heldout_init_states: Optional[list[int]]  # the states the final evaluation scores; None: no such evaluation
+
+    def __len__(self) -> int:
+        """The number of tasks."""
+        ...
+
+    def make_env(self, task_index: int, seed: int) -> InitStateEnv:
+        ...
+
+
+def run_episode(env: InitStateEnv, act: Act, preprocess: Any, init_state: int,
+                deterministic: bool = True) -> dict[str, Any]:
     """One episode from ``init_state``: whether it succeeded and in how many steps."""
     obs = env.reset(init_state=init_state)
     steps = 0
@@ -28,7 +62,7 @@ def run_episode(env: Any, act: Act, preprocess: Any, init_state: int, determinis
             return {"success": bool(info.get("success", terminated)), "steps": steps}
 
 
-def success_rates(task_set: Any, act: Act, preprocess: Any, init_states: Sequence[int], seed: int = 0,
+def success_rates(task_set: InitStateTaskSet, act: Act, preprocess: Any, init_states: Sequence[int], seed: int = 0,
                   progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Deterministic episodes of every task from each of ``init_states``: the mean success, per task and per
     episode, and the wall seconds they took."""
@@ -59,7 +93,7 @@ def states_text(states: Sequence[int]) -> str:
     return f"{states[0]}-{states[-1]}" if contiguous else ", ".join(str(k) for k in states)
 
 
-def held_out_evaluation(task_set: Any, act: Act, preprocess: Any, seed: int) -> dict[str, Any]:
+def held_out_evaluation(task_set: InitStateTaskSet, act: Act, preprocess: Any, seed: int) -> dict[str, Any]:
     """LIBERO's final evaluation (and, with ``eval_before_training``, the one before training): every task from
     each of the task set's ``heldout_init_states``. Reports ``eval/heldout_success_rate`` and, per task,
     ``eval/heldout_success_rate/<task>``; the episodes in ``heldout_episodes.json``."""

@@ -4,22 +4,27 @@ scored by reward functions in TRL's convention (``async_rl/rewards``).
     --env prompts --env-kwargs "{data: train.jsonl, heldout_data: heldout.jsonl, rewards: [math]}"
     (launch/ds_lm_grpo.py --data train.jsonl --heldout-data heldout.jsonl --reward math says the same)
 
-A row is one prompt plus any columns (``answer``, ``tests``, ...), read from JSONL, Parquet or a ``datasets``
-``save_to_disk`` folder (``envs/_prompt_rows.py``). Held-out prompts come from ``heldout_data`` or, for a saved
-``DatasetDict``, its ``heldout_split``; they never mix with training: a prompt in both is refused up front.
+A row is one prompt (the ``prompt`` column, or the one ``prompt_column`` names; text, or chat messages whose
+system message replaces the policy's ``system_prompt``) plus any columns (``answer``, ``tests``, ...), read from
+JSONL, Parquet or a ``datasets`` ``save_to_disk`` folder (``envs/_prompt_rows.py``). Held-out prompts come from
+``heldout_data`` or, for a saved ``DatasetDict``, its ``heldout_split`` (unset: ``test``, else ``validation``);
+they never mix with training: a prompt in both is refused up front.
 The built-in ``arithmetic`` and ``humaneval`` envs are this env over generated rows (``RowSource``).
 
 Scoring: the rollout worker calls ``prepare_step`` on all its envs, then ``step`` on each; the first step
 scores every prepared completion of the process in one call per reward function (``ScoringBatch``), so
-rewards see batches as in TRL and sandboxed code tests run in parallel. Each reward's values are logged as
-``reward/<name>`` (mean, and ``reward/<name>_std``) besides ``reward/total``, the weighted sum that trains.
+rewards see batches as in TRL and sandboxed code tests run in parallel. They get TRL's arguments: the
+completions' token ids (the action's, or the text tokenized) and a ``trainer_state`` whose ``global_step`` is
+the policy version that wrote them (the worker tells each env with ``set_policy_version``). Each reward's values
+are logged as ``reward/<name>`` (mean, and ``reward/<name>_std``; rows it skipped with None left out) besides
+``reward/total``, the weighted sum that trains.
 An episode succeeds when the first reward (or ``success_reward``) reaches ``success_threshold``.
 
 Checked in the driver before Ray starts (one ConfigError line each): by the options' schema as the config
 loads, --data is given, each path is a .jsonl/.json/.parquet file or a folder (``DataPath``) and there are
 held-out rows (--heldout-data or a saved DatasetDict); then the files parse, every reward's required columns are in every row, train and
 held-out share no prompt, and every reward runs on the first rows (a dry run with stand-in completions)
-returning one finite float per completion.
+returning one finite number (or None) per completion.
 """
 from __future__ import annotations
 
@@ -35,10 +40,18 @@ import pydantic
 
 from async_rl.errors import ConfigError
 from async_rl.rewards.functions import TOTAL, RewardSpec, parse_reward_specs
-from async_rl.rewards.scoring import RewardSet, dry_run
+from async_rl.rewards.scoring import RewardSet, TrainerState, dry_run, missing_column_message
 from envs import register_env
-from envs._prompt_rows import DataPath, is_split_folder, prompt_text, read_rows, shared_prompts
-from envs._text import EVAL_BATCH, PreparedStepEnv, TextEnvOptions, TextTaskSetBase, action_key, response_text
+from envs._prompt_rows import DataPath, heldout_split_of, is_split_folder, read_rows, shared_prompts
+from envs._text import (
+    EVAL_BATCH,
+    PreparedStepEnv,
+    TextEnvOptions,
+    TextTaskSetBase,
+    action_key,
+    load_tokenizer,
+    response_text,
+)
 
 DRY_RUN_ROWS = 4  # training rows every reward is called on before the run starts
 
@@ -60,16 +73,20 @@ class FileRows:
     path: str
     split: Optional[str] = None
     flag: str = "--data"
+    prompt_column: str = "prompt"
+
+    def rows(self) -> Any:
+        return read_rows(self.path, self.split, self.flag, self.prompt_column)
 
     @property
     def size(self) -> int:
-        return len(read_rows(self.path, self.split, self.flag).rows)
+        return len(self.rows().rows)
 
     def row(self, index: int) -> dict:
-        return dict(read_rows(self.path, self.split, self.flag).rows[index % self.size])
+        return dict(self.rows().rows[index % self.size])
 
     def label(self, index: int) -> str:
-        return read_rows(self.path, self.split, self.flag).labels[index % self.size]
+        return self.rows().labels[index % self.size]
 
 
 class PromptsOptions(TextEnvOptions):
@@ -83,10 +100,12 @@ class PromptsOptions(TextEnvOptions):
     """reward functions, NAME_OR_PATH[=WEIGHT] each (--reward): a built-in or a module:function"""
     reward_options: Optional[dict[str, dict[str, Any]]] = None
     """{built-in reward: {option: value}}"""
+    prompt_column: str = "prompt"
+    """the column that holds the prompt (e.g. question); read as prompt, the rewards get the others"""
     train_split: str = "train"
     """the training split of a saved DatasetDict"""
-    heldout_split: str = "test"
-    """the held-out split of a saved DatasetDict"""
+    heldout_split: Optional[str] = None
+    """the held-out split of a saved DatasetDict; null = test, else validation"""
     heldout_size: Optional[pydantic.PositiveInt] = None
     """evaluate only the first N held-out rows; null = all"""
     success_reward: Optional[str] = None
@@ -132,21 +151,22 @@ def _short_name(source: str) -> str:
 def prompts_task_set(options: PromptsOptions) -> "PromptTaskSet":
     """The prompts env over the rows of ``options.data``, held-out rows apart, scored by ``options.rewards``."""
     data, heldout_data = _absolute(options.data), _absolute(options.heldout_data)  # Ray's workers may start elsewhere
-    dict_folder = is_split_folder(str(data))
-    train = FileRows(str(data), options.train_split if dict_folder else None, "--data")
+    dict_folder, column = is_split_folder(str(data)), options.prompt_column
+    train = FileRows(str(data), options.train_split if dict_folder else None, "--data", column)
     if heldout_data is not None:
-        heldout = FileRows(str(heldout_data), options.heldout_split if is_split_folder(str(heldout_data)) else None,
-                           "--heldout-data")
+        split = (heldout_split_of(str(heldout_data), options.heldout_split, "", "--heldout-data")
+                 if is_split_folder(str(heldout_data)) else None)
+        heldout = FileRows(str(heldout_data), split, "--heldout-data", column)
     else:  # a saved DatasetDict: the options' _heldout_rows_given
-        heldout = FileRows(str(data), options.heldout_split, "--data")
+        heldout = FileRows(str(data), heldout_split_of(str(data), options.heldout_split, options.train_split), "--data",
+                           column)
     specs = parse_reward_specs(options.rewards, options.reward_options)
     task_set = PromptTaskSet(split=options.split, tokenizer_path=options.tokenizer_path, seed=options.seed, train=train,
                              heldout=heldout, rewards=tuple(specs),
                              success_reward=_success_name(specs, options.success_reward),
                              success_threshold=options.success_threshold, heldout_size=options.heldout_size,
                              task_names=[options.task_name])
-    shared = shared_prompts(read_rows(train.path, train.split, train.flag).rows,
-                            read_rows(heldout.path, heldout.split, heldout.flag).rows)
+    shared = shared_prompts(train.rows().rows, heldout.rows().rows)
     if shared:
         raise ConfigError(f"--data {data} and the held-out rows share {len(shared)} prompt(s), e.g. {shared[0][:80]!r}; "
                           "held-out prompts must never be trained on: remove them from one side")
@@ -177,15 +197,16 @@ def check_task_set(task_set: "PromptTaskSet", rows_checked: int = 64) -> None:
         count = source.size if source.size is not None else rows_checked
         for index in range(count):
             row = source.row(index)
-            examples.append(prompt_text(row["prompt"]))
+            examples.append(row["prompt"])
             missing = rewards.missing_columns(list(row))
             if missing:
                 name, columns = next(iter(missing.items()))
-                raise ConfigError(f"reward {name} needs column(s) {', '.join(columns)}, which {source.label(index)} lacks "
-                                  f"(its columns: {', '.join(row)})")
+                raise ConfigError(missing_column_message(name, columns, source.label(index),
+                                                         [c for c in row if c != "prompt"]))
     rows = [task_set.train.row(i) for i in range(min(DRY_RUN_ROWS, task_set.train.size or DRY_RUN_ROWS))]
-    dry_run(rewards, rows, [task_set.train.label(i) for i in range(len(rows))])
-    task_set.obs_spec = {**task_set.obs_spec, "example_prompts": sorted(examples, key=len)[-3:]}
+    dry_run(rewards, rows, [task_set.train.label(i) for i in range(len(rows))], tokenize=task_set.tokenize)
+    longest = sorted(examples, key=lambda p: len(str(p)))[-3:]  # chat prompts whole: the system message counts too
+    task_set.obs_spec = {**task_set.obs_spec, "example_prompts": longest}
 
 
 @dataclass
@@ -199,6 +220,14 @@ class PromptTaskSet(TextTaskSetBase):
     success_threshold: float = 1.0
     heldout_size: Optional[int] = None
     task_names: list[str] = field(default_factory=lambda: ["prompts"])
+
+    @property
+    def tokenize(self) -> Optional[Any]:
+        """``text -> token ids`` by the policy's tokenizer (None: no tokenizer known yet)."""
+        if self.tokenizer_path is None:
+            return None
+        tokenizer = load_tokenizer(str(self.tokenizer_path))
+        return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def heldout_count(self) -> int:
         """How many held-out rows the final evaluation answers."""
@@ -222,13 +251,15 @@ class ScoringBatch:
 
     def __init__(self, rewards: RewardSet) -> None:
         self.rewards = rewards
-        self._waiting: list[tuple[int, Any, Any, dict, str]] = []
-        self._done: dict[int, tuple[float, dict[str, float], Optional[dict[str, str]]]] = {}
+        self._waiting: list[tuple[int, Any, Any, dict, str, Optional[list[int]], int]] = []
+        self._done: dict[int, tuple[float, dict[str, Optional[float]], Optional[dict[str, str]]]] = {}
         self._tickets = itertools.count()
 
-    def add(self, prompt: Any, completion: Any, row: dict, where: str) -> int:
+    def add(self, prompt: Any, completion: Any, row: dict, where: str, completion_ids: Optional[list[int]] = None,
+            policy_version: int = 0) -> int:
+        """Queue a completion (and its token ids, and the policy version that wrote it) for the next flush."""
         ticket = next(self._tickets)
-        self._waiting.append((ticket, prompt, completion, row, where))
+        self._waiting.append((ticket, prompt, completion, row, where, completion_ids, int(policy_version)))
         return ticket
 
     def discard(self, ticket: int) -> None:
@@ -246,8 +277,9 @@ class ScoringBatch:
         batch, self._waiting = self._waiting, []
         if not batch:
             return
-        _, prompts, completions, rows, where = zip(*batch)
-        totals, values = self.rewards.score(prompts, completions, rows, where)
+        _, prompts, completions, rows, where, ids, versions = zip(*batch)
+        totals, values = self.rewards.score(prompts, completions, rows, where, completion_ids=ids,
+                                            trainer_state=TrainerState.at(max(versions)))
         reasons = {name: getattr(fn, "last_reasons", None) for name, fn in zip(self.rewards.names, self.rewards.functions)}
         for k, (ticket, *_) in enumerate(batch):
             self._done[ticket] = (totals[k], {n: v[k] for n, v in values.items()},
@@ -266,8 +298,13 @@ class PromptEnv(PreparedStepEnv):
         self.reason_names = tuple(getattr(success_fn, "reason_names", ("solved", "unsolved")))
         super().__init__(task_set.tokenizer_path, seed)
         self.where = ""
+        self.policy_version = 0
         self._values: dict[str, list[float]] = defaultdict(list)
         self._pending: Optional[tuple[Any, int]] = None
+
+    def set_policy_version(self, version: int) -> None:
+        """The policy version whose completions the next steps score (the rewards' ``trainer_state.global_step``)."""
+        self.policy_version = int(version)
 
     def _problem(self, start: Optional[int]) -> dict:
         if self._pending is not None:
@@ -278,8 +315,9 @@ class PromptEnv(PreparedStepEnv):
         self.where = self.source.label(index)
         return self.source.row(index)
 
-    def observation(self) -> dict[str, str]:
-        return {"prompt": prompt_text(self.problem["prompt"])}
+    def observation(self) -> dict[str, Any]:
+        """The row's prompt: text, or its chat messages whole (the preprocessor applies the chat template)."""
+        return {"prompt": self.problem["prompt"]}
 
     def _completion(self, text: str) -> Any:
         """TRL's form: text for a text prompt, ``[{"role": "assistant", ...}]`` for a chat prompt."""
@@ -290,20 +328,30 @@ class PromptEnv(PreparedStepEnv):
         if self.problem is None:
             return
         text = response_text(action, self.tokenizer_path, self.task_name)
-        ticket = self.batch.add(self.problem["prompt"], self._completion(text), self.problem, self.where)
-        self._pending = (action_key(action), ticket)
+        self._pending = (action_key(action), self._add(text, action))
+
+    def _add(self, text: str, action: Union[str, np.ndarray, None]) -> int:
+        """Queue the completion ``text`` (of ``action``: its ids, or text that the tokenizer, if any, encodes)."""
+        if action is not None and not isinstance(action, str):
+            ids: Optional[list[int]] = [int(i) for i in np.asarray(action).reshape(-1) if i >= 0]
+        else:
+            tokenize = self.task_set.tokenize
+            ids = tokenize(text) if tokenize is not None else None
+        return self.batch.add(self.problem["prompt"], self._completion(text), self.problem, self.where, ids,
+                              self.policy_version)
 
     def score(self, text: str) -> tuple[float, dict[str, Any]]:
         """(reward, info) of a response to the current row (``reset`` first): the rewards' weighted sum; info:
         success, reason (the success reward's, where it gives one), rewards ({name: value})."""
         pending, self._pending = self._pending, None
-        ticket = pending[1] if pending is not None else self.batch.add(self.problem["prompt"], self._completion(text),
-                                                                      self.problem, self.where)
+        ticket = pending[1] if pending is not None else self._add(text, None)
         total, values, reasons = self.batch.result(ticket)
-        success = values[self.task_set.success_reward] >= self.task_set.success_threshold
+        deciding = values[self.task_set.success_reward]  # None: that reward skipped the row, which is then unsolved
+        success = deciding is not None and deciding >= self.task_set.success_threshold
         reason = reasons.get(self.task_set.success_reward, "solved" if success else "unsolved")
         for name, value in values.items():
-            self._values[name].append(value)
+            if value is not None:
+                self._values[name].append(value)
         self._values[TOTAL].append(total)
         return total, {"success": bool(success), "reason": reason, "rewards": values}
 
@@ -337,7 +385,8 @@ def heldout_evaluation(task_set: PromptTaskSet, act: Any, preprocess: Any, seed:
     reward, success = sum(r["reward"] for r in rows) / n, sum(r["success"] for r in rows) / n
     scalars = {"eval/heldout_reward": reward, "eval/heldout_success": success}
     for name in (rows[0]["rewards"] if rows else {}):
-        scalars[f"eval/heldout_reward/{name}"] = sum(r["rewards"][name] for r in rows) / n
+        scored = [r["rewards"][name] for r in rows if r["rewards"][name] is not None]  # None: skipped rows
+        scalars[f"eval/heldout_reward/{name}"] = sum(scored) / max(len(scored), 1)
     name = task_set.task_names[0]
     return {"scalars": scalars, "files": {"eval_problems.json": rows}, "heldout_reward": reward, "heldout_success": success,
             "text": f"{name}: {len(rows)} held-out problems, greedy: mean reward {reward:.3f}, solved {success:.3f}"}

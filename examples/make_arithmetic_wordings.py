@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from envs.arithmetic import draw_problem  # noqa: E402
+from envs.arithmetic import draw_problem
 
 TRAIN_WORDINGS = ("What is {expr}?", "Compute {expr}.", "Calculate {expr}.", "{expr} = ?", "What do you get for {expr}?")
 HELDOUT_WORDINGS = ("Work out {expr}.", "Find the value of {expr}.", "How much is {expr}?", "Evaluate {expr}.")

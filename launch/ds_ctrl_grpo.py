@@ -1,6 +1,6 @@
 """CTRL ("Teaching Language Models to Critic via Reinforcement Learning"): GRPO trains a critic LM (LoRA on
 SmolLM2-135M-Instruct unless --model-path) whose critiques of an initial HumanEval solution make a frozen
-reviser's revised code pass the tests (configs/ctrl_humaneval.yaml; envs/ctrl_humaneval.py). The reviser is
+reviser's revised code pass the tests (configs/ctrl_humaneval.yaml; async_rl/ctrl/env.py). The reviser is
 the base model with its adapters never applied, or --reviser-model-path; it runs in its own Ray actor beside
 the inference actor, batched per rollout worker. KL k3 to the reference, coefficient 0.001. After training,
 the final weights critique a balanced set of held-out cases (eval/critic_pass, eval/judgment_accuracy, ...).

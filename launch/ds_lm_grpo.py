@@ -16,9 +16,10 @@ Shorthand flags of this launch (the prompts env's options data, heldout_data, re
   --data PATH                  training rows: JSONL, Parquet or a datasets save_to_disk folder; a "prompt" column
                                (text or chat messages) and any others, which the rewards receive
   --heldout-data PATH          held-out rows (no prompt in common with --data), answered greedily at the end
-  --reward NAME_OR_PATH[=W]    a built-in (math, code_tests, format, length) or module:function with
-                               f(prompts, completions, **columns) -> list[float]; repeat it for several, W weighs
-                               one (default 1); each is logged as reward/<name>, their weighted sum trains
+  --reward NAME_OR_PATH[=W]    a built-in ({builtin_rewards}) or module:function called as TRL calls it:
+                               f(prompts, completions, completion_ids, trainer_state, **columns) -> a float (or
+                               None: does not apply) per completion; repeat it for several, W weighs one
+                               (default 1); each is logged as reward/<name>, their weighted sum trains
 """
 import argparse
 import json
@@ -29,7 +30,7 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from async_rl.errors import ConfigError, OneLineArgumentParser  # noqa: E402
+from async_rl.errors import ConfigError, OneLineArgumentParser
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lm_arithmetic.yaml"
 SHORTHANDS = {"data": "data", "heldout_data": "heldout-data", "reward": "rewards"}  # flag -> its --env.KEY flag
@@ -64,7 +65,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     except ConfigError as exc:  # the driver's convention for bad input: one line, exit code 2
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return run_main(str(CONFIG), __doc__, rest)
+    return run_main(str(CONFIG), usage(), rest)
+
+
+def usage() -> str:
+    """This file's docstring with the built-in rewards as the registry has them (one list: the registry's)."""
+    from async_rl.rewards import builtin_rewards  # noqa: PLC0415
+
+    return (__doc__ or "").replace("{builtin_rewards}", ", ".join(builtin_rewards()))
 
 
 if __name__ == "__main__":

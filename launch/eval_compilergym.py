@@ -23,14 +23,14 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from async_rl import checkpoint as ckpt  # noqa: E402
-from async_rl.checkpoint import resolve_checkpoint  # noqa: E402
-from async_rl.errors import ConfigError, OneLineArgumentParser  # noqa: E402
-from envs.compiler_gym.client import CompilerGymServerError  # noqa: E402
-from envs.compiler_gym.evaluation import format_search_table, search_programs  # noqa: E402
-from envs.compiler_gym.programs import program_folder, program_uris  # noqa: E402
-from envs.compiler_gym.options import parse_search  # noqa: E402
-from envs.compiler_gym.search import ModelPolicy, SearchSpec  # noqa: E402
+from async_rl import checkpoint as ckpt
+from async_rl.checkpoint import resolve_checkpoint
+from async_rl.errors import ConfigError, OneLineArgumentParser
+from envs.compiler_gym.client import CompilerGymServerError
+from envs.compiler_gym.evaluation import format_search_table, search_programs
+from envs.compiler_gym.options import parse_search
+from envs.compiler_gym.programs import program_folder, program_uris
+from envs.compiler_gym.search import ModelPolicy, SearchSpec
 
 # Options of the saved run that pick its programs: the evaluation picks its own.
 _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_search", "eval_search_budget")
@@ -63,8 +63,8 @@ def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSp
 def load_policy(checkpoint: Path, config: dict[str, Any], benchmark_dir: Optional[str]) -> tuple[Any, Any, Any]:
     """(task set with ``benchmark_dir`` held out, or the run's own held-out programs if None; the
     trained model; its preprocessor), in this process."""
-    from envs import make_task_set  # noqa: PLC0415
     from async_rl.policies import build_policy, build_preprocessor  # noqa: PLC0415
+    from envs import make_task_set  # noqa: PLC0415
 
     env_kwargs = dict(config.get("env_kwargs") or {})
     if benchmark_dir is not None:
@@ -107,7 +107,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--search", required=True, help="greedy, best-of-K or beam-K")
     ap.add_argument("--budget", type=int, required=True, help="compilations (pass applications) per program")
     ap.add_argument("--out", required=True, help="JSON file for the results")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="torch seed of the search (default: 0)")
     ap.add_argument("--mask-noops", action="store_true",
                     help="per-step policies: rule out the passes run since the IR count last changed (the env's "
                          "mask_noops), whether or not the run trained with it")

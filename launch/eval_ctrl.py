@@ -26,9 +26,9 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from async_rl.errors import ConfigError, OneLineArgumentParser  # noqa: E402
+from async_rl.errors import ConfigError, OneLineArgumentParser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +44,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--write-heldout", metavar="FILE", help="write configs/ctrl_humaneval.yaml's held-out cases and exit")
     ap.add_argument("--reviser-model-path", default=None, help="the frozen reviser: a model or a policy export (default: the critic's base model)")
     ap.add_argument("--critique-tokens", type=int, default=None, help="critique length (default: the run's, else 96)")
-    ap.add_argument("--revision-tokens", type=int, default=160)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--revision-tokens", type=int, default=160, help="longest revision the reviser writes (default: 160)")
+    ap.add_argument("--batch", type=int, default=8, help="prompts per generate call (default: 8)")
     ap.add_argument("--timeout-s", type=float, default=3.0, help="sandbox wall seconds per program")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (spinning OpenMP threads collapse on a busy machine)")
     return ap.parse_args(argv)
@@ -54,8 +54,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def write_heldout(path: str) -> int:
     from async_rl.config import load_config  # noqa: PLC0415
     from async_rl.ctrl.cases import write_cases  # noqa: PLC0415
+    from async_rl.ctrl.env import heldout_set  # noqa: PLC0415
     from async_rl.driver import prepare  # noqa: PLC0415
-    from envs.ctrl_humaneval import heldout_set  # noqa: PLC0415
 
     cfg = load_config(["--swanlab-mode", "disabled"], str(ROOT / "configs" / "ctrl_humaneval.yaml"))
     cases = heldout_set(prepare(cfg))

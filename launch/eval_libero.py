@@ -15,8 +15,8 @@ from pathlib import Path
 from async_rl.config import load_config
 from async_rl.driver import prepare
 from async_rl.errors import ConfigError, OneLineArgumentParser
-from async_rl.policies.initial_weights import check_init_from
 from async_rl.orchestration.policy_evaluation import load_policy, local_act
+from async_rl.policies.initial_weights import check_init_from
 from envs.libero import parse_init_states
 from envs.libero_evaluation import success_rates
 

@@ -9,16 +9,21 @@ Steps, each a subprocess with its own time limit (so one hang cannot eat the bud
 2. ``weight_sync``: ``benchmarks/bench_weight_sync.py --device cuda``: the weight-sync group against the Ray
    object store for GPU-resident tensors; NCCL between two GPUs where two are visible, else gloo through host
    memory (two processes cannot share one GPU in one NCCL group).
-3. ``lm_grpo``: ``benchmarks/gpu_lm_grpo.py``: a short GRPO run of the causal-LM policy (one ZeRO-2 bf16 LoRA
-   update path end to end, adapters synced to the inference actor) and its generation tokens/s.
-4. ``lm_peers``: ``benchmarks/bench_lm_peers.py --gpu --quick --updates 3 --heldout 16`` (the LM GRPO comparison with TRL on the GPU preset:
+3. ``lm_grads``: ``benchmarks/gpu_lm_grads.py``: the causal-LM policy with the run's LoRA adapters in bf16, no
+   DeepSpeed, on micro-batches of the run's prompts: every LoRA tensor's raw gradient finite or not, with torch's
+   default attention and with each SDPA backend alone, which attention operators ran, the SDPA flags, and per
+   micro-batch its width and left-padded rows (what tells a kernel's NaN from DeepSpeed's or the trainer's skips).
+4. ``lm_grpo``: ``benchmarks/gpu_lm_grpo.py --epochs 5``: a short GRPO run of the causal-LM policy (ZeRO-2 bf16 LoRA
+   updates end to end, adapters synced to the inference actor) and its generation tokens/s.
+5. ``lm_peers``: ``benchmarks/bench_lm_peers.py --gpu --quick --updates 3 --heldout 16`` (the LM GRPO comparison with TRL on the GPU preset:
    trainer and generation on separate GPUs where 2+ are visible, sharing one otherwise) for this project's
    asynchronous run and TRL's GRPOTrainer: completions trained/s, generation tokens/s, held-out accuracy. TRL
    needs ``make peers`` (.venv-peers); without it only this project's run is measured and
    ``lm_peers_trl_skipped`` says why.
 
 Writes ``--out`` (flat JSON: ``<step>_<figure>`` keys, each step's ``<step>_ok`` and ``<step>_seconds``, the card's
-name, the date) and prints one line per step. Exit codes: 0 every step passed, 1 a step failed, 2 bad
+name, the date, ``skipped_updates``: the optimiser updates any step reports skipped) and prints one line per step.
+Exit codes: 0 every step passed and no update was skipped, 1 a step failed or an update was skipped, 2 bad
 arguments, 3 no CUDA GPU on this machine (one line says so; nothing is written).
 """
 from __future__ import annotations
@@ -39,11 +44,13 @@ sys.path.insert(0, str(ROOT))
 from async_rl.errors import OneLineArgumentParser  # noqa: E402  (stdlib imports only)
 from benchmarks.bench_lm_peers import missing_peers  # noqa: E402  (stdlib imports only: no torch)
 
-STEPS = ("tests", "weight_sync", "lm_grpo", "lm_peers")
-# Each step's share of the budget; a step is killed at its share. lm_grpo took 154 s on an H200 (RESULTS section 20):
-# 0.35 of 8 minutes is 168 s. lm_peers (not yet run on a GPU): two model start-ups, 3 updates each and two CPU
-# evaluations of LM_PEERS_HELDOUT problems, estimated at ~2.2 of its 2.8 minutes.
-SHARES = {"tests": 0.2, "weight_sync": 0.1, "lm_grpo": 0.35, "lm_peers": 0.35}
+STEPS = ("tests", "weight_sync", "lm_grads", "lm_grpo", "lm_peers")
+BUDGET_MINUTES = 10.0
+# Each step's share of the budget; a step is killed at its share. lm_grpo took 154 s for 3 epochs on an H200 (RESULTS
+# section 20), mostly start-up: 0.4 of 10 minutes is 240 s for 5. lm_peers (not yet run on a GPU): two model
+# start-ups, 3 updates each and two CPU evaluations of LM_PEERS_HELDOUT problems, estimated at ~2.2 of its 2.8 minutes.
+SHARES = {"tests": 0.16, "weight_sync": 0.08, "lm_grads": 0.08, "lm_grpo": 0.4, "lm_peers": 0.28}
+LM_GRPO_EPOCHS = 5  # one optimiser update each: the fewest that show updates are not skipped by chance
 LM_PEERS_UPDATES = 3  # two intervals between updates: the fewest a rate needs, and one more
 LM_PEERS_HELDOUT = 16  # one batch of eval_lm: the scoring path is checked, accuracy is the full benchmark's figure
 
@@ -51,7 +58,8 @@ LM_PEERS_HELDOUT = 16  # one batch of eval_lm: the scoring path is checked, accu
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = OneLineArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "runs" / "gpu_check" / "gpu_check.json"), help="the JSON to write")
-    ap.add_argument("--budget-minutes", type=float, default=8.0, help="the whole check's time (default 8)")
+    ap.add_argument("--budget-minutes", type=float, default=BUDGET_MINUTES,
+                    help=f"the whole check's time (default {BUDGET_MINUTES:g})")
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="steps not to run")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that runs each step")
     ap.add_argument("--tests", nargs="+", default=["tests/gpu"], help="what the tests step runs (default tests/gpu)")
@@ -69,7 +77,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def gpu_name() -> Optional[str]:
     """The first CUDA device's name, or None where torch sees no GPU (or is not installed)."""
     try:
-        import torch
+        import torch  # noqa: PLC0415
     except ImportError:
         return None
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -135,7 +143,10 @@ def step_commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[
         "weight_sync": ([py, "benchmarks/bench_weight_sync.py", "--quick", "--device", "cuda", "--params-m", "",
                          "--out", str(work / "weight_sync.json")],
                         lambda code, out: {**read_json(work / "weight_sync.json"), "ok": code == 0}),
-        "lm_grpo": ([py, "benchmarks/gpu_lm_grpo.py", "--out", str(work / "lm_grpo.json"), *lm_model],
+        "lm_grads": ([py, "benchmarks/gpu_lm_grads.py", "--out", str(work / "lm_grads.json"), *lm_model],
+                     lambda code, out: {**read_json(work / "lm_grads.json"), "ok": code == 0}),
+        "lm_grpo": ([py, "benchmarks/gpu_lm_grpo.py", "--epochs", str(LM_GRPO_EPOCHS), "--out", str(work / "lm_grpo.json"),
+                     *lm_model],
                     lambda code, out: {**read_json(work / "lm_grpo.json"), "ok": code == 0}),
         # killed at its limit, the benchmark's .partial.json still holds the runs it finished
         "lm_peers": (peers_command, lambda code, out: {**(read_json(work / "lm_peers.json") or
@@ -147,6 +158,12 @@ def step_commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[
 def flatten(step: str, figures: dict[str, Any]) -> dict[str, Any]:
     """``<step>_<key>`` for every scalar figure (nested or list values are left to the step's own file)."""
     return {f"{step}_{k}": v for k, v in figures.items() if isinstance(v, (int, float, str, bool, type(None)))}
+
+
+def skipped_updates(figures: dict[str, Any]) -> int:
+    """Optimiser updates the steps report skipped (``<step>_skipped_updates``, ``<step>_<system>_skipped_updates``)."""
+    return int(sum(v for k, v in figures.items() if k.endswith("skipped_updates") and isinstance(v, (int, float))
+                   and not isinstance(v, bool)))
 
 
 def main(argv: Optional[list[str]] = None, detect: Callable[[], Optional[str]] = gpu_name) -> int:
@@ -180,6 +197,11 @@ def main(argv: Optional[list[str]] = None, detect: Callable[[], Optional[str]] =
         if result.get("trl_skipped"):
             print(f"gpu_check: {step}: TRL skipped: {result['trl_skipped']}", flush=True)
         out.write_text(json.dumps(figures, indent=2) + "\n")  # what is measured so far survives a later hang
+    figures["skipped_updates"] = skipped_updates(figures)
+    if figures["skipped_updates"]:
+        print(f"gpu_check: {figures['skipped_updates']} optimiser update(s) skipped: a run that skips updates does not "
+              "learn (lm_grads tells a kernel's non-finite gradients from DeepSpeed's or the trainer's skips)", flush=True)
+        failed.append("skipped updates")
     figures["all_ok"] = not failed
     figures["total_seconds"] = round(time.monotonic() - started, 1)
     out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -83,6 +83,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.multinode)
 
 
+# What the actors write straight into os.environ when a test builds one in the test process (pin_gpu, the
+# trainer rank's rendezvous): a value left behind would change every later test's GPU plan.
+PROCESS_PLACEMENT_VARS = ("CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _placement_variables_restored():
+    before = {name: os.environ.get(name) for name in PROCESS_PLACEMENT_VARS}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A local 2-CPU Ray for one test module; its workers can import async_rl and the test modules."""

@@ -47,7 +47,7 @@ PARAM_KEYS = [
 
 
 # ----------------------------------------------------------------------------------------
-# Reference: per element (r, A) -> (loss l, d l / d logp, clipped?, extra diagnostics)
+# Reference: per element (r, A) -> (loss ell, d ell / d logp, clipped?, extra diagnostics)
 # ----------------------------------------------------------------------------------------
 def _params(p: dict) -> dict:
     eps = p.get("clip_eps", 0.2)
@@ -67,20 +67,20 @@ def _params(p: dict) -> dict:
     }
 
 
-def _dual(l, g, clipped, A, c):
-    if c is not None and A < 0 and l > -c * A:
+def _dual(ell, g, clipped, A, c):
+    if c is not None and A < 0 and ell > -c * A:
         return -c * A, 0.0, True
-    return l, g, clipped
+    return ell, g, clipped
 
 
 def ref_clip(r, A, q):
     # Pessimistic PPO bound written per advantage sign: A >= 0 caps r at hi, A < 0 floors it at lo.
     if A >= 0:
-        l, g = -A * min(r, q["hi"]), (-A * r if r < q["hi"] else 0.0)
+        ell, g = -A * min(r, q["hi"]), (-A * r if r < q["hi"] else 0.0)
     else:
-        l, g = -A * max(r, q["lo"]), (-A * r if r > q["lo"] else 0.0)
-    l, g, clipped = _dual(l, g, not (q["lo"] <= r <= q["hi"]), A, q["c"])
-    return l, g, clipped, {}
+        ell, g = -A * max(r, q["lo"]), (-A * r if r > q["lo"] else 0.0)
+    ell, g, clipped = _dual(ell, g, not (q["lo"] <= r <= q["hi"]), A, q["c"])
+    return ell, g, clipped, {}
 
 
 def ref_soft_clip(r, A, q):
@@ -99,13 +99,13 @@ def ref_sapo(r, A, q):
 
 def ref_ce_gppo(r, A, q):
     if A < 0 and r < q["lo"]:
-        l, g, clipped = -q["beta1"] * q["lo"] * A, -q["beta1"] * q["lo"] * A, True
+        ell, g, clipped = -q["beta1"] * q["lo"] * A, -q["beta1"] * q["lo"] * A, True
     elif A > 0 and r > q["hi"]:
-        l, g, clipped = -q["beta2"] * q["hi"] * A, -q["beta2"] * q["hi"] * A, True
+        ell, g, clipped = -q["beta2"] * q["hi"] * A, -q["beta2"] * q["hi"] * A, True
     else:
-        l, g, clipped = -r * A, -r * A, False
-    l, g, clipped = _dual(l, g, clipped, A, q["c"])
-    return l, g, clipped, {}
+        ell, g, clipped = -r * A, -r * A, False
+    ell, g, clipped = _dual(ell, g, clipped, A, q["c"])
+    return ell, g, clipped, {}
 
 
 def ref_cispo(r, A, q):
@@ -193,10 +193,10 @@ def reference(mode, params, logp, logp_old, adv, mask):
     n = sum(valid)
     grads, loss, rows = [], 0.0, []
     for r, A, v in zip(r_all, a_all, valid):
-        l, g, clipped, extra = ref(r, A, q)
+        ell, g, clipped, extra = ref(r, A, q)
         grads.append(g / n if v else 0.0)
         if v:
-            loss += l / n
+            loss += ell / n
             rows.append((r, g, clipped, extra))
     rs = [row[0] for row in rows]
     metrics = {
@@ -237,8 +237,8 @@ def reference_per_action(mode, params, logp, logp_old, adv, mask, level):
         elems = [j for j, v in enumerate(valid[b]) if v]
         per = 1 if level == "sequence" else len(elems)  # d log R / d logp_j: 1 (sum) or 1/len (mean)
         r = math.exp(sum(lr[b][j] for j in elems) / per)
-        l, g, c, _ = ref(r, adv[b, 0].item(), q)
-        loss += l / n
+        ell, g, c, _ = ref(r, adv[b, 0].item(), q)
+        loss += ell / n
         for j in elems:
             grad[b][j] = g / per / n
         ratios.append(r)

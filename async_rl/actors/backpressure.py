@@ -10,7 +10,7 @@ restarts the wait's clock, so a slow trainer is waited for and a dead one ends t
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
 from async_rl.errors import ActorTimeoutError
 

@@ -7,7 +7,7 @@ import functools
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -15,6 +15,9 @@ from tensordict import TensorDict
 
 from async_rl.actors.columnar_gae import ColumnarGae
 from async_rl.actors.groups import Ticket
+
+if TYPE_CHECKING:
+    from envs.base import TaskEnv, TaskSet
 
 
 def finite_rows(obs: TensorDict) -> list[bool]:
@@ -68,11 +71,11 @@ class FailureWeightedTaskSampler:
 class EnvPool:
     """One env per task index, created on first use and kept (no rebuild between episodes)."""
 
-    def __init__(self, task_set: Any, seed: int) -> None:
+    def __init__(self, task_set: TaskSet, seed: int) -> None:
         self.task_set, self.seed = task_set, seed
-        self._envs: dict[int, Any] = {}
+        self._envs: dict[int, TaskEnv] = {}
 
-    def get(self, task: int) -> Any:
+    def get(self, task: int) -> TaskEnv:
         if task not in self._envs:
             self._envs[task] = self.task_set.make_env(task, seed=self.seed + 7919 * task)
         return self._envs[task]

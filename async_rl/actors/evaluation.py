@@ -12,9 +12,8 @@ import torch
 from tensordict import TensorDict
 
 import envs
-
-from async_rl.actors.policy_client import PolicyClient
 from async_rl.actors.env_slots import EnvPool, EnvThread
+from async_rl.actors.policy_client import PolicyClient
 from async_rl.errors import ActorTimeoutError
 from async_rl.experience import from_wire, to_wire
 from async_rl.media import frame_of
@@ -23,13 +22,14 @@ from envs.base import episode_success, success_rule
 
 if TYPE_CHECKING:
     from async_rl.config.schema import RunConfig
+    from envs.base import TaskSet
 
 
 class EvaluationWorker:
     """Runs up to ``envs_per_worker`` evaluation episodes in lock-step, one inference request per
     step of all of them (one request per env step would cost as much CPU as the rollouts)."""
 
-    def __init__(self, index: int, task_set: Any, preprocessor_factory: Callable[[], Any], inference: Any,
+    def __init__(self, index: int, task_set: TaskSet, preprocessor_factory: Callable[[], Any], inference: Any,
                  inference_name: str, cfg: RunConfig) -> None:
         configure_torch(cfg.seed + 555_555 + index, 1)
         self.preprocess = preprocessor_factory()

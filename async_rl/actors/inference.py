@@ -20,15 +20,15 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.errors import ActorTimeoutError
 from async_rl.actors.shared_slab import SlabOffer, SlabServer, SlabSpec
+from async_rl.errors import ActorTimeoutError
 from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
 from async_rl.policies.nets import cast_parameters
 from async_rl.policies.reference import sampler_reference_logp
-from async_rl.process_setup import configure_torch, precision_dtype, resolve_device
+from async_rl.process_setup import configure_torch, pin_gpu, precision_dtype, resolve_device
+from async_rl.weights.group import WeightSyncGroup
 from async_rl.weights.rendezvous import is_loopback
 from async_rl.weights.signature import tensor_signature
-from async_rl.weights.group import WeightSyncGroup
 
 ForwardFn = Callable[[TensorDict, torch.Tensor], TensorDict]
 # Auto mode runs the forward on the event loop for CPU models up to this size (the MetaWorld MLP
@@ -205,13 +205,12 @@ class InferenceServer:
     """One copy of the policy on its device, behind a BatchingServer."""
 
     def __init__(self, index: int, policy_factory: Callable[[], torch.nn.Module], batch_size: int,
-                 timeout_ms: float, gpu_id: Optional[int] = None, seed: int = 0, torch_threads: int = 1,
+                 timeout_ms: float, gpu_id: Optional[str] = None, seed: int = 0, torch_threads: int = 1,
                  precision: str = "auto", forward_in_thread: Optional[bool] = None,
                  weights_timeout_s: float = 600.0, reference_logp: bool = False) -> None:
         """``reference_logp``: every sampled answer also carries ``logp_ref``, the reference policy's log-probs
         (this model with its LoRA adapters off: ``reference_logp_on sampler``)."""
-        if gpu_id is not None:  # before CUDA initialises in this process
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+        pin_gpu(gpu_id, f"inference-{index}")  # first: CUDA reads the variable once
         configure_torch(seed + 10_000 * (index + 1), torch_threads)
         self.name = f"inference-{index}"
         # A GPU named by hand (gpu_id) or given by Ray for this actor's num_gpus.

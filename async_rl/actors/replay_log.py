@@ -235,7 +235,7 @@ class ReplayLog:
         for kind, seq, item in jobs:
             if kind == "record":
                 if self._segment is None:
-                    handle = open(self.directory / f"seg-{seq:012d}.log", "ab")  # noqa: SIM115 - closed on rotation
+                    handle = open(self.directory / f"seg-{seq:012d}.log", "ab")  # closed on rotation
                     fsync_path(self.directory)
                     self._segment = (seq, handle)
                 self._segment[1].write(item)

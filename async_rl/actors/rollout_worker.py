@@ -19,15 +19,14 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.algo import advantage_estimator
 from async_rl.actors.backpressure import GenerationGate, untrained_bound, wait_limit_s
 from async_rl.actors.columnar_gae import ColumnarGae
-from async_rl.actors.env_slots import (EnvGroup, EnvPool, EnvSlot, EnvThread, FailureWeightedTaskSampler,
-                                       finite_rows)
+from async_rl.actors.env_slots import EnvGroup, EnvPool, EnvSlot, EnvThread, FailureWeightedTaskSampler, finite_rows
 from async_rl.actors.groups import Ticket, stamp_episode
-from async_rl.actors.policy_client import PolicyClient
-from async_rl.experience import STEP_FIELDS, env_steps, step_batch
 from async_rl.actors.peers import peer
+from async_rl.actors.policy_client import PolicyClient
+from async_rl.algo import advantage_estimator
+from async_rl.experience import STEP_FIELDS, env_steps, step_batch
 from async_rl.process_setup import configure_torch, wait_for
 from envs.base import StartUnavailable, episode_success, success_rule
 
@@ -182,7 +181,11 @@ class RolloutWorker:
         await self._reset_envs()
         return all(slot.ticket is None for slot in self.slots)
 
-    def _step_in_thread(self, slots: list[EnvSlot], env_actions: np.ndarray) -> tuple[list[tuple], list[TensorDict]]:
+    def _step_in_thread(self, slots: list[EnvSlot], env_actions: np.ndarray,
+                        versions: Optional[list[int]] = None) -> tuple[list[tuple], list[TensorDict]]:
+        # Envs whose rewards read the training step (the prompts env's trainer_state) hear which policy acted.
+        for slot, version in zip(slots, versions or ()):
+            getattr(slot.env, "set_policy_version", lambda _version: None)(version)
         # Envs that score elsewhere (humaneval: the sandbox pool) start every slot's scoring first: in parallel.
         for slot, a in zip(slots, env_actions):
             getattr(slot.env, "prepare_step", lambda _action: None)(a)
@@ -398,7 +401,9 @@ class RolloutWorker:
         cfg, obs, slots = self.cfg, group.obs, group.slots
         out = await group.request
         group.request = group.obs = None
-        results, next_obs = await self._env_thread.call(self._step_in_thread, slots, out["env_action"].numpy())
+        versions = out.get("policy_version", None)
+        versions = None if versions is None else [int(v) for v in np.asarray(versions).reshape(-1)]
+        results, next_obs = await self._env_thread.call(self._step_in_thread, slots, out["env_action"].numpy(), versions)
         # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
         stacked_next = torch.stack(next_obs)  # stacked once: the finiteness check and the bootstrap read it
         finite = finite_rows(stacked_next)

@@ -120,7 +120,7 @@ class Slab:
     @classmethod
     def create(cls, spec: SlabSpec) -> "Slab":
         shm = SharedMemory(create=True, size=spec.slot_arrays()[1])
-        _CREATED_HERE.add(shm._name)  # noqa: SLF001 (the name the resource tracker holds)
+        _CREATED_HERE.add(shm._name)  # the name the resource tracker holds
         return cls(shm, spec, owner=True)
 
     @classmethod
@@ -129,8 +129,8 @@ class Slab:
         # Python < 3.13 registers attached segments with this process's resource tracker too, which
         # would unlink the owner's segment when this process exits: only the owner tracks it. A segment
         # this process created itself (both sides in one process) stays registered for its owner.
-        if shm._name not in _CREATED_HERE:  # noqa: SLF001 (the name the tracker holds)
-            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+        if shm._name not in _CREATED_HERE:  # the name the tracker holds
+            resource_tracker.unregister(shm._name, "shared_memory")
         return cls(shm, spec, owner=False)
 
     def fits(self, td: TensorDictBase) -> bool:
@@ -175,7 +175,7 @@ class Slab:
                 self.shm.unlink()
             except FileNotFoundError:
                 pass
-            _CREATED_HERE.discard(self.shm._name)  # noqa: SLF001
+            _CREATED_HERE.discard(self.shm._name)
             self.owner = False
 
     def close(self) -> None:
@@ -265,7 +265,7 @@ class SlabServer:
             if peer.closed:
                 return
             status, message = (OK, b"") if peer.slab.write_answer(slot, answer) else (MISFIT, b"")
-        except Exception as exc:  # the caller gets the error, as a Ray call would raise it
+        except Exception as exc:  # noqa: BLE001 (the caller gets the error, as a Ray call would raise it)
             if peer.closed:
                 return
             status, message = ERROR, repr(exc)[:4000].encode()

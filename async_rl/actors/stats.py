@@ -7,10 +7,11 @@ from collections import defaultdict, deque
 import numpy as np
 import ray
 
-
 # Episodes behind the running success rate (the status line's): a snapshot every few seconds holds one or
 # two LIBERO episodes, so its own mean flips between 0 and 1; SB3 shows the last 100 the same way.
 RECENT_EPISODES = 100
+# Env counters of text envs (envs/_text.py) that the snapshot also turns into a rate and a mean.
+COMPLETION_COUNTERS = ("completions", "completion_tokens")
 
 
 class StatsAggregator:
@@ -27,6 +28,8 @@ class StatsAggregator:
         self.env_counters: dict[str, int] = defaultdict(int)
         # Each reward function's values since the last snapshot (text envs: reward/<name> mean and std).
         self._reward_components: dict[str, list[float]] = defaultdict(list)
+        # Text envs: responses and their tokens since the last snapshot (completions/s, tokens per completion).
+        self._completions_since: dict[str, int] = defaultdict(int)
 
     def record_health(self, key: str, n: int = 1) -> None:
         self.health[key] += n
@@ -35,6 +38,8 @@ class StatsAggregator:
         """Add what an environment counted since its last report."""
         for key, n in deltas.items():
             self.env_counters[key] += n
+            if key in COMPLETION_COUNTERS:
+                self._completions_since[key] += n
 
     def record_reward_components(self, values: dict[str, list[float]]) -> None:
         """Add an env's per-reward values (``{reward name: [value per episode]}``) since its last report."""
@@ -93,6 +98,11 @@ class StatsAggregator:
             out["episode_return"] = float(np.mean([e[0] for e in all_eps]))
             out["episode_length"] = float(np.mean([e[1] for e in all_eps]))
             out["success_rate"] = float(np.mean([e[2] for e in all_eps]))
+        if "completions" in self.env_counters:  # a text env: completions/s, which speak where steps/s round to 0
+            done = self._completions_since["completions"]
+            out["completions_per_sec"] = done / max(now - self._since, 1e-9)
+            if done:
+                out["completion_tokens"] = self._completions_since["completion_tokens"] / done
         if self._reward_components:
             out["reward_components"] = {name: {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v)}
                                         for name, v in self._reward_components.items()}
@@ -101,6 +111,7 @@ class StatsAggregator:
             out["recent_episodes"] = len(self._recent_success)
         self._episodes.clear()
         self._reward_components.clear()
+        self._completions_since.clear()
         self._steps_since, self._since = 0, now
         return out
 

@@ -1,16 +1,24 @@
 """What a trainer rank trains and how: the model (LoRA, frozen critic), its optimiser groups, the
-DeepSpeed ZeRO-2 config, the learning-rate schedule, and the AdamW that holds groups during a critic warm-up.
+DeepSpeed ZeRO-2 config, the learning-rate schedule, and the AdamW that holds groups during a critic warm-up;
+and ``TrainerSetup``, which joins the training group and builds the DeepSpeed engine from them.
 """
 from __future__ import annotations
 
+import datetime
 import math
+import os
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import ray
 import torch
 
 from async_rl.policies.lora import apply_lora
+from async_rl.policies.reference import ReferencePolicy, frozen_copy
+from async_rl.process_setup import clear_stale_build_locks, precision_dtype, resolve_device
+from async_rl.weights.rendezvous import connect_store, find_free_port, host_store, interface_of, is_loopback
 
 if TYPE_CHECKING:
+    from async_rl.algo import Objective
     from async_rl.config.schema import ObjectiveSection, PolicySection, RunConfig
 
 
@@ -96,3 +104,95 @@ def optimizer_groups(cfg: ObjectiveSection, model: Any) -> list[dict[str, Any]]:
         {"params": [p for p in trainable if id(p) in value_ids], "lr": cfg.lr_value, "name": "value"},
     ]
     return [g for g in groups if g["params"]]
+
+
+class TrainerSetup:
+    """Mixin of ``TrainerRank``: its place in the training group and its engine. It reads the rank's ``rank``,
+    ``world_size``, ``name``, ``cfg``, ``policy_factory``, ``objective``, ``critic_warmup_epochs`` and
+    ``next_version``; ``setup`` makes ``optimizer``, ``scheduler``, ``engine``, ``device`` and ``reference``
+    and publishes the first weights (``_publish``: ``trainer_sync.py``)."""
+
+    rank: int
+    world_size: int
+    name: str
+    cfg: RunConfig
+    policy_factory: Callable[[], torch.nn.Module]
+    objective: Objective
+    critic_warmup_epochs: int
+    next_version: int
+    reference: Optional[ReferencePolicy]
+
+    @staticmethod
+    def _set_master(addr: Optional[str], port: Optional[int]) -> None:
+        if addr is not None and port is not None:
+            os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
+
+    def rendezvous_endpoint(self, loopback: bool) -> tuple[str, int]:
+        """(address, port) for a store this actor will host: 127.0.0.1 for a run on one host,
+        else this node's IP as Ray knows it; the port is free on that address of this node."""
+        addr = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        return addr, find_free_port(addr)
+
+    def where(self) -> dict[str, Any]:
+        """Node, process and devices of this rank (placement checks and error messages)."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def setup(self, master_addr: Optional[str] = None, master_port: Optional[int] = None) -> dict[str, int]:
+        """Initialise torch.distributed (training group) and the DeepSpeed engine; the master
+        address/port (rank 0's, from its ``rendezvous_endpoint``) if not given at construction."""
+        import deepspeed  # noqa: PLC0415 (heavy; only trainers need it)
+
+        self._set_master(master_addr, master_port)
+        if "MASTER_ADDR" not in os.environ:
+            raise ValueError(f"{self.name}: no training-group master address; pass rank 0's rendezvous_endpoint()")
+        device = resolve_device(self.cfg.device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        self._init_training_group(backend)
+        for lock in clear_stale_build_locks():
+            print(f"{self.name}: removed a stale JIT build lock {lock} (a build killed midway; torch would wait forever)")
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group made above
+        dtype = precision_dtype(self.cfg.precision, device)
+        model = training_model(self.cfg, self.policy_factory)
+        # The reference policy (KL to it, PACS): with LoRA this model with its adapters off, else a frozen
+        # copy taken here, before DeepSpeed hooks the model.
+        frozen = frozen_copy(model) if self.objective.needs_reference else None
+        groups = optimizer_groups(self.cfg, model)
+        trainable = [p for g in groups for p in g["params"]]
+        self.optimizer = optimizer = HoldingAdamW(groups, weight_decay=self.cfg.weight_decay)
+        schedule = warmup_cosine(self.cfg.warmup_steps, self.cfg.lr_decay_steps, self.cfg.min_lr_ratio)
+        # The policy's schedule starts when the critic warm-up's optimiser steps are over.
+        warmup_optimizer_steps = self.critic_warmup_epochs * self.cfg.updates_per_epoch * self.cfg.optimizer_steps_per_update
+        policy_schedule = delayed(schedule, warmup_optimizer_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, [policy_schedule if g["name"] == "policy" else schedule for g in groups])
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(self.cfg, dtype)
+        )
+        self.device = self.engine.device
+        if self.objective.needs_reference:
+            self.reference = ReferencePolicy(self.engine.module, frozen)
+        self._publish(self.next_version)
+        return {"params": sum(p.numel() for p in model.parameters()), "trainable": sum(p.numel() for p in trainable)}
+
+    def _init_training_group(self, backend: str) -> None:
+        """The training group on rank 0's store at MASTER_ADDR:MASTER_PORT. The store listens on that
+        address only and gloo's pairs on this node's own (loopback on one host, the node IP Ray
+        reports on a cluster); torch's defaults listen on every interface and resolve the
+        hostname, which another node may not reach. Waits at most ``collective_timeout_s``."""
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        local = addr if is_loopback(addr) else ray.util.get_node_ip_address()
+        if is_loopback(addr):
+            os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        else:  # a user's choice of interface on a cluster wins
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(local))
+        timeout_s = self.cfg.collective_timeout_s
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if self.rank == 0:
+            store = host_store(addr, port, self.world_size, timeout)
+        else:
+            store = connect_store(addr, port, self.world_size, timeout_s, self.name,
+                                  f"trainer-0 (training-group master; this rank is on {local})")
+        torch.distributed.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
+                                             timeout=timeout)

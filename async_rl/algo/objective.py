@@ -12,8 +12,15 @@ from typing import Any, Mapping, Optional, Protocol
 
 import torch
 
-from async_rl.algo.functional import (KL_ESTIMATORS, StepCounts, aggregate, kl_penalty,
-                                      loss_aggregation, ratio_guard, value_loss)
+from async_rl.algo.functional import (
+    KL_ESTIMATORS,
+    StepCounts,
+    aggregate,
+    kl_penalty,
+    loss_aggregation,
+    ratio_guard,
+    value_loss,
+)
 from async_rl.algo.losses import PolicyLoss, PolicyLossParams
 
 Tensor = torch.Tensor

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import textwrap
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, NoReturn, Optional
 
 import yaml
 
 import envs
 from async_rl.algo import load_clip_config
 from async_rl.config.schema import SECTIONS, RunConfig
+from async_rl.config.trl_names import dash_spelling_hint, trl_flag_hint
 from async_rl.errors import ConfigError, OneLineArgumentParser, unknown_key_message
 from async_rl.plugin_options import describe_options, yaml_inline
 from async_rl.policies import available_policies, policy_kwargs_checked, policy_options_model
 from async_rl.renamed_keys import renamed_flag
 from async_rl.validation import validate_model
-
 
 # Flags every launch script has besides one flag per config key.
 _FILE_FLAGS = ("config", "clip_config", "print_config")
@@ -135,14 +136,14 @@ def _apply_variants(cfg_file: ConfigFile, resolved: dict[str, Any]) -> dict[str,
 
 
 def build_arg_parser(description: str, defaults: Optional[dict[str, Any]] = None,
-                     defaults_from: Optional[str] = None) -> argparse.ArgumentParser:
+                     defaults_from: Optional[str] = None, add_help: bool = True) -> argparse.ArgumentParser:
     """``--config``, ``--clip-config``, ``--print-config`` and one ``--flag`` per config key (values
     are YAML), grouped by section; help shows ``defaults`` (a launch script's YAML) over the built-in ones."""
     defaults = defaults or {}
     epilog = (f"Defaults are those of {defaults_from} and the built-in ones. " if defaults_from else "") + \
         "Flag values are YAML (--env-kwargs '{task: push-v3}', --max-epochs null). --print-config shows the " \
         "config a command line resolves to, by section."
-    parser = OneLineArgumentParser(description=description, argument_default=argparse.SUPPRESS, allow_abbrev=False,
+    parser = OneLineArgumentParser(description=description, argument_default=argparse.SUPPRESS, allow_abbrev=False, add_help=add_help,
                                    usage="%(prog)s [-h] [--config FILE] [--print-config] [--KEY VALUE ...]",
                                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=textwrap.fill(epilog))
     files = parser.add_argument_group("config files")
@@ -222,20 +223,15 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
     Precedence: built-in defaults < ``default_config`` (the launch script's YAML) < ``--config`` <
     ``--clip-config`` < flags. Then the files' ``variants`` chosen by the resolved keys apply on top
     of the file declaring them (below the layers above it). ``--print-config`` prints the result and
-    exits 0.
+    exits 0; ``--help`` prints the flags with the defaults this command line resolves to and exits 0.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    wants_help = any(arg in ("-h", "--help") for arg in argv)
     files = [read_config_file(default_config)] if default_config else []
-    parser = build_arg_parser(description, files[0].values if files else None,
-                              Path(default_config).name if default_config else None)
-    namespace, unknown = parser.parse_known_args(argv)
-    flags = [a for a in unknown if a.startswith("--")]
-    if flags or unknown:
-        first = (flags or unknown)[0].split("=")[0]
-        renamed = renamed_flag(first)
-        if renamed:
-            raise ConfigError(f"flag {first} is now {renamed} (same meaning, same value)")
-        valid = [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
-        raise ConfigError(unknown_key_message(first, valid, "flag"))
+    parser = build_arg_parser(description, files[0].values if files else None, add_help=False)
+    namespace, unknown = parser.parse_known_args([arg for arg in argv if arg not in ("-h", "--help")])
+    if unknown:
+        _refuse_unknown(unknown, parser)
     args = vars(namespace)
     if "config" in args:
         files.append(read_config_file(args["config"], f"--config {args['config']}"))
@@ -247,6 +243,9 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
     if any(f.variants for f in files):
         resolved = _merge([_apply_variants(f, resolved) for f in files], clip_file, cli)
     resolved = _with_plugin_option_flags(resolved, option_flags)
+    if wants_help:  # the defaults the run would use: the files, their chosen variants and the flags given
+        build_arg_parser(description, resolved, _defaults_source(files, resolved, bool(cli or option_flags))).print_help()
+        raise SystemExit(0)
     cfg = validate_model(RunConfig, resolved, "config key")
     envs.env_options(cfg.env, cfg.env_kwargs)  # the plugins' own options: one line now, before anything starts
     policy_kwargs_checked(cfg.policy, cfg.policy_kwargs)
@@ -258,6 +257,28 @@ def load_config(argv: Optional[list[str]] = None, default_config: Optional[str] 
         print(format_config(cfg), end="")
         raise SystemExit(0)
     return cfg
+
+
+def _refuse_unknown(unknown: list[str], parser: argparse.ArgumentParser) -> NoReturn:
+    """One line for the first argument the parser did not know: a renamed flag's new name, the dash spelling
+    of an underscore one, this project's flag for TRL's name, else the nearest flag."""
+    flags = [arg for arg in unknown if arg.startswith("--")]
+    first = (flags or unknown)[0].split("=")[0]
+    renamed = renamed_flag(first)
+    if renamed:
+        raise ConfigError(f"flag {first} is now {renamed} (same meaning, same value)")
+    valid = {opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
+    hint = dash_spelling_hint(first, valid) or trl_flag_hint(first)
+    raise ConfigError(hint or unknown_key_message(first, valid, "flag"))
+
+
+def _defaults_source(files: list[ConfigFile], resolved: dict[str, Any], flags_given: bool) -> Optional[str]:
+    """How the help's epilog names where its defaults come from: the files, the variants chosen, the flags."""
+    parts = [Path(f.source).name if i == 0 else f.source for i, f in enumerate(files)]
+    parts += [f"{path.name}'s {key} {value} variant" for f in files for key, options in f.variants.items()
+              for value, _, path in options if resolved.get(key) == value]
+    parts += ["the flags given"] if flags_given else []
+    return ", ".join(parts) or None
 
 
 def format_config(cfg: RunConfig) -> str:
@@ -275,7 +296,7 @@ def format_config(cfg: RunConfig) -> str:
 
 def _check_paths(cfg: RunConfig) -> None:
     if cfg.resume is not None:
-        from async_rl.checkpoint import check_resumable, resolve_resume
+        from async_rl.checkpoint import check_resumable, resolve_resume  # noqa: PLC0415
 
         cfg.resume = str(resolve_resume(cfg.resume))  # pinned: a newer checkpoint written later does not change it
         check_resumable(Path(cfg.resume), cfg)

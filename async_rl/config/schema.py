@@ -6,7 +6,7 @@ supervised) and ``RunConfig``, every key typed with its default and checked acro
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 import pydantic
 
@@ -20,13 +20,26 @@ from async_rl.algo import (
     resolve_policy_loss_params,
 )
 from async_rl.algo.losses import PolicyLoss
-from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.config.supervised import SupervisedSection
+from async_rl.errors import ConfigError, unknown_key_message
+from async_rl.process_setup import is_device_id
 from async_rl.renamed_keys import renamed_run_keys
 from async_rl.validation import ConfigSection
 
 Positive = pydantic.PositiveInt
 Fraction = pydantic.confloat(ge=0.0, le=1.0)
+
+
+def _gpu_id(value: Any) -> Any:
+    """A GPU id as CUDA_VISIBLE_DEVICES writes it: 0 and "0" alike, UUIDs and MIG ids as given."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return value  # pydantic names the wrong type
+    if not is_device_id(str(value).strip()):
+        raise ValueError(f"'{value}' is not a GPU id: an index (0), a GPU UUID (GPU-...) or a MIG id (MIG-...)")
+    return str(value).strip()
+
+
+GpuId = Annotated[str, pydantic.BeforeValidator(_gpu_id)]
 
 
 _Section = ConfigSection
@@ -38,21 +51,33 @@ class RunSection(_Section):
     sync: bool = False
     """no overlap: collect -> train -> broadcast -> collect (baseline, debugging)"""
     seed: int = 0
+    """seeds torch, numpy and the envs of every actor (each adds its own offset)"""
     log_dir: str = "runs/default"
+    """TensorBoard logs, checkpoints, the report and the final evaluation go here"""
     max_epochs: Optional[Positive] = None
+    """stop after this many epochs; an epoch: each trainer draws super_batch_size items and makes updates_per_epoch
+    passes over them, each pass super_batch_size / (train_batch_size x accumulation_steps) optimiser steps (with the
+    LM configs one optimiser step in all, not a pass over the data); null = until max_minutes"""
     max_minutes: Optional[pydantic.PositiveFloat] = None
+    """stop training after this many minutes (the final checkpoint and evaluation follow); null = until max_epochs"""
     ray_address: Optional[str] = None
     """join this Ray cluster (host:port) instead of starting a local one"""
     log_interval_seconds: pydantic.PositiveFloat = 10.0
+    """seconds between snapshots of the actors' counters (throughput, replay, health) in the logs"""
     swanlab_mode: Literal["offline", "disabled", "local", "cloud"] = "offline"
+    """SwanLab logging beside TensorBoard (which always logs)"""
     checkpoint_interval_epochs: Optional[Positive] = 10
     """checkpoints under <log_dir>/checkpoints every N epochs (null = only at the end) and at the end"""
     keep_checkpoints: Positive = 3
+    """the newest this many checkpoints are kept, older ones deleted"""
     resume: Optional[str] = None
     """a checkpoint dir (or a dir of them: the newest) to continue from"""
     eval_interval_epochs: Positive = 5
+    """the evaluation workers evaluate the current weights every N epochs"""
     eval_episodes: Positive = 2
+    """episodes per task in each periodic evaluation"""
     eval_deterministic: bool = True
+    """evaluation acts greedily (the likeliest action) instead of sampling"""
     eval_before_training: bool = True
     """evaluate the initial weights once before the first update (a periodic evaluation where evaluators run, and
     the env's final one: held-out problems, programs, cases), logged at epoch 0 as the report's "before"; not on
@@ -66,6 +91,7 @@ class RunSection(_Section):
     video_episodes: pydantic.NonNegativeInt = 1
     """episodes recorded per such evaluation (the first of each task first)"""
     video_fps: Positive = 20
+    """frames per second of the recorded videos"""
 
 
 class EnvSection(_Section):
@@ -74,6 +100,7 @@ class EnvSection(_Section):
     env: str = "metaworld"
     """a registered environment (a module in envs/)"""
     env_kwargs: dict[str, Any] = pydantic.Field(default_factory=lambda: {"benchmark": "MT1", "task": "reach-v3"})
+    """the env's options (--env.KEY sets one; --print-config lists them)"""
     task_failure_window: Positive = 10
     """episodes per task that weight the workers' task sampling towards failing tasks"""
     sandbox_mode: Literal["strict", "weak"] = "strict"
@@ -87,6 +114,7 @@ class PolicySection(_Section):
     policy: str = "mlp"
     """a registered policy (a module in async_rl/policies/)"""
     policy_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    """the policy's options (--policy.KEY sets one; --print-config lists them)"""
     init_from: Optional[str] = None
     """a policy export (launch/sft.py) whose weights the policy starts from; LoRA, if any, goes on top"""
     model_path: Optional[str] = None
@@ -96,13 +124,15 @@ class PolicySection(_Section):
     lora_sync: Literal["merged", "adapters"] = "merged"
     """what the inference actors receive with LoRA: the merged weights, or only the adapters (and parameters trained whole) on top of their own frozen base"""
     lora_alpha: pydantic.PositiveFloat = 16.0
+    """LoRA scale: the adapters' update is multiplied by lora_alpha / lora_rank"""
     lora_dropout: Fraction = 0.0
+    """dropout on the LoRA adapters' input"""
     lora_target_modules: Optional[Union[str, list[str]]] = None
     """null = every nn.Linear; a string is a peft regex"""
     lora_trainable: list[str] = pydantic.Field(default_factory=list)
     """name prefixes kept fully trainable"""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """auto = bf16 on CUDA, fp32 on CPU; fp16 (dynamic loss scaling) needs CUDA"""
+    """auto = bf16 on CUDA, fp32 on CPU; fp16 (dynamic loss scaling) needs CUDA, or a CPU where DeepSpeed has fp16"""
 
 
 class ObjectiveSection(_Section):
@@ -113,7 +143,8 @@ class ObjectiveSection(_Section):
     group_size: Positive = 1
     """episodes per group started from the same initial state (group estimators need >= 2; 1 = no groups)"""
     max_group_version_spread: pydantic.NonNegativeInt = 4
-    """a group whose members' start versions span more than this is dropped; an incomplete one is given up this many versions plus an episode's span after its last ticket (actors/groups.py)"""
+    """a group whose members' start versions span more than this is dropped; an incomplete one is given up \
+this many versions plus an episode's span after its last ticket (actors/groups.py)"""
 
     @pydantic.field_validator("advantage")
     @classmethod
@@ -121,25 +152,39 @@ class ObjectiveSection(_Section):
         return check_advantage(value)
 
     clip_mode: str = "clip"
+    """the policy loss (async_rl/algo/losses.py): clip (PPO), cispo, pacs, ...; its params in clip_params"""
     clip_params: dict[str, Any] = pydantic.Field(default_factory=dict)
     """params of the clip mode (or --clip-config FILE)"""
     lr_policy: pydantic.PositiveFloat = 3e-4
+    """the policy's peak learning rate"""
     lr_value: pydantic.PositiveFloat = 1e-3
+    """the critic's peak learning rate"""
     warmup_steps: pydantic.NonNegativeInt = 10
+    """optimiser steps of linear learning-rate warm-up"""
     lr_decay_steps: Positive = 10_000
+    """optimiser step at which the cosine decay reaches min_lr_ratio"""
     min_lr_ratio: Fraction = 0.1
+    """the learning rate after the decay, as a fraction of the peak"""
     weight_decay: pydantic.NonNegativeFloat = 0.0
+    """AdamW's weight decay"""
     max_grad_norm: pydantic.PositiveFloat = 1.0
+    """gradients are clipped to this global norm"""
     gamma: Fraction = 0.99
+    """discount factor"""
     gae_lambda: Fraction = 0.95
+    """GAE's lambda (bias against variance of the advantages)"""
     reward_scale: pydantic.PositiveFloat = 0.1
+    """rewards are multiplied by this before the advantages"""
     value_coef: pydantic.NonNegativeFloat = 0.5
+    """weight of the value loss"""
     value_clip_eps: Optional[pydantic.PositiveFloat] = None
+    """clip the value prediction's change to this range (PPO's value clipping); null = off"""
     critic_warmup_epochs: pydantic.NonNegativeInt = 0
     """the first N epochs train the critic alone (value loss only; the policy's weights and optimiser state stay
     as they are, its learning-rate schedule starts after them): a fresh critic's advantages are noise. A
     critic-free estimator (grpo, rloo, ...) has nothing to warm up and ignores it"""
     entropy_coef: pydantic.NonNegativeFloat = 0.0
+    """weight of the entropy bonus"""
     kl_coef: pydantic.NonNegativeFloat = 0.0
     """k3 KL penalty to the behaviour policy (the one that collected the batch), not to a reference"""
     kl_ref_coef: pydantic.NonNegativeFloat = 0.0
@@ -155,10 +200,18 @@ class ObjectiveSection(_Section):
     causal-LM GRPO profile)"""
     loss_agg: Literal["global-token-mean", "minibatch-token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
                       "token-mean"] = "minibatch-token-mean"
-    """how the per-token terms of variable-length actions (a response) become one loss, named for what they are divided by: the real tokens of the whole optimiser step (every accumulation step and rank; verl's and DAPO's token mean), the real tokens of each micro-batch (TRL's bnpo; token-mean is its old name), each sequence's own length then the sequences, or the token budget (Dr. GRPO)"""
+    """how the per-token terms of variable-length actions (a response) become one loss, named for what they are \
+divided by: the real tokens of the whole optimiser step (every accumulation step and rank; verl's and DAPO's \
+token mean), the real tokens of each micro-batch (TRL's bnpo; token-mean is its old name), each sequence's own \
+length then the sequences, or the token budget (Dr. GRPO)"""
     grpo_scale_by_std: bool = True
     """grpo divides by the group's std; false = centring only (Dr. GRPO)"""
     ratio_threshold: Optional[pydantic.PositiveFloat] = None
+    """ratio guard: skip an optimiser step when every minibatch's mean ratio exceeds this; null = off"""
+    max_skipped_updates_in_a_row: pydantic.NonNegativeInt = 5
+    """stop the run (one line, exit 1) once this many optimiser steps in a row were skipped: by the ratio guard, by a
+    non-finite loss in every minibatch, or by DeepSpeed's overflow check (non-finite gradients); such a run learns
+    nothing. 0: never stop"""
     normalize_advantages: bool = True
     """whiten the advantages over the batch (gae, vtrace); group estimators follow normalize_group_advantages"""
     normalize_group_advantages: bool = False
@@ -173,8 +226,11 @@ class ObjectiveSection(_Section):
     """whiten over the whole batch, or over each task's steps apart (multi-task runs: a task whose episodes succeed more
     no longer makes every step of the others look worse than average)"""
     vtrace_clip_rho: Optional[pydantic.PositiveFloat] = 1.0
+    """V-trace's rho-bar (clip of the importance weights in the value targets); null = no clip"""
     vtrace_clip_c: Optional[pydantic.PositiveFloat] = 1.0
+    """V-trace's c-bar (clip of the trace-cutting weights); null = no clip"""
     vtrace_clip_pg_rho: Optional[pydantic.PositiveFloat] = 1.0
+    """clip of the importance weights in V-trace's policy gradient; null = no clip"""
 
 
 class ScaleSection(_Section):
@@ -182,10 +238,15 @@ class ScaleSection(_Section):
     a 2-core machine. Sizes count steps (PPO) or segments of ``rollout_steps`` steps (V-trace)."""
 
     num_trainers: Positive = 2
+    """trainer ranks (DeepSpeed data parallel)"""
     num_inference_actors: Positive = 1
+    """actors holding a copy of the policy that answer the rollout workers"""
     num_rollout_workers: Positive = 2
+    """actors stepping envs to collect experience"""
     num_eval_workers: pydantic.NonNegativeInt = 1
+    """actors running the periodic evaluations; 0 = none"""
     envs_per_worker: Positive = 4
+    """envs each rollout worker steps (LM: prompts in flight)"""
     env_groups: Positive = 1
     """a worker's envs step in this many lock-step groups, one inference request each: while one group
     steps, the others' forward passes run (pays where the inference actor has a core to itself)"""
@@ -196,6 +257,7 @@ class ScaleSection(_Section):
     """steps each env takes before its worker ships them: PPO's rollout length (GAE runs over them, bootstrapped
     at the cut), V-trace's segment"""
     inference_batch: Positive = 2
+    """requests an inference actor batches into one forward pass (or generate call)"""
     inference_timeout_ms: pydantic.PositiveFloat = 2.0
     """longest wait to fill an inference batch"""
     inference_forward_thread: Optional[bool] = None
@@ -211,8 +273,11 @@ class ScaleSection(_Section):
         return "off" if value is False else value  # YAML reads a bare off as false
 
     replay_capacity: Positive = 4096
+    """items the replay buffer holds; the oldest are evicted"""
     train_batch_size: Positive = 256
+    """items in one micro-batch of a trainer rank (LM: completions)"""
     accumulation_steps: Positive = 2
+    """micro-batches whose gradients make one optimiser step"""
     super_batch_size: Positive = 512
     """steps a trainer rank draws per epoch; advantages are whitened over them. A multiple of
     train_batch_size x accumulation_steps: each such slice is one optimiser step (PPO's minibatches)"""
@@ -239,12 +304,20 @@ class ScaleSection(_Section):
     """super-batches a trainer fetches ahead while it trains (each adds a policy version of lag);
     0 = fetch when an epoch starts"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where the models run; auto = CUDA where there is a GPU"""
     trainer_num_cpus: pydantic.NonNegativeFloat = 0.5
+    """Ray CPUs reserved per trainer rank"""
     inference_num_cpus: pydantic.NonNegativeFloat = 0.25
+    """Ray CPUs reserved per inference actor"""
     worker_num_cpus: pydantic.NonNegativeFloat = 0.25
+    """Ray CPUs reserved per rollout or evaluation worker"""
     torch_threads: Positive = 1
-    trainer_gpu_ids: Optional[list[int]] = None
-    inference_gpu_ids: Optional[list[int]] = None
+    """torch threads per actor"""
+    trainer_gpu_ids: Optional[list[GpuId]] = None
+    """GPUs pinned by hand, one per trainer rank (one host only): indices, GPU UUIDs or MIG ids as
+    CUDA_VISIBLE_DEVICES writes them"""
+    inference_gpu_ids: Optional[list[GpuId]] = None
+    """GPUs the inference actors share round-robin, pinned by hand (ids as trainer_gpu_ids)"""
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
     """Ray placement groups of the trainers and of the inference actors: PACK fills few nodes, SPREAD
     one rank / actor per node where it can"""
@@ -254,8 +327,11 @@ class TimeoutsSection(_Section):
     """Every cross-actor wait has a timeout; killed actors are restarted a bounded number of times."""
 
     actor_timeout_s: pydantic.PositiveFloat = 120.0
+    """longest wait on another actor's call"""
     collective_timeout_s: pydantic.PositiveFloat = 120.0
+    """longest wait in a collective (weight broadcast, gradient all-reduce)"""
     startup_timeout_s: pydantic.PositiveFloat = 600.0
+    """longest wait for the actors to start (models loaded)"""
     actor_max_restarts: pydantic.NonNegativeInt = 3
     """Ray restarts a killed rollout worker or inference actor up to this many times"""
 
@@ -344,12 +420,16 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
 
     @pydantic.model_validator(mode="after")
     def _fp16_needs_cuda(self) -> "RunConfig":
-        # DeepSpeed's CPU accelerator has no fp16 ("Type fp16 is not supported on your device").
+        # DeepSpeed's engine refuses fp16 where its accelerator says no ("Type fp16 is not supported on your
+        # device"): asked here, before Ray. Its CPU accelerator says yes only where oneDNN has fp16 kernels.
         # device auto on a driver without a GPU counts as CPU unless a cluster address is given.
         if self.precision == "fp16" and (self.device == "cpu" or (
                 self.device == "auto" and not self.ray_address and not _cuda_visible())):
-            raise ValueError("precision fp16 needs a CUDA device (DeepSpeed has no fp16 on CPU); "
-                             "use --precision bf16 on CPU, or --device cuda on a GPU machine")
+            from async_rl.process_setup import deepspeed_cpu_supports_fp16  # noqa: PLC0415  (imports DeepSpeed)
+
+            if not deepspeed_cpu_supports_fp16():
+                raise ValueError("precision fp16 needs a CUDA device here (DeepSpeed's CPU accelerator has no fp16 on "
+                                 "this CPU); use --precision bf16 on CPU, or --device cuda on a GPU machine")
         return self
 
     @pydantic.model_validator(mode="after")

@@ -6,17 +6,15 @@ all pass (``all_pass``) or the fraction passed (``pass_rate``). The problem's ``
 helpers) and ``entry_point`` go to the sandbox apart from the code: its judge takes the helpers from the
 prompt, so a revision that redefines one changes only its own calls.
 
-``ResultCache`` returns a known result without running the code again. Its key is the code normalised on
-the AST (comments, docstrings and layout dropped, local variables renamed ``_v0, _v1, ...`` in order of
-first use) plus the prefix, the tests, the timeout and the entry point, so two revisions that differ only in those run once.
-Names visible from outside are kept: functions, classes, parameters (tests may pass them as keywords),
-imports, module-level names and ``global``/``nonlocal`` ones. Code that does not parse is keyed on its text.
+``ResultCache`` returns a known result without running the code again. Its key is the exact program
+text plus the prefix, the tests, the timeout and the entry point: no normalisation, since a candidate
+can read its own text (a docstring through ``__doc__``, a name through ``__name__`` or ``globals()``,
+a comment through its harness's frames), so two texts that differ anywhere may behave differently.
 """
 from __future__ import annotations
 
-import ast
-import builtins
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -29,92 +27,11 @@ from async_rl.sandbox import SandboxPool, SandboxResult
 REWARD_MODES = ("all_pass", "pass_rate")
 
 
-class _LocalNames(ast.NodeVisitor):
-    """The names a normalisation may rename: bound inside a function, invisible from outside."""
-
-    def __init__(self) -> None:
-        self.bound: list[str] = []
-        self.kept: set[str] = set()
-        self.depth = 0
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        self.kept.add(node.name)
-        self.kept.update(a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg))
-        self.depth += 1
-        self.generic_visit(node)
-        self.depth -= 1
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
-
-    def visit_Lambda(self, node: ast.Lambda) -> None:
-        self.kept.update(a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg))
-        self.generic_visit(node)
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.kept.add(node.name)
-        depth, self.depth = self.depth, 0  # names bound in a class body are its attributes: kept
-        self.generic_visit(node)
-        self.depth = depth
-
-    def visit_Import(self, node: ast.Import) -> None:
-        self.kept.update((a.asname or a.name).split(".")[0] for a in node.names)
-
-    visit_ImportFrom = visit_Import  # type: ignore[assignment]
-
-    def visit_Global(self, node: ast.Global) -> None:
-        self.kept.update(node.names)
-
-    visit_Nonlocal = visit_Global  # type: ignore[assignment]
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Store):
-            (self.bound.append if self.depth else self.kept.add)(node.id)
-
-
-class _Rename(ast.NodeTransformer):
-    def __init__(self, names: dict[str, str]) -> None:
-        self.names = names
-
-    def visit_Name(self, node: ast.Name) -> ast.Name:
-        node.id = self.names.get(node.id, node.id)
-        return node
-
-    def _drop_docstring(self, node: Any) -> Any:
-        self.generic_visit(node)
-        body = node.body
-        if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:]
-        return node
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Module = _drop_docstring
-
-
-def normalize_code(code: str) -> str:
-    """``code`` as the cache sees it (see the module docstring); its own text when it does not parse."""
-    try:
-        module = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return code.strip()
-    finder = _LocalNames()
-    finder.visit(module)
-    # Names bound outside ast.Name (``except E as e``, match captures): kept, since their uses are not renamed.
-    finder.kept.update(n.name for n in ast.walk(module)
-                       if isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and n.name)
-    # A builtin is never renamed, even where a function binds its name: else a local ``sum`` in one
-    # function and a call of the builtin ``sum`` in another would share a name, and two programs a key.
-    finder.kept.update(dir(builtins))
-    order: dict[str, str] = {}
-    for name in finder.bound:
-        if name not in finder.kept and name not in order:
-            order[name] = f"_v{len(order)}"
-    return ast.unparse(_Rename(order).visit(module))
-
-
 def cache_key(code: str, tests: Sequence[str], prefix: str = "", timeout_s: float = 3.0,
               entry_point: Optional[str] = None) -> str:
-    text = "\0".join([normalize_code(code), prefix, *tests, f"{timeout_s:g}"] + ([entry_point] if entry_point else []))
-    return hashlib.sha256(text.encode()).hexdigest()
+    """The cache's key: a hash of the exact texts (see the module docstring) and the run's settings."""
+    parts = [code, prefix, *tests, f"{timeout_s:g}", entry_point or ""]
+    return hashlib.sha256(json.dumps([len(tests), parts]).encode()).hexdigest()
 
 
 class ResultCache:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from rich.console import Console
 
-from async_rl.logger import MetricsLogger
+from async_rl.logger import NONFINITE, MetricsLogger
 from async_rl.media import log_videos
 
 if TYPE_CHECKING:
@@ -35,10 +35,20 @@ STATUS_FIELDS = (("rollout/env_steps_per_sec", "{:.0f} steps/s"), ("rollout/succ
                  ("train/policy_loss", "pl {:.3f}"), ("rollout/policy_lag", "lag {:.1f}"))
 
 
+# Trainer keys by prefix that are health counters too: the skipped optimiser steps by origin and in a row
+# (actors/step_health.py), the non-finite values of each key (logger.mean_metrics).
+HEALTH_PREFIXES = ("skipped_", NONFINITE)
+
+
 def training_scalars(metrics: Mapping[str, Any], policy_version: int) -> dict[str, float]:
-    """One epoch's trainer metrics (mean over ranks) as tags."""
-    out = {TRAINER_ROUTES.get(k, f"train/{k}"): v for k, v in metrics.items() if isinstance(v, (int, float))}
+    """One epoch's trainer metrics (mean over ranks) as tags; ``health/nonfinite_values`` counts every non-finite
+    value the epoch's metrics held (0 when none: the tag is there before anything goes wrong)."""
+    def tag(key: str) -> str:
+        return TRAINER_ROUTES.get(key) or (f"health/{key}" if key.startswith(HEALTH_PREFIXES) else f"train/{key}")
+
+    out = {tag(k): v for k, v in metrics.items() if isinstance(v, (int, float))}
     out.setdefault("health/skipped_updates", 0)
+    out["health/nonfinite_values"] = sum(v for k, v in metrics.items() if k.startswith(NONFINITE))
     out["sync/policy_version"] = policy_version
     return out
 
@@ -48,7 +58,8 @@ def snapshot_scalars(snap: Mapping[str, Any]) -> dict[str, float]:
     stats, out = snap["stats"], {}
     out["rollout/env_steps_per_sec"] = stats["env_steps_per_sec"]
     out["rollout/total_env_steps"] = stats["total_env_steps"]
-    for key in ("episode_return", "episode_length", "success_rate", "success_rate_recent", "recent_episodes"):
+    for key in ("episode_return", "episode_length", "success_rate", "success_rate_recent", "recent_episodes",
+                "completions_per_sec", "completion_tokens"):  # the last two: text envs (mean tokens per completion)
         if key in stats:
             out[f"rollout/{key}"] = stats[key]
     for task, row in stats["tasks"].items():
@@ -73,9 +84,16 @@ def eval_scalars(result: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+# Text envs (one step per completion): completions/s and their mean length in place of steps/s.
+TEXT_STATUS_FIELDS = (("rollout/completions_per_sec", "{:.2f} completions/s"), ("rollout/completion_tokens", "{:.0f} tokens"))
+
+
 def status_line(s: Mapping[str, Any]) -> str:
+    fields = STATUS_FIELDS
+    if "rollout/completions_per_sec" in s:
+        fields = (*TEXT_STATUS_FIELDS, *(field for field in STATUS_FIELDS if field[0] != "rollout/env_steps_per_sec"))
     parts = [f"v{int(s.get('sync/policy_version', 0))}"]
-    parts += [fmt.format(s[key]) for key, fmt in STATUS_FIELDS if key in s]
+    parts += [fmt.format(s[key]) for key, fmt in fields if key in s]
     return "  ".join(parts)
 
 

@@ -3,8 +3,10 @@
 - Each trainer rank and each inference actor gets a bundle of a Ray placement group
   (``placement_strategy``: PACK by default, SPREAD on request), with ``num_cpus`` of its role and,
   when the run uses CUDA, its share of a GPU: Ray then sets that actor's ``CUDA_VISIBLE_DEVICES``.
-  GPU ids named by hand (``trainer_gpu_ids`` / ``inference_gpu_ids``) still work on one host:
-  those roles then reserve no GPU from Ray and the actors pin their ids themselves.
+  GPU ids named by hand (``trainer_gpu_ids`` / ``inference_gpu_ids``) still work on one host: the
+  actors pin their ids themselves, and each still reserves its share of a GPU from Ray
+  (``pinned_gpu_shares``: an inference actor beside a trainer a fraction), so Ray's count of free GPUs
+  stays true and nothing else is scheduled onto a GPU they use.
 - Trainer rank 0 goes to a bundle on the driver's node when there is one: rank 0 writes a
   checkpoint's model files next to the driver's ``log_dir``.
 - The training group's master and the weight-sync store live on trainer rank 0's node: rank 0
@@ -57,6 +59,21 @@ def gpu_shares(total_gpus: float, num_trainers: int, num_inference: int) -> tupl
     return trainer_share, math.floor(share / _GPU_GRANULARITY) * _GPU_GRANULARITY
 
 
+def pinned_gpu_shares(trainer_ids: list[Optional[str]], inference_ids: list[Optional[str]]) -> tuple[float, float]:
+    """GPUs each trainer rank and each inference actor reserve from Ray when their GPUs are pinned by hand
+    (``plan_gpus``; None = CPU): a whole GPU for a trainer alone on its GPU, ``CO_LOCATED_TRAINER_SHARE`` when
+    inference actors share it; the inference actors split what is left of the GPU they share, the most
+    crowded GPU deciding (every member of a role reserves alike)."""
+    if not any(g is not None for g in [*trainer_ids, *inference_ids]):
+        return 0.0, 0.0
+    beside = {g: inference_ids.count(g) for g in inference_ids if g is not None}
+    trainer_share = CO_LOCATED_TRAINER_SHARE if any(g in beside for g in trainer_ids) else 1.0
+    if not beside:
+        return trainer_share, 0.0
+    left = min((1.0 - trainer_share if g in trainer_ids else 1.0) / k for g, k in beside.items())
+    return trainer_share, math.floor(left / _GPU_GRANULARITY) * _GPU_GRANULARITY
+
+
 def uses_cuda(cfg: ScaleSection, cluster_gpus: float) -> bool:
     return cfg.device == "cuda" or (cfg.device == "auto" and cluster_gpus > 0)
 
@@ -72,6 +89,10 @@ def check_cluster(cfg: RunConfig, resources: dict[str, float]) -> None:
     if explicit and cfg.ray_address:
         raise ConfigError("trainer_gpu_ids/inference_gpu_ids name GPUs of one host; on a cluster (--ray-address) "
                           "drop them and let Ray give each trainer and inference actor its GPU")
+    pinned = {g for g in [*(cfg.trainer_gpu_ids or []), *(cfg.inference_gpu_ids or [])]}
+    if explicit and uses_cuda(cfg, gpus) and len(pinned) > gpus + 1e-9:
+        raise ConfigError(f"trainer_gpu_ids/inference_gpu_ids name {len(pinned)} GPU(s) ({', '.join(sorted(pinned))}) "
+                          f"but Ray has {gpus:g}; start Ray with the GPUs they name (or fewer ids)")
     if cfg.device == "cuda" and gpus == 0:
         raise ConfigError("device 'cuda' but the Ray cluster has no GPU; use --device cpu or add GPU nodes")
     if uses_cuda(cfg, gpus) and not explicit:
@@ -87,7 +108,7 @@ class RolePlacement:
     num_gpus: float
     group: Optional[PlacementGroup] = None
     bundle_of: list[int] = field(default_factory=list)  # member index -> bundle index
-    gpu_ids: list[Optional[int]] = field(default_factory=list)  # GPU pinned by hand, per member
+    gpu_ids: list[Optional[str]] = field(default_factory=list)  # GPU pinned by hand, per member
     nodes: list[str] = field(default_factory=list)  # node id per member ("" = Ray decides later)
 
     def options(self, index: int) -> dict[str, Any]:
@@ -98,13 +119,13 @@ class RolePlacement:
                 self.group, placement_group_bundle_index=self.bundle_of[index])
         return opts
 
-    def gpu_id(self, index: int) -> Optional[int]:
+    def gpu_id(self, index: int) -> Optional[str]:
         """The GPU id member ``index`` pins itself (explicit ids), None when Ray assigns it."""
         return self.gpu_ids[index] if self.gpu_ids else None
 
 
 def _role(role: str, count: int, num_cpus: float, num_gpus: float, strategy: str, timeout_s: float,
-          driver_node: str, gpu_ids: Optional[list[Optional[int]]] = None) -> RolePlacement:
+          driver_node: str, gpu_ids: Optional[list[Optional[str]]] = None) -> RolePlacement:
     bundle = {k: v for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v > 0}
     placed = RolePlacement(role, num_cpus, num_gpus, gpu_ids=list(gpu_ids or []), nodes=[""] * count)
     if not bundle:  # Ray refuses empty bundles: a role that reserves nothing goes anywhere
@@ -138,10 +159,11 @@ class Placement:
         self.rank0: Any = None
         gpus = float(ray.cluster_resources().get("GPU", 0))
         trainer_gpu = inference_gpu = 0.0
-        trainer_ids: Optional[list[Optional[int]]] = None
-        inference_ids: Optional[list[Optional[int]]] = None
+        trainer_ids: Optional[list[Optional[str]]] = None
+        inference_ids: Optional[list[Optional[str]]] = None
         if cfg.trainer_gpu_ids is not None or cfg.inference_gpu_ids is not None:
-            trainer_ids, inference_ids = plan_gpus(cfg)  # pinned by hand on this host
+            trainer_ids, inference_ids = plan_gpus(cfg)  # pinned by hand on this host, reserved through Ray
+            trainer_gpu, inference_gpu = pinned_gpu_shares(trainer_ids, inference_ids)
         elif uses_cuda(cfg, gpus):
             trainer_gpu, inference_gpu = gpu_shares(gpus, cfg.num_trainers, cfg.num_inference_actors)
         driver = ray.get_runtime_context().get_node_id()
@@ -163,10 +185,10 @@ class Placement:
     def inference_options(self, index: int) -> dict[str, Any]:
         return self.inference.options(index)
 
-    def trainer_gpu(self, rank: int) -> Optional[int]:
+    def trainer_gpu(self, rank: int) -> Optional[str]:
         return self.trainers.gpu_id(rank)
 
-    def inference_gpu(self, index: int) -> Optional[int]:
+    def inference_gpu(self, index: int) -> Optional[str]:
         return self.inference.gpu_id(index)
 
     def training_master(self) -> tuple[str, int]:

@@ -16,9 +16,11 @@ from async_rl.policies.initial_weights import with_initial_weights
 
 if TYPE_CHECKING:
     from async_rl.config.schema import PolicySection
+    from envs.base import TaskSet
 
 
-def load_policy(cfg: PolicySection, task_set: Any, init_from: Optional[str] = None, checkpoint: Optional[str] = None) -> tuple[Any, Any]:
+def load_policy(cfg: PolicySection, task_set: TaskSet, init_from: Optional[str] = None,
+                checkpoint: Optional[str] = None) -> tuple[Any, Any]:
     """(policy in eval mode, preprocessor) of ``cfg``'s policy: with an export's weights, or an RL run's
     newest checkpoint (rebuilt as its trainers built it, from the run's own config), or as built."""
     obs_spec = obs_spec_of(task_set)

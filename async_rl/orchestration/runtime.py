@@ -13,8 +13,8 @@ import ray
 from async_rl import checkpoint as ckpt
 from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.actors.inference import InferenceActor
-from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
 from async_rl.actors.peers import SharedValue
+from async_rl.actors.rollout_worker import RolloutWorkerActor, WorkerPeers
 from async_rl.actors.stats import StatsActor
 from async_rl.actors.trainer import TrainerActor
 from async_rl.actors.trainer_setup import training_model
@@ -31,6 +31,7 @@ from async_rl.policies.initial_weights import with_initial_weights
 
 if TYPE_CHECKING:
     from async_rl.config.schema import RunConfig
+    from envs.base import TaskSet
 
 
 SUPERVISE_INTERVAL_S = 2.0  # how often a wait on the trainers checks the workers and inference actors
@@ -50,19 +51,22 @@ def critic_free(factory: Any) -> Any:
     return factory().drop_critic()
 
 
-def obs_spec_of(task_set: Any) -> dict[str, Any]:
+def obs_spec_of(task_set: TaskSet) -> dict[str, Any]:
     return dict(getattr(task_set, "obs_spec", None) or {"state_dim": task_set.obs_dim})
 
 
 def epoch_on_every_rank(trainers: ActorGroup, version: int, epoch: int,
-                        wait: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+                        wait: Callable[..., dict[str, Any]],
+                        wait_in_collectives: Optional[Callable[..., dict[str, Any]]] = None) -> dict[str, Any]:
     """One epoch on every trainer rank: each takes its super-batch first, and only then do they train,
     so no rank enters the epoch's collectives while another still waits for data (that rank would
     time out after ``collective_timeout_s`` whenever collection is slower than that; seen on a loaded
     2-core machine, one worker refilling stale rows for two ranks). ``wait(refs, what=...)`` awaits
-    the ranks' answers by name."""
+    the ranks' answers by name; ``wait_in_collectives`` (default ``wait``) awaits the training itself
+    when several ranks run the training group's collectives."""
     if len(trainers) > 1:
         wait(trainers.submit("ready_batch", version), what=f"ready_batch {epoch}")
+        wait = wait_in_collectives or wait
     return wait(trainers.submit("train_epoch", version), what=f"train_epoch {epoch}")
 
 
@@ -88,7 +92,7 @@ class Runtime:
     """Actor groups ``trainers``, ``inference``, ``workers``, ``evaluators``; the replay buffer and
     stats actor; the weight-sync coordinator, checkpointer and evaluation poller over them."""
 
-    def __init__(self, cfg: RunConfig, task_set: Any) -> None:
+    def __init__(self, cfg: RunConfig, task_set: TaskSet) -> None:
         self.cfg, self.task_set = cfg, task_set
         obs_spec = obs_spec_of(task_set)
         self.policy_factory = with_initial_weights(
@@ -171,7 +175,12 @@ class Runtime:
     def train_epoch(self) -> dict[str, float]:
         """Every rank trains on a super-batch, then rank 0's weights go to the inference actors."""
         wait = functools.partial(self._supervised, timeout_s=self.cfg.actor_timeout_s + 60)
-        results = epoch_on_every_rank(self.trainers, self.policy_version, self.epoch, wait)
+        # Trainer rank 0 drives two communicators, the training group's and the weight-sync group's: used
+        # from two threads in no fixed order, two NCCL groups can wait on each other for ever. So the weight
+        # group runs only at step boundaries: no heal while several ranks are in the epoch's collectives
+        # (the broadcast right after the epoch re-forms the group if an inference actor was restarted).
+        results = epoch_on_every_rank(self.trainers, self.policy_version, self.epoch, wait,
+                                      functools.partial(wait, heal=False))
         self.policy_version += 1
         seconds = self.weight_sync.broadcast(self.policy_version)
         self.epoch += 1
@@ -182,10 +191,11 @@ class Runtime:
         metrics["broadcast_seconds"] = seconds
         return metrics
 
-    def _supervised(self, refs: dict[str, ray.ObjectRef], timeout_s: float, what: str) -> dict[str, Any]:
+    def _supervised(self, refs: dict[str, ray.ObjectRef], timeout_s: float, what: str, heal: bool = True) -> dict[str, Any]:
         """get_named(refs) that keeps the trainers' data flowing while they wait for it: a worker
         whose run ended is restarted, and an inference actor Ray restarted (e.g. its node died)
-        gets the current weights (else workers and trainers would wait on each other)."""
+        gets the current weights (else workers and trainers would wait on each other); not with
+        ``heal`` False (the trainers hold their data and run their collectives)."""
         deadline, pending = time.monotonic() + timeout_s, list(refs.values())
         while pending and time.monotonic() < deadline:
             ready, pending = ray.wait(pending, num_returns=len(pending),
@@ -194,7 +204,8 @@ class Runtime:
                 break  # get_named names the failure
             if pending:
                 self.check_workers()
-                self.weight_sync.heal()
+                if heal:
+                    self.weight_sync.heal()
         return get_named(refs, max(deadline - time.monotonic(), 0.1), what, waited_s=timeout_s)
 
     def check_workers(self) -> None:

@@ -30,6 +30,7 @@ from async_rl.policies.initial_weights import model_identity, with_initial_weigh
 
 if TYPE_CHECKING:
     from async_rl.config.schema import PolicySection, RunConfig
+    from envs.base import TaskSet
 
 
 # The first frames of the demonstrations: the trained policy's deterministic actions on them go in the
@@ -68,7 +69,7 @@ def check_demos(cfg: RunConfig) -> Any:
     return demos
 
 
-def supervised_frames(cfg: PolicySection, task_set: Any, demos: Any) -> TensorDict:
+def supervised_frames(cfg: PolicySection, task_set: TaskSet, demos: Any) -> TensorDict:
     """The demonstrations as the trainers learn from them (driver-side, before Ray: a demonstration the
     policy cannot take is one ConfigError)."""
     from async_rl.demos.text import TextDemos  # noqa: PLC0415
@@ -127,7 +128,7 @@ def supervised_trainer_config(cfg: RunConfig) -> Any:
     return cfg.model_copy(update={"critic_warmup_epochs": 0, "kl_ref_coef": 0.0, "kl_coef": 0.0})
 
 
-def run_supervised(cfg: RunConfig, task_set: Any, frames: TensorDict, console: Console) -> dict[str, Any]:
+def run_supervised(cfg: RunConfig, task_set: TaskSet, frames: TensorDict, console: Console) -> dict[str, Any]:
     """Behaviour cloning on ``frames`` (``supervised_frames``) for ``cfg.sft_epochs`` passes (or
     ``max_minutes``); exports the policy and returns a summary (also written to
     <log_dir>/sft_summary.json). Ray must be initialised."""

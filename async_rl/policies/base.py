@@ -33,6 +33,9 @@ class ActorCritic(torch.nn.Module):
     # Name prefixes of parameters that no log-prob reads (a value head): trained whole under LoRA, they leave the
     # reference policy as it was, so the sampler's model with its adapters off computes it (reference_logp_on sampler).
     logp_free_prefixes: tuple[str, ...] = ()
+    # The attribute holding a Hugging Face model that LoRA adapts (``lm``, ``backbone``), or "" for none: a
+    # checkpoint's adapter/ folder is written relative to it, so PeftModel.from_pretrained(that model) loads it.
+    hf_model_attr: str = ""
 
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
         """Sample (or, where ``deterministic`` [B] is true, take the mode of) actions for a batch."""
@@ -88,7 +91,7 @@ class ActorCritic(torch.nn.Module):
         with LoRA, the adapters are merged into the base weights under the plain names, or with
         ``sync_adapters_only`` only the trained tensors (adapters, parameters trained whole) are
         sent. Without a critic the value head's tensors are left out."""
-        from async_rl.policies.lora import merged_named_tensors
+        from async_rl.policies.lora import merged_named_tensors  # noqa: PLC0415
 
         if self.sync_adapters_only:  # the frozen critic's tensors are not trainable either
             if self.synced_names is None:

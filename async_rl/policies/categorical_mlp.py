@@ -21,7 +21,6 @@ from async_rl.policies.features import AutophasePreprocessor, feature_dim
 from async_rl.policies.nets import cast_inputs, mlp
 from async_rl.validation import ConfigSection
 
-
 MASKED_LOGIT = -1e9
 
 

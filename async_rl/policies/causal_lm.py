@@ -10,7 +10,9 @@ inherited from the model's ``generation_config.json``. A response is ``max_new_t
 after its end; ``action_mask`` marks the real tokens, eos included, so every loss term is masked.
 
 ``evaluate`` recomputes the same log-probs for training in one decoder pass over prompt + response,
-with position ids counted from the first real token (left padding shifts nothing); the vocabulary
+with position ids counted from the first real token (left padding shifts nothing) and pad positions
+attending to themselves only (``lm_attention``: no attention row with every key masked, here as in
+generation's prefill, and a real token's attention exactly the 2D mask's); the vocabulary
 logits come from the model's own forward on the decoder's output (``_head_logits``), a few positions
 at a time, so that whatever the model does after its decoder (Gemma-2/3's final-logit soft-capping,
 Cohere's and Granite's logit scaling) applies in training as it does in sampling. Truncation (top-k,
@@ -25,7 +27,7 @@ the trainer's log-probs before an update are the sampler's.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 from tensordict import TensorDict
@@ -36,11 +38,18 @@ from async_rl.algo.behaviour_cloning import token_cloning_loss
 from async_rl.errors import ConfigError
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec, check_env_prompts_fit
+from async_rl.policies.lm_attention import positions_of, self_attending_pad_mask
 from async_rl.policies.lm_loading import resolve_lm_path
 from async_rl.policies.lm_options import CausalLMOptions
-from async_rl.policies.lm_sampling import (SampledLogProbs, SamplingParams, explicit_generation_config,
-                                           neutral_generation_config, sampling_processors, zero_dropout_config,
-                                           zero_dropout_modules)
+from async_rl.policies.lm_sampling import (
+    SampledLogProbs,
+    SamplingParams,
+    explicit_generation_config,
+    neutral_generation_config,
+    sampling_processors,
+    zero_dropout_config,
+    zero_dropout_modules,
+)
 
 PAD_ACTION = -1  # response slots after the end of the response
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
@@ -48,7 +57,7 @@ TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in 
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token_id is None:  # many causal LMs ship none; eos is masked out anyway
@@ -66,18 +75,26 @@ def stop_token_ids(model_path: str, generation_config: Any = None) -> list[int]:
 
 
 class ChatPreprocessor:
-    """Worker side: ``{"prompt": str}`` -> ``input_ids`` / ``attention_mask`` ``[max_prompt_tokens]``,
-    the chat template applied, left-padded."""
+    """Worker side: ``{"prompt": str or chat messages}`` -> ``input_ids`` / ``attention_mask``
+    ``[max_prompt_tokens]``, the chat template applied, left-padded. A text prompt is the user message after
+    ``system_prompt``; a chat prompt's messages go to the template whole, its own system message in place of
+    ``system_prompt``."""
 
     def __init__(self, obs_spec: ObsSpec, model_path: str, max_prompt_tokens: int = 256,
                  system_prompt: Optional[str] = None, max_new_tokens: int = 64, **_: Any) -> None:
         self.model_path, self.max_prompt_tokens, self.system_prompt = model_path, max_prompt_tokens, system_prompt
         self.max_new_tokens = max_new_tokens
 
-    def prompt_ids(self, prompt: str) -> list[int]:
+    def messages(self, prompt: Union[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+        """What the chat template receives for ``prompt`` (see the class docstring)."""
+        chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        if self.system_prompt and chat[0].get("role") != "system":
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        return chat
+
+    def prompt_ids(self, prompt: Union[str, Sequence[Mapping[str, Any]]]) -> list[int]:
         tokenizer = load_tokenizer(self.model_path)
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        messages.append({"role": "user", "content": prompt})
+        messages = self.messages(prompt)
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > self.max_prompt_tokens:
@@ -86,7 +103,8 @@ class ChatPreprocessor:
         return ids
 
     def __call__(self, obs: Mapping[str, Any], task_name: str = "") -> TensorDict:
-        ids = self.prompt_ids(str(obs["prompt"]))
+        prompt = obs["prompt"]
+        ids = self.prompt_ids(prompt if isinstance(prompt, (list, tuple)) else str(prompt))
         pad = self.max_prompt_tokens - len(ids)
         pad_id = load_tokenizer(self.model_path).pad_token_id
         input_ids = torch.tensor([pad_id] * pad + ids, dtype=torch.int64)
@@ -112,9 +130,9 @@ def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
     return ids[:, start:], mask[:, start:]
 
 
-def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # noqa: N802  (stands in for a decoder's forward)
+def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # stands in for a decoder's forward
     """What a decoder returns, holding the hidden states it is handed (``CausalLMActorCritic._head_logits``)."""
-    from transformers.modeling_outputs import BaseModelOutputWithPast
+    from transformers.modeling_outputs import BaseModelOutputWithPast  # noqa: PLC0415
 
     return BaseModelOutputWithPast(last_hidden_state=inputs_embeds)
 
@@ -122,6 +140,7 @@ def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # noqa: N802 
 class CausalLMActorCritic(ActorCritic):
     action_key = "response"
     logp_free_prefixes = ("value_head",)  # V(prompt) only; the log-probs are the language model's
+    hf_model_attr = "lm"
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, max_prompt_tokens: int = 256,
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -138,7 +157,7 @@ class CausalLMActorCritic(ActorCritic):
         ``disable_dropout``: every dropout probability of the model is 0 (its config's and its
         ``nn.Dropout`` modules'), so a trainer in train mode computes what the sampler computes."""
         super().__init__()
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
 
         config = AutoConfig.from_pretrained(model_path)
         if disable_dropout:
@@ -185,7 +204,7 @@ class CausalLMActorCritic(ActorCritic):
         processors = sampling_processors(self.sampling, greedy, recorder)
         config = explicit_generation_config(greedy, self.max_new_tokens, self.min_new_tokens, self.pad_id, self.stop_ids)
         sequences = self.lm.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                     logits_processor=processors)
+                                     logits_processor=processors, **self._prefilled(ids, mask))
         response = sequences[:, ids.shape[1]:]
         logp = recorder.finish(response)
         # Slots after the first stop token are generate's padding, not part of the response.
@@ -199,14 +218,34 @@ class CausalLMActorCritic(ActorCritic):
             logp = torch.nn.functional.pad(logp, (0, width), value=0.0)
         return response, logp
 
+    def _prefilled(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+        """``generate``'s extra arguments: a KV cache of every prompt column but the last, computed here with pad
+        positions attending to themselves (``lm_attention``), when the prompts are padded; ``generate`` then
+        runs the last column (real in every row: prompts are left-padded) and the new tokens, none of them a pad
+        query. Its own prefill would give each pad position an attention row with every key masked. Nothing when
+        no column is padding (or the attention implementation takes the 2D mask)."""
+        head = mask[:, :-1]
+        attention = self_attending_pad_mask(self.lm.config, head, self._compute_dtype())
+        if attention is head:
+            return {}
+        prefill = self.lm(input_ids=ids[:, :-1], attention_mask=attention, position_ids=positions_of(head),
+                          use_cache=True, logits_to_keep=1)
+        return {"cache": prefill.cache}
+
+    def _compute_dtype(self) -> torch.dtype:
+        return self.lm.get_input_embeddings().weight.dtype
+
     # ---- training (trainer) ---------------------------------------------------------------
     def action_mask(self, action: torch.Tensor) -> torch.Tensor:
         return action >= 0
 
     def _hidden(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        positions = (mask.cumsum(dim=1) - 1).clamp_min(0)  # left padding: count from the first real token
+        """The decoder's output over a left-padded batch: positions counted from each row's first real token, pad
+        positions attending to themselves only (no query row without a visible key: ``lm_attention``)."""
         decoder = getattr(self.lm, self.lm.base_model_prefix)
-        return decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+        attention = self_attending_pad_mask(self.lm.config, mask, self._compute_dtype())
+        return decoder(input_ids=ids, attention_mask=attention, position_ids=positions_of(mask),
+                       use_cache=False).last_hidden_state
 
     def evaluate(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token log-probs and entropies ``[B, max_new_tokens]`` (0 outside the response) and V(prompt)."""

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 import pydantic
-
 import torch
 
 from async_rl.errors import ConfigError

@@ -12,8 +12,12 @@ from async_rl import checkpoint as ckpt
 from async_rl.algo import advantage_estimator
 from async_rl.errors import ConfigError
 from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
-from async_rl.policies.initial_weights import (check_export_made_for, load_initial_weights, read_export_meta,
-                                              resolve_export)
+from async_rl.policies.initial_weights import (
+    check_export_made_for,
+    load_initial_weights,
+    read_export_meta,
+    resolve_export,
+)
 from async_rl.policies.lora import apply_lora
 
 TEXT_SPEC = {"text": True}
@@ -80,9 +84,9 @@ def _export_policy(path: str, overrides: Optional[dict[str, Any]]) -> tuple[Caus
 
 
 @torch.inference_mode()
-def answer(policy: CausalLMActorCritic, preprocess: ChatPreprocessor, prompts: list[str], greedy: bool,
+def answer(policy: CausalLMActorCritic, preprocess: ChatPreprocessor, prompts: list[Any], greedy: bool,
            batch_size: int = 16) -> list[list[int]]:
-    """The policy's response (token ids, padding dropped) to every prompt, in batches."""
+    """The policy's response (token ids, padding dropped) to every prompt (text or chat messages), in batches."""
     out: list[list[int]] = []
     for first in range(0, len(prompts), batch_size):
         chunk = prompts[first:first + batch_size]

@@ -65,11 +65,11 @@ def convert_gguf(gguf: Path) -> Path:
     target = user_cache_dir("lm") / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
     try:
-        import gguf as _gguf  # noqa: F401  transformers reads GGUF files with it
+        import gguf as _gguf  # noqa: F401, PLC0415  transformers reads GGUF files with it
     except ImportError:
         raise ConfigError(f"--model-path {gguf} is a GGUF file, which needs the gguf package: "
                           "pip install gguf==0.19.0") from None

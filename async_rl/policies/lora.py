@@ -27,7 +27,8 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float =
 
     if target_modules is None:
         target_modules = [name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules if isinstance(target_modules, str) else list(target_modules))
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                        target_modules=target_modules if isinstance(target_modules, str) else list(target_modules))
     model = inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
         param.requires_grad = is_lora_name(name) or any(name.startswith(prefix) for prefix in trainable)

@@ -99,6 +99,7 @@ def sequence_mask(action: torch.Tensor) -> torch.Tensor:
 
 class PassformerActorCritic(ActorCritic):
     """BART encoder-decoder over [Autophase, IR] -> pass tokens, with a value head."""
+    hf_model_attr = "seq2seq"
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: Optional[str] = None, d_model: int = 64,
                  layers: int = 2, heads: int = 4, ffn_dim: int = 128, temperature: float = 1.0) -> None:

@@ -46,12 +46,28 @@ from async_rl.plugin_options import model_path_option
 from async_rl.policies import register_policy
 from async_rl.policies.base import ActorCritic, ObsSpec, check_env_prompts_fit
 from async_rl.policies.nets import cast_inputs, check_log_std_range
-from async_rl.policies.vla_heads import (NUM_BINS, ActionNormalizer, action_token_log_prob, action_token_logits,
-                                         gaussian_head, gaussian_params, normalized_to_tokens, tokens_to_normalized,
-                                         value_head)
+from async_rl.policies.vla_heads import (
+    NUM_BINS,
+    ActionNormalizer,
+    action_token_log_prob,
+    action_token_logits,
+    gaussian_head,
+    gaussian_params,
+    normalized_to_tokens,
+    tokens_to_normalized,
+    value_head,
+)
 from async_rl.policies.vla_layouts import checkpoint_layout, flat_pixels, run_backbone
-from async_rl.policies.vla_loading import (OPENVLA_PROMPT, backbone_hidden_size, check_model_dir, image_size,
-                                           load_backbone, load_norm_stats, load_processor, pixel_stats)
+from async_rl.policies.vla_loading import (
+    OPENVLA_PROMPT,
+    backbone_hidden_size,
+    check_model_dir,
+    image_size,
+    load_backbone,
+    load_norm_stats,
+    load_processor,
+    pixel_stats,
+)
 from async_rl.policies.vla_tiny import FAMILIES, tiny_vla_path
 from async_rl.validation import ConfigSection
 
@@ -197,6 +213,7 @@ class VLAActorCritic(ActorCritic):
     It takes the same kwargs as ``VLAPreprocessor`` (one ``policy_kwargs`` for both), so
     ``prompt`` and ``max_prompt_tokens`` are accepted here although only the worker uses them.
     """
+    hf_model_attr = "backbone"
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, head: Head = "continuous",
                  cameras: Sequence[str] = ("agentview",), prompt: str = OPENVLA_PROMPT, max_prompt_tokens: int = 64,
@@ -271,7 +288,7 @@ class VLAActorCritic(ActorCritic):
     def _decode_tokens(self, ids, mask, pixels, det):
         """Autoregressive decoding of one token per action dimension, as OpenVLA generates,
         restricted to the action tokens; the KV cache carries the prompt."""
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # noqa: PLC0415
 
         past = DynamicCache()
         out = self._run(ids, mask, pixels, past=past, hidden=True)

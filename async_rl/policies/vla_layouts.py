@@ -26,6 +26,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from async_rl.policies.lm_attention import self_attending_pad_mask
+
 IMAGES_PER_ROW = ("idefics3", "smolvlm")  # model types that take pixel_values [B, images, C, H, W]
 
 
@@ -66,8 +68,8 @@ def run_backbone(layout: str, backbone: nn.Module, input_ids: torch.Tensor, atte
                   return_dict=True, **kwargs)
     if layout != "prismatic":
         pos = positions(attention_mask)[:, -input_ids.shape[1]:]
-        return backbone(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
-                        position_ids=pos, **common)
+        return backbone(input_ids=input_ids, attention_mask=_prompt_mask(backbone, attention_mask, past),
+                        pixel_values=pixel_values, position_ids=pos, **common)
     lm = backbone.language_model
     embeds = lm.get_input_embeddings()(input_ids)
     if pixel_values is not None:  # the prompt: cameras' patches side by side, after BOS
@@ -80,4 +82,14 @@ def run_backbone(layout: str, backbone: nn.Module, input_ids: torch.Tensor, atte
         order = patch_order(attention_mask, num_patches)
     mask = torch.cat([attention_mask, attention_mask.new_ones(order.shape[0], order.shape[1] - attention_mask.shape[1])], 1)
     mask = mask.gather(1, order)
-    return lm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions(mask)[:, -embeds.shape[1]:], **common)
+    return lm(inputs_embeds=embeds, attention_mask=_prompt_mask(lm, mask, past),
+              position_ids=positions(mask)[:, -embeds.shape[1]:], **common)
+
+
+def _prompt_mask(model: nn.Module, mask: torch.Tensor, past: Any) -> Any:
+    """The attention mask of a forward over a left-padded prompt: pad positions attend to themselves only, so that
+    no query row has every key masked (``lm_attention``); once the cache holds the prompt (decoding: every query is a
+    real token) the 2D mask as it is."""
+    if past is not None and past.get_seq_length() > 0:
+        return mask
+    return self_attending_pad_mask(model.config.get_text_config(), mask, model.get_input_embeddings().weight.dtype)

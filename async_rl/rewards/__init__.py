@@ -1,8 +1,10 @@
-"""Reward functions of the text envs, in TRL's convention: ``f(prompts, completions, **columns) -> list[float]``,
-one float per completion; ``columns`` are the data set's other columns, one value per completion.
+"""Reward functions of the text envs, called as TRL 1.x's GRPOTrainer calls them:
+``f(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]``,
+one value per completion (None: the reward does not apply to that row); ``columns`` are the data set's other
+columns, one value per completion. A function without ``**kwargs`` gets only the arguments it names.
 
-A run names its rewards as built-ins (``math``, ``code_tests``, ``format``, ``length``, ``last_number``: one
-module each here, registered with ``@register_reward``) or as ``module:function`` import paths, each with an
+A run names its rewards as built-ins (one module each here, registered with ``@register_reward``;
+``builtin_rewards()`` lists them, for the launch help and the docs' test) or as ``module:function`` import paths, each with an
 optional weight (``math=1.0``). ``functions.py`` turns those names into callables; ``scoring.py`` calls them
 on a batch, checks what they return and weighs them into one reward.
 
@@ -23,6 +25,11 @@ REWARDS: Registry[Callable[..., RewardFunction]] = Registry("reward", package=__
 def register_reward(name: str) -> Callable[[Callable[..., RewardFunction]], Callable[..., RewardFunction]]:
     """Decorator: register the factory of built-in reward ``name`` (``make(**options) -> f``)."""
     return REWARDS.register(name)
+
+
+def builtin_rewards() -> list[str]:
+    """The names of the built-in rewards, as registered (the one list: help texts and docs are checked against it)."""
+    return REWARDS.names()
 
 
 def completion_text(completion: Any) -> str:

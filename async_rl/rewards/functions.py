@@ -134,24 +134,29 @@ def _load(source: str, options: tuple, search_dir: Optional[str]) -> Callable[..
     return fn
 
 
+# What every reward may receive besides the data's columns (TRL 1.x's GRPOTrainer passes the same).
+PASSED = ("prompts", "completions", "completion_ids", "trainer_state")
+
+
 def required_columns(fn: Callable[..., Any]) -> list[str]:
-    """The columns a reward cannot do without: its parameters after ``prompts`` and ``completions`` that
-    have no default (``def exact(prompts, completions, answer, **kwargs)`` needs ``answer``)."""
+    """The columns a reward cannot do without: its parameters without a default other than what every reward
+    is passed (``PASSED``): ``def exact(prompts, completions, answer, **kwargs)`` and TRL's
+    ``def accuracy(completions, solution, **kwargs)`` need ``answer`` and ``solution``."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: nothing can be said up front
         return []
-    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return [p.name for p in named[2:] if p.default is p.empty]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.default is p.empty and p.name not in PASSED]
 
 
-def accepted_columns(fn: Callable[..., Any], columns: Sequence[str]) -> list[str]:
-    """The columns to pass: all of them to a function with ``**kwargs`` (TRL's convention), else the ones it names."""
+def accepted_arguments(fn: Callable[..., Any], arguments: Sequence[str]) -> list[str]:
+    """The arguments to pass: all of them to a function with ``**kwargs`` (TRL's convention), else the ones it names."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return list(columns)
+        return list(arguments)
     if any(p.kind is p.VAR_KEYWORD for p in params):
-        return list(columns)
+        return list(arguments)
     names = {p.name for p in params}
-    return [c for c in columns if c in names]
+    return [a for a in arguments if a in names]

@@ -40,31 +40,42 @@ builtin or a prompt helper, so that changes no verdict there).
 
 What a candidate gets, and cannot do
 ------------------------------------
-Mode ``namespaces`` (``unshare`` with network, PID and mount namespaces; a user namespace too when the
-caller is not root; Linux >= 5.12; probed once per process):
+Mode ``namespaces`` (``unshare`` with network, PID, mount, IPC, UTS and cgroup namespaces, new for each
+candidate; a user namespace too when the caller is not root; Linux >= 5.12; probed once per process):
 
 - a new root holding only what Python needs: read-only /usr (and /bin, /lib links), /etc/ld.so.cache,
   the standard library, a minimal /dev (null, zero, random, urandom), its own /proc and a fresh 64 MiB
-  tmpfs on /tmp (its cwd, HOME and TMPDIR; the only writable place). No home directory, no project
-  tree, no host /tmp (Ray's session directory), no /run (host sockets), no /etc/shadow;
+  tmpfs of 4096 inodes on /tmp (its cwd, HOME and TMPDIR; the only writable place, gone with its mount
+  namespace). No home directory, no project tree, no host /tmp (Ray's session directory), no /dev/shm,
+  /var/tmp or /dev/mqueue, no /run (host sockets), no /etc/shadow;
 - an unprivileged uid of its own (a high uid per concurrent candidate of the calling process) when the
   caller is root, the caller's own (unprivileged) uid otherwise; no capabilities, so file permissions and RLIMIT_NPROC
   apply (threads count: a ``clone(CLONE_THREAD)`` bomb stops at ``max_procs``);
-- no network (its own namespace, loopback down), no new processes (seccomp: fork, vfork, clone of a
-  process fail), no signals to anyone but itself, no ptrace; PID namespace: when its first process
+- no network (its own namespace, loopback down), and the seccomp filter of ``sandbox/seccomp.py``
+  (docs/sandbox.md lists each call and why): no new processes (fork, vfork, clone of a process fail;
+  threads are fine), no new or other namespace (unshare, setns, clone with CLONE_NEW*; clone3 is ENOSYS),
+  no socket but AF_UNIX, no signals to anyone but itself, no ptrace or other process's memory, none of
+  the state that outlives a process (System V IPC, POSIX message queues, keys), no memfd or vmsplice, no bpf,
+  perf_event_open, userfaultfd, io_uring or mount-family call. PID namespace: when its first process
   ends, the kernel kills every process it left;
+- nothing it can write is seen by a later candidate: its tmpfs, hostname and IPC objects die with its
+  namespaces, and after each run of a root caller's candidate the caller removes what its uid might
+  still hold (System V objects, keys: ``sandbox/leftovers.py``), before another candidate gets that uid;
 - no life beyond its caller's: the namespace's first process ends it (and so the namespace) as soon as
   the calling process exits, SIGKILL included (a lifeline pipe whose only write end the caller holds
   reads EOF), and in any case ``_STARTUP_S + timeout + 10`` s after it started (a backstop behind the
   caller's own deadline). A process forked from the caller without exec while a run is in flight
   inherits that write end: the candidate then lives until that process exits or the backstop;
-- RLIMIT_CPU (timeout + 1 s), RLIMIT_AS (1 GiB), RLIMIT_FSIZE, a wall timeout (default 3 s, counted
+- RLIMIT_CPU (timeout + 1 s), RLIMIT_AS (1 GiB: every mapping counts), RLIMIT_FSIZE, RLIMIT_NOFILE (64:
+  the pipe and socket buffers it can hold), a wall timeout (default 3 s, counted
   from the moment the candidate starts), and every channel capped: stdout and stderr at
   ``output_limit`` (64 KiB), its answers to the judge at ``result_limit`` (1 MiB): over a cap it is
   killed and scores 0 (reasons ``output_limit``, ``result_limit``); a malformed answer scores 0 too
   (``bad_result``). The caller buffers at most these caps per candidate;
+- memory in no form beyond its limit: its address space (RLIMIT_AS), its tmpfs and its descriptors'
+  buffers; what no mapping counts (memfd, System V shared memory, /dev/shm) it cannot make or reach;
 - a cgroup v2 (``pids.max``, ``memory.max``) where the machine delegates one with those controllers;
-  elsewhere one line says so once, and the rlimits above are the bound.
+  elsewhere one line says so once, and the rlimits and the filter above are the bound.
 
 Fail closed: when no namespace variant works, ``run_tests`` raises ``SandboxUnavailable`` (one line:
 why, and how to allow the weak mode) instead of running the code. The weak mode (``sandbox_mode: weak``
@@ -76,20 +87,31 @@ verdicts. Use it only on a machine that holds nothing to protect, for code that 
 
 Judges are processes of their own, reused from run to run (``async_rl/sandbox/run.py``: a fresh
 namespace per run; one whose run did not end cleanly is killed), so a candidate costs one interpreter
-start, as before the judge existed. A judge exits as soon as its caller's end of their socket closes
-(the caller exited, SIGKILL included), whatever test it is running (once the running bytecode, a
-single C call maybe, returns). In the weak mode too, the candidate's reaper kills it once the caller is
-gone (the lifeline and backstop above).
+start, as before the judge existed. How a verdict reaches the caller: on a pipe made for that run alone,
+whose write end only the judge holds and closes at the run's end, each line tagged with the run's number
+and a random nonce that only the judge learns; the caller ignores any other line and never reuses a
+judge that wrote one. A judge's stdout and stderr are /dev/null: what a test prints (a value the
+candidate returned included) reaches no caller and no later run. A judge has 2 GiB of address space
+and, per run, the run's timeout plus 21 s of CPU (SIGXCPU); it dies with its caller, SIGKILL included,
+even in the middle of one long C call on a candidate's value (``PR_SET_PDEATHSIG``, from a thread of the
+caller that lives as long as the caller; a thread that exits once the caller's end of their socket
+closes, besides). A judge that ends mid-run is reported for what ended it: a test's ``os._exit`` is
+``exit``, its CPU limit ``timeout``, a signal or its own failure ``error``, never the candidate's doing.
+In the weak mode too, the candidate's reaper kills the candidate once the caller is gone (the lifeline
+and backstop above).
 
-Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it
-learns of a test's inputs (the arguments of its own calls), and a reward that a correct function
-earns honestly. Side channels between concurrent candidates are not considered. The verdicts are only
-as trusted as the prefix and tests a caller hands over: helpers passed inside ``code``, or a function
-under test that shadows a builtin without ``entry_point``, are decided as said above.
+Not protected in any mode: the CPU and wall time the candidate spends up to its limits, what it learns
+of a test's inputs (the arguments of its own calls), and a reward that a correct function earns
+honestly. Covert channels through what the kernel shares (caches and counters read by timing or by the
+numbers it hands out) are not closed, between concurrent candidates or to a later one. The verdicts are
+only as trusted as the prefix and tests a caller hands over: helpers passed inside ``code``, or a
+function under test that shadows a builtin without ``entry_point``, are decided as said above.
 
 Reasons (``SandboxResult.reason``): ok, no_code, syntax_error, crash (the code raised; tests still ran),
-exit (the candidate's process ended before the tests finished), timeout (wall clock or CPU), memory,
-killed (ended by a signal), output_limit, result_limit, bad_result, error (the sandbox itself failed).
+exit (the candidate's process ended before the tests finished; also an exit status of 128 + SIGXCPU
+without the CPU limit spent, told apart by the CPU its processes used), timeout (wall clock or CPU),
+memory, killed (ended by a signal), output_limit, result_limit, bad_result, error (the sandbox itself
+failed, the judge included).
 
 Command line: ``python -m async_rl.sandbox CODE_FILE TESTS_FILE [--timeout S] [--sandbox-mode strict|weak]``
 prints ``{"passed": P, "total": T, "reason": ...}`` (one test statement per line of TESTS_FILE) and

@@ -1,6 +1,6 @@
 """The candidate's side of the sandbox (``async_rl/sandbox/`` starts it; nothing imports it).
 
-It is started as ``python -I -S -B -c <sandbox/wire.py + this file>`` (inside ``unshare`` when
+It is started as ``python -I -S -B -c <sandbox/wire.py + sandbox/seccomp.py + this file>`` (inside ``unshare`` when
 namespaces are available), reads its orders as JSON on stdin (the code and the prompt's prefix; never
 the tests nor what they expect), then:
 
@@ -11,7 +11,8 @@ the tests nor what they expect), then:
    when it exits, the kernel kills whatever the candidate left behind. It exits at once, killing the
    candidate, when the caller dies (a lifeline pipe reads EOF) or past a wall-clock backstop;
 3. the child confines itself (own session, rlimits, an unprivileged uid of its own when the caller is
-   root, no capabilities, a seccomp filter: no new processes, signals only to itself), runs the code,
+   root, no capabilities, the seccomp filter of ``sandbox/seccomp.py``: no new process or namespace,
+   signals only to itself, no System V IPC, message queue, key or memfd), runs the code,
    then answers the judge's requests (``sandbox/judge.py``) with plain data: the values its functions
    return. It reports no verdict; whatever it writes on its channel is only ever an answer to check.
 
@@ -38,7 +39,9 @@ def _check(ret, what):
 
 
 def _mount(src, target, fstype, flags, data=None):
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(s):
+        return None if s is None else s.encode()
+
     _check(_LIBC.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
@@ -56,6 +59,8 @@ def _mount_setattr(path, recursive, set_ro):
 
 
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+TMPFS_INODES = 4096  # files and folders in the candidate's /tmp
+NOFILE = 64  # its open descriptors
 
 
 def _bind(src, target, is_dir=True):
@@ -100,8 +105,9 @@ def private_root(tmpfs_mb, python_dirs):
     for name in ("null", "zero", "random", "urandom"):
         _bind(f"/dev/{name}", f"{root}/dev/{name}", is_dir=False)
     _bind("/proc", root + "/proc")  # the PID namespace's own /proc (unshare --mount-proc)
-    os.mkdir(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(tmpfs_mb)}m,mode=1777")
+    os.mkdir(root + "/tmp")  # inodes capped too: each costs kernel memory that size= does not count
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={int(tmpfs_mb)}m,nr_inodes={TMPFS_INODES},mode=1777")
     os.mkdir(root + "/.old")
     nr = SYS_PIVOT_ROOT.get(os.uname().machine)
     if nr is None:
@@ -121,8 +127,8 @@ def _reap(child, lifeline, wall_s):
     ends the run, killing the candidate, when the caller is gone (``lifeline``, a pipe whose only write
     end the caller holds, reads EOF: a SIGKILLed caller cannot clean up) or after ``wall_s`` seconds (a
     backstop past the caller's own deadline). Its exit kills every process left in the namespace."""
-    import select
-    import time
+    import select  # noqa: PLC0415
+    import time  # noqa: PLC0415
     deadline = time.monotonic() + wall_s
     try:
         watched = [lifeline, os.pidfd_open(child)]  # readable when the candidate ends
@@ -170,65 +176,11 @@ def _drop_privileges(uid):
         _fail("still root after setresuid")
 
 
-# seccomp: syscall numbers per audit arch.
-_ARCHES = {
-    "x86_64": dict(audit=0xC000003E, clone=56, fork=57, vfork=58, kill=62, tkill=200, tgkill=234, ptrace=101,
-                   clone3=435, pidfd_send_signal=424, process_vm_writev=311),
-    "aarch64": dict(audit=0xC00000B7, clone=220, kill=129, tkill=130, tgkill=131, ptrace=117, clone3=435,
-                    pidfd_send_signal=424, process_vm_writev=271),
-}
-
-
-def _seccomp(own_group):
-    """No new process (threads are allowed), signals only to itself, no ptrace; other arches: none."""
-    arch = _ARCHES.get(os.uname().machine)
-    if arch is None:
-        return False
-    ALLOW, KILL = 0x7FFF0000, 0x80000000
-    errno = lambda e: 0x00050000 | e  # noqa: E731
-    EPERM, EAGAIN, ENOSYS = 1, 11, 38
-    pid = os.getpid()
-    prog = []
-    ins = lambda code, jt, jf, k: prog.append(struct.pack("HBBI", code, jt, jf, k & 0xFFFFFFFF))  # noqa: E731
-    LD, JEQ, JSET, JGE, RET = 0x20, 0x15, 0x45, 0x35, 0x06
-    ins(LD, 0, 0, 4)  # seccomp_data.arch
-    ins(JEQ, 1, 0, arch["audit"])
-    ins(RET, 0, 0, KILL)  # another ABI (i386 on x86_64): refuse outright
-    ins(LD, 0, 0, 0)  # seccomp_data.nr
-    ins(JGE, 0, 1, 0x40000000)  # x32 numbers
-    ins(RET, 0, 0, KILL)
-    rules = []  # (nr, [instructions after the match, ending in RET])
-    for name in ("fork", "vfork"):
-        if name in arch:
-            rules.append((arch[name], [(RET, 0, 0, errno(EAGAIN))]))
-    rules.append((arch["clone3"], [(RET, 0, 0, errno(ENOSYS))]))  # glibc then falls back to clone
-    # clone: a thread (CLONE_THREAD in the flags, args[0]) is fine, a process is not.
-    rules.append((arch["clone"], [(LD, 0, 0, 16), (JSET, 0, 1, 0x10000), (RET, 0, 0, ALLOW), (RET, 0, 0, errno(EAGAIN))]))
-    # kill(pid, sig): only to itself (its own pid, or 0 when its process group is a session of one).
-    rules.append((arch["kill"], [(LD, 0, 0, 16), (JEQ, 2, 0, pid), (JEQ, 1, 0, 0 if own_group else pid),
-                                 (RET, 0, 0, errno(EPERM)),
-                                 (RET, 0, 0, ALLOW)]))
-    rules.append((arch["tgkill"], [(LD, 0, 0, 16), (JEQ, 0, 1, pid), (RET, 0, 0, ALLOW), (RET, 0, 0, errno(EPERM))]))
-    for name in ("tkill", "pidfd_send_signal", "ptrace", "process_vm_writev"):
-        rules.append((arch[name], [(RET, 0, 0, errno(EPERM))]))
-    for nr, body in rules:  # every body ends in RET: a syscall that is not nr jumps past it, A still nr
-        ins(JEQ, 0, len(body), nr)
-        for code, jt, jf, k in body:
-            ins(code, jt, jf, k)
-    ins(RET, 0, 0, ALLOW)
-    filt = b"".join(prog)
-    buf = ctypes.create_string_buffer(filt, len(filt))
-    fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(buf))
-    _check(_LIBC.prctl(38, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
-    _check(_LIBC.prctl(22, 2, ctypes.create_string_buffer(fprog, len(fprog)), 0, 0), "PR_SET_SECCOMP")
-    return True
-
-
 def _weaken_python():
     """Without namespaces: make the obvious escapes fail in Python (a courtesy, not a boundary: ctypes
     or a C extension gets past it). Sockets, shell-outs and writes outside the work directory."""
-    import builtins
-    import socket
+    import builtins  # noqa: PLC0415
+    import socket  # noqa: PLC0415
 
     def refuse(*_args, **_kwargs):
         raise PermissionError("not allowed in the sandbox")
@@ -274,7 +226,7 @@ def _weaken_python():
         return real_os_open(path, flags, *args, **kwargs)
 
     builtins.open, os.open = guarded_open, guarded_os_open
-    import io
+    import io  # noqa: PLC0415
     io.open = guarded_open
 
 
@@ -292,13 +244,19 @@ def _confine(orders, workdir, isolated):
                          (resource.RLIMIT_AS, (orders["memory_mb"] * mb,) * 2),
                          (resource.RLIMIT_NPROC, (orders["max_procs"],) * 2),  # threads count too
                          (resource.RLIMIT_FSIZE, (orders["file_mb"] * mb,) * 2),
-                         (resource.RLIMIT_NOFILE, (256, 256)),
+                         # few descriptors: each pipe or socket may hold up to ~0.5 MiB of kernel buffers
+                         (resource.RLIMIT_NOFILE, (NOFILE, NOFILE)),
+                         (resource.RLIMIT_MSGQUEUE, (0, 0)),  # no POSIX message queue bytes (seccomp refuses them too)
                          (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(limit, value)
     if isolated:
         _drop_privileges(orders["uid"])
-    if not _seccomp(own_group=isolated):
-        sys.stderr.write(f"sandbox: no seccomp filter for {os.uname().machine}: new processes are not blocked\n")
+    try:
+        filtered = install_filter(own_group=isolated)  # noqa: F821 (sandbox/seccomp.py's text runs first)
+    except OSError as exc:
+        _fail(str(exc))
+    if not filtered:
+        sys.stderr.write(f"sandbox: no seccomp filter for {os.uname().machine}: no system call is refused\n")
     if not isolated:
         _weaken_python()
 
@@ -307,12 +265,12 @@ def _serve(code, send, requests):
     """Run the code, then answer the judge's requests (``get`` a name, ``call`` a function with plain
     arguments) with plain data until the judge closes its end. Nothing here decides a verdict: the
     judge checks every answer, so what the candidate does to this loop only changes its own answers."""
-    import builtins
+    import builtins  # noqa: PLC0415
     run, build = exec, compile  # captured before the candidate can replace builtins.exec / compile
     send({"start": os.getpid()})
     try:
         compiled = build(code, "<candidate>", "exec")
-    except BaseException:  # SyntaxError, ValueError (NUL bytes), MemoryError on absurd nesting
+    except BaseException:  # noqa: BLE001 (SyntaxError, ValueError (NUL bytes), MemoryError on absurd nesting)
         send({"code": "syntax"})
         return
     env = {"__name__": "__candidate__", "__builtins__": builtins}  # __main__ blocks do not run
@@ -321,7 +279,7 @@ def _serve(code, send, requests):
         status = "ok"
     except MemoryError:
         status = "memory"
-    except BaseException:  # SystemExit, KeyboardInterrupt included: the tests still run
+    except BaseException:  # noqa: BLE001 (SystemExit, KeyboardInterrupt included: the tests still run)
         status = "crash"
     send({"code": status})
     for request in requests:
@@ -340,7 +298,7 @@ def _serve(code, send, requests):
                 answer["value"] = to_plain(target)  # noqa: F821
         except NotPlain as exc:  # noqa: F821
             answer["not_plain"] = str(exc)[:200]
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt included: an answer, not an exit
+        except BaseException as exc:  # noqa: BLE001 (SystemExit, KeyboardInterrupt included: an answer, not an exit)
             answer["raised"] = type(exc).__name__
         send(answer)
 

@@ -1,21 +1,30 @@
 """The judge: the trusted process that runs a candidate's tests and decides every verdict.
 
-``async_rl/sandbox/run.py`` starts it as ``python -I -S -B -c <sandbox/wire.py + this file> FD`` (nothing
-imports it); each run arrives on the Unix socket FD (its orders, and the two pipe ends of that run's
-candidate process) and its verdicts leave on stdout. Runs share nothing but imported modules: each has a
-fresh namespace, and a judge whose run did not end cleanly is killed, not reused. The judge holds
-the test source, the prompt's helpers (``prefix``) and everything the tests expect; the candidate's
-process never sees any of it. The judge never runs candidate code: a name a test uses that the prompt
-does not define (the entry point, any function or value of the candidate) is asked of the candidate's
-process over two pipes (``get``, then ``call`` with plain-data arguments), and only plain data comes
-back (``sandbox/wire.py``), checked and rebuilt here. So an always-equal object, a patched builtin, a
-harness's frame or reporter: none of it exists on this side.
+``async_rl/sandbox/run.py`` starts it as ``python -I -S -B -c <sandbox/wire.py + this file> FD PPID``
+(nothing imports it), its stdout and stderr on /dev/null; each run arrives on the Unix socket FD: its
+orders and three pipe ends, the two of that run's candidate process and the write end of the run's own
+verdict pipe. Runs share nothing but imported modules: each has a fresh namespace and a fresh verdict
+pipe, and a judge whose run did not end cleanly is killed, not reused. The judge holds the test source,
+the prompt's helpers (``prefix``) and everything the tests expect; the candidate's process never sees
+any of it. The judge never runs candidate code: a name a test uses that the prompt does not define (the
+entry point, any function or value of the candidate) is asked of the candidate's process over two pipes
+(``get``, then ``call`` with plain-data arguments), and only plain data comes back (``sandbox/wire.py``),
+checked and rebuilt here. So an always-equal object, a patched builtin, a harness's frame or reporter:
+none of it exists on this side.
 
-It dies with its caller: a thread watches the socket and exits the judge once the caller's end is closed.
+Verdicts go only to the run's verdict pipe, which nothing else writes: what a test prints (a value the
+candidate returned included) goes to /dev/null, and the pipe is closed when the run ends, so nothing of
+one run reaches the next. Each line starts with the run's number and a random nonce that the caller
+chose for that run and the candidate never sees: ``start`` (the candidate's process is running its
+code), ``code ok|crash|syntax|memory``, ``test I 1|0|m`` per test, ``channel over_cap|malformed|eof``
+(the candidate's channel broke: the tests after it are not run), ``done``.
 
-Lines on stdout (read by the caller), each after the run's number: ``start`` (the candidate's process is running its code),
-``code ok|crash|syntax|memory``, ``test I 1|0|m`` per test, ``channel over_cap|malformed|eof`` (the
-candidate's channel broke: the tests after it are not run), ``done``.
+Limits: ``JUDGE_MEMORY_MB`` of address space, and per run ``cpu_s`` seconds of CPU counted from the
+run's start (RLIMIT_CPU's soft limit moved up at each run; SIGXCPU ends it). It dies with its caller:
+``PR_SET_PDEATHSIG`` (SIGKILL, from the kernel, so also in the middle of a long C call on a candidate's
+data; the caller starts judges from one thread that lives as long as the caller), checked against the
+caller's pid it was given, and a thread that exits once the caller's end of the socket is closed. An
+internal failure exits with ``JUDGE_FAILED``, which the caller reports as ``error``.
 """
 import ast
 import builtins
@@ -26,6 +35,7 @@ import struct
 import sys
 
 JUDGE_MEMORY_MB = 2048  # its address space: what a candidate's (capped) answers can make it build
+JUDGE_FAILED = 70  # the exit status of a judge that failed itself (not a test's os._exit): reason "error"
 # Re-raised as themselves, so that a test's ``except ValueError`` works; not StopIteration: raised by a
 # function that ``map`` or a loop calls, it would end that iteration early (``all(map(f, xs))`` true).
 _EXCEPTIONS = {name: obj for name, obj in vars(builtins).items()
@@ -160,7 +170,7 @@ def judge_run(orders, request_fd, answer_fd, say):
     env = {"__name__": "__judge__", "__builtins__": builtins}
     try:  # the prompt's helpers: the same text the candidate's process ran before its code
         exec(compile(orders["prefix"], "<prompt>", "exec"), env)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (a prompt whose helpers fail still has its tests judged)
         pass
     trusted = set(env) - {orders["entry_point"]}
     trees, codes = [], []
@@ -202,7 +212,7 @@ def judge_run(orders, request_fd, answer_fd, say):
                 raise
             except MemoryError:
                 outcome = "m"
-            except BaseException:
+            except BaseException:  # noqa: BLE001 (any other failure fails the test: outcome stays "0")
                 pass
             if channel.broken:
                 raise ChannelBroken(channel.broken)
@@ -212,11 +222,11 @@ def judge_run(orders, request_fd, answer_fd, say):
 
 
 def _receive(sock):
-    """The next run's orders and its two pipe ends; None when the caller closed the socket."""
-    header, fds, _, _ = socket.recv_fds(sock, 8, 2)
+    """The next run's orders and its three pipe ends; None when the caller closed the socket."""
+    header, fds, _, _ = socket.recv_fds(sock, 8, 3)
     while header and len(header) < 8:
         header += sock.recv(8 - len(header))
-    if len(header) < 8 or len(fds) != 2:
+    if len(header) < 8 or len(fds) != 3:
         return None
     (size,) = struct.unpack("<Q", header)
     data = bytearray()
@@ -225,16 +235,24 @@ def _receive(sock):
         if not chunk:
             return None
         data += chunk
-    return json.loads(data.decode()), fds  # json: imported by sandbox/wire.py, whose text runs first
+    return json.loads(data.decode()), fds  # noqa: F821 (json: imported by sandbox/wire.py, whose text runs first)
 
 
-def _die_with_caller(sock):
-    """A thread that ends the judge once the caller's end of ``sock`` is closed (a SIGKILLed caller
-    included), whatever the main thread is doing. POLLRDHUP, not POLLIN: the next run's orders do not
-    wake it. (Not PR_SET_PDEATHSIG: that fires when the caller's thread that started the judge ends,
-    while judges outlive the pool threads that start them.)"""
-    import _thread
-    import select
+def _die_with_caller(sock, caller):
+    """End the judge with its caller: the kernel SIGKILLs it when the caller's thread that started it
+    ends (``PR_SET_PDEATHSIG``; the caller starts judges from a thread that lives as long as it does),
+    whatever the judge is doing. A caller that died before the prctl is seen as a changed parent pid.
+    Besides, a thread exits the judge once the caller's end of ``sock`` is closed (POLLRDHUP, not
+    POLLIN: the next run's orders do not wake it)."""
+    import _thread  # noqa: PLC0415
+    import ctypes  # noqa: PLC0415
+    import select  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    libc = ctypes.CDLL(None)
+    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0 or os.getppid() != caller:  # PR_SET_PDEATHSIG
+        os._exit(0)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: a process of the same user (weak mode) cannot open its /proc files
 
     def watch():
         poller = select.poll()
@@ -247,28 +265,53 @@ def _die_with_caller(sock):
     _thread.start_new_thread(watch, ())
 
 
-def main():
-    resource.setrlimit(resource.RLIMIT_AS, (JUDGE_MEMORY_MB << 20,) * 2)
-    import ctypes  # not dumpable: a process of the same user (a weak-mode candidate) cannot open its /proc files
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    _die_with_caller(sock)
+def _limit_cpu(seconds):
+    """At most ``seconds`` more of CPU from now: the soft RLIMIT_CPU (SIGXCPU, whose default action ends
+    the judge), raised again at the next run's start."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = int(usage.ru_utime + usage.ru_stime) + 1 + int(seconds)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+def _serve(sock):
+    """Judge runs until the caller closes the socket."""
     while True:
         received = _receive(sock)
         if received is None:
-            os._exit(0)
-        orders, (request_fd, answer_fd) = received
-        tag = str(orders["run"])
+            return
+        orders, (request_fd, answer_fd, verdict_fd) = received
+        _limit_cpu(orders["cpu_s"])
+        tag = f"{int(orders['run'])} {orders['nonce']}"
 
-        def say(*parts, _tag=tag):
-            os.write(1, (" ".join((_tag,) + parts) + "\n").encode())
+        def say(*parts, _tag=tag, _fd=verdict_fd):
+            data = (" ".join((_tag,) + parts) + "\n").encode()
+            while data:
+                data = data[os.write(_fd, data):]
 
         try:
-            judge_run(orders, request_fd, answer_fd, say)
+            try:
+                judge_run(orders, request_fd, answer_fd, say)
+            finally:
+                os.close(request_fd)  # the candidate's process reads the end of its requests and exits
+                os.close(answer_fd)
+            say("done")
+        except BrokenPipeError:  # the caller stopped reading this run (its deadline): it kills or drops us
+            pass
         finally:
-            os.close(request_fd)  # the candidate's process reads the end of its requests and exits
-            os.close(answer_fd)
-        say("done")
+            os.close(verdict_fd)  # the end of this run's verdicts: the caller reads EOF
+
+
+def main():
+    for limit, value in ((resource.RLIMIT_AS, JUDGE_MEMORY_MB << 20), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(limit, (value, value))
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    _die_with_caller(sock, int(sys.argv[2]))
+    try:
+        _serve(sock)
+    except BaseException:  # noqa: BLE001 (its own failure (MemoryError on an order, a bug): never a verdict)
+        os._exit(JUDGE_FAILED)
+    os._exit(0)
 
 
 main()

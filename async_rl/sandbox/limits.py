@@ -5,7 +5,10 @@ the candidate's harness moves itself into it before it forks the candidate (``sa
 everything the candidate starts is counted there. A machine without a cgroup v2 that delegates the
 ``pids`` and ``memory`` controllers to this process (a v1 or hybrid hierarchy, a container without
 delegation) gets one line on stderr, once, and ``None``: the candidate's rlimits (RLIMIT_NPROC per uid,
-RLIMIT_AS) are then the bound.
+RLIMIT_AS) are then the bound. That bound holds for memory in every form because the candidate cannot
+hold memory that no mapping counts: its seccomp filter refuses memfd and System V shared memory, it has
+no /dev/shm, its /tmp tmpfs has a size and an inode cap, and RLIMIT_NOFILE bounds its pipe and socket
+buffers (docs/sandbox.md, "Protected: memory").
 """
 from __future__ import annotations
 

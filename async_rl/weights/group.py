@@ -31,7 +31,14 @@ import torch.distributed as dist
 from async_rl.errors import ActorTimeoutError, ConfigError
 from async_rl.weights.rendezvous import POLL_S, connect_store, host_store, is_loopback, timedelta_s
 from async_rl.weights.signature import check_signature, normalise_signature, tensor_signature
-from async_rl.weights.transport import ProcessGroupNCCL, choose_transport, device_report, member_device
+from async_rl.weights.transport import (
+    ProcessGroupNCCL,
+    bound_nccl_group,
+    choose_transport,
+    device_report,
+    member_device,
+    on_device,
+)
 
 __all__ = ["WeightSyncGroup"]
 
@@ -201,7 +208,7 @@ class WeightSyncGroup:
                 opts = ProcessGroupNCCL.Options()
                 opts.is_high_priority_stream = False
                 opts._timeout = timeout
-                return ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
+                return bound_nccl_group(pg_store, self.rank, self.world_size, opts, self.device)
             local = self.local_addr or ("127.0.0.1" if is_loopback(self.master_addr) else None)
             if local is not None:
                 # This member's pairs listen on its own address (loopback on one host), not on
@@ -312,7 +319,7 @@ class WeightSyncGroup:
             self._seq += 1
             self._store.set(f"seq/{self.rank}", str(self._seq))
             try:
-                with torch.no_grad():
+                with torch.no_grad(), on_device(self.device):
                     self._broadcast_buckets(tensors, deadline)
             except _WaitTimeout as e:
                 self._fail("timeout")
@@ -389,7 +396,7 @@ class WeightSyncGroup:
         try:
             if self._pg is not None:
                 self._pg.abort()
-        except Exception:  # pragma: no cover - best effort
+        except Exception:  # noqa: BLE001  # pragma: no cover - best effort
             pass
 
     def _timeout_message(self, tensors: list[torch.Tensor], elapsed: float) -> str:
@@ -410,7 +417,7 @@ class WeightSyncGroup:
                 msg += f"; not answered by: {', '.join(behind)}"
             else:
                 msg += "; every member reached this broadcast (slow link or a stuck peer?)"
-        except Exception as e:  # the store host itself may be gone
+        except Exception as e:  # noqa: BLE001 (the store host itself may be gone)
             msg += f"; could not ask the store who is missing ({type(e).__name__}: {e})"
         return msg
 
@@ -427,7 +434,7 @@ class WeightSyncGroup:
                     pg.shutdown()
                 else:
                     pg.abort()
-            except Exception:  # pragma: no cover - best effort
+            except Exception:  # noqa: BLE001  # pragma: no cover - best effort
                 pass
         self._staging_bufs = [None, None]
         self._store = None  # type: ignore[assignment]

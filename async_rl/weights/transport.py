@@ -2,6 +2,7 @@
 (``device_report``) and rank 0 picks NCCL or gloo from the reports (``choose_transport``)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -26,6 +27,22 @@ def member_device(device: torch.device | str | None) -> torch.device:
             device = torch.device("cuda", torch.cuda.current_device())
         return device
     return torch.device("cuda", torch.cuda.current_device()) if nccl_available() else torch.device("cpu")
+
+
+def on_device(device: torch.device) -> Any:
+    """A context in which CUDA work goes to ``device`` (its calling thread's current device is per thread:
+    a group's broadcast runs in worker threads, whose current device is cuda:0 whatever the actor set)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def bound_nccl_group(store: Any, rank: int, world_size: int, options: Any, device: torch.device) -> Any:
+    """A ``ProcessGroupNCCL`` bound to ``device``: the device is made current first (NCCL builds its
+    communicator on the current device) and the communicator is built at once on that device, not lazily
+    on whichever device the first collective's thread happens to have."""
+    torch.cuda.set_device(device)
+    group = ProcessGroupNCCL(store, rank, world_size, options)
+    group.eager_connect_single_device(device)
+    return group
 
 
 def device_report(device: torch.device | str | None) -> dict[str, Any]:

@@ -46,8 +46,8 @@ def _observe(env, ir):
 
 class Server:
     def __init__(self):
-        import compiler_gym  # noqa: F401  (registers the llvm-v0 env)
-        import gym
+        import compiler_gym  # noqa: F401, PLC0415  (registers the llvm-v0 env)
+        import gym  # noqa: PLC0415
 
         self.env = gym.make("llvm-v0", benchmark="generator://csmith-v0/0")
         self.saved = None
@@ -88,7 +88,7 @@ class Server:
         return answer
 
     def dataset_uris(self, req):
-        import itertools
+        import itertools  # noqa: PLC0415
 
         dataset = self.env.datasets[req["name"]]
         dataset.install()  # named datasets are downloaded: this needs the internet

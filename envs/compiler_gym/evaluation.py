@@ -11,8 +11,8 @@ import numpy as np
 
 from envs.compiler_gym.env import CompilerGymTaskSet
 from envs.compiler_gym.env_compiler import EnvCompiler
-from envs.compiler_gym.programs import program_name
 from envs.compiler_gym.options import parse_search
+from envs.compiler_gym.programs import program_name
 from envs.compiler_gym.search import ActPolicy, random_baseline, run_search
 
 

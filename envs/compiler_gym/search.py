@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
 from async_rl.tokens import PAD_ID, SPECIAL_TOKENS
+
+if TYPE_CHECKING:
+    from envs.compiler_gym.tokens import PassVocab
 
 
 # ---- what to run -------------------------------------------------------------------------
@@ -275,10 +278,24 @@ def random_baseline(compiler: Compiler, budget: int, horizon: int, rng: np.rando
 
 
 # ---- policies ------------------------------------------------------------------------------
+class PassTaskSet(Protocol):
+    """The task set as the policy adapters read it (``envs.compiler_gym.env.CompilerGymTaskSet`` is one)."""
+
+    flags: list[str]  # the pass flags; a pass's index is its place here
+    mode: str  # "per_step" (an action is one pass index) or "sequence" (an action is a pass sequence's tokens)
+    seq_len: int  # a sequence action's length in tokens
+
+    @property
+    def action_vocab(self) -> PassVocab:
+        """The token ids of pass sequences (sequence mode)."""
+        ...
+
+
 class _Proposals:
     """What both policy adapters share: batches of one observation, actions -> pass indices."""
 
-    def __init__(self, preprocess: Callable[[Any, str], Any], task_set: Any, task_name: str = "compiler_gym") -> None:
+    def __init__(self, preprocess: Callable[[Any, str], Any], task_set: PassTaskSet,
+                 task_name: str = "compiler_gym") -> None:
         self.preprocess, self.task_name = preprocess, task_name
         self.per_step = task_set.mode == "per_step"
         self.num_passes = len(task_set.flags)
@@ -304,7 +321,7 @@ class ModelPolicy(_Proposals):
     ``evaluate`` (per step: every pass at ``obs``; sequence: ``prefix`` + every pass, whose
     log-probs differ by the next token's only)."""
 
-    def __init__(self, model: Any, preprocess: Callable[[Any, str], Any], task_set: Any,
+    def __init__(self, model: Any, preprocess: Callable[[Any, str], Any], task_set: PassTaskSet,
                  task_name: str = "compiler_gym") -> None:
         super().__init__(preprocess, task_set, task_name)
         self.model = model.eval()
@@ -338,8 +355,8 @@ class ActPolicy(_Proposals):
     actor, which answers actions only): next-pass preferences are estimated from ``samples``
     sampled actions (how often each pass comes next after ``prefix``; the greedy choice first)."""
 
-    def __init__(self, act: Callable[[Any, bool], Any], preprocess: Callable[[Any, str], Any], task_set: Any,
-                 samples: int = 32, task_name: str = "compiler_gym") -> None:
+    def __init__(self, act: Callable[[Any, bool], Any], preprocess: Callable[[Any, str], Any],
+                 task_set: PassTaskSet, samples: int = 32, task_name: str = "compiler_gym") -> None:
         super().__init__(preprocess, task_set, task_name)
         self.act, self.samples = act, int(samples)
 

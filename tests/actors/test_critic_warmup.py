@@ -7,6 +7,7 @@ import functools
 import pytest
 import ray
 import torch
+from trainer_batches import ACTIONS, SPEC, mlp_step_records
 
 from async_rl.actors.trainer import TrainerActor
 from async_rl.actors.trainer_setup import warmup_cosine
@@ -16,7 +17,6 @@ from async_rl.config.schema import RunConfig
 from async_rl.errors import ConfigError
 from async_rl.policies import build_policy
 from async_rl.weights.rendezvous import find_free_port
-from trainer_batches import ACTIONS, SPEC, mlp_step_records
 
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=2, train_batch_size=4, accumulation_steps=2,
                 super_batch_size=8, replay_capacity=8, updates_per_epoch=2, weight_decay=0.1, lr_policy=1e-2,

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import ray
 
 from async_rl.actors.inference import InferenceActor

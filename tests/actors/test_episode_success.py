@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import ray
 import torch
+from conftest import lone_rollout_worker
 from tensordict import TensorDict
 
 from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.config import load_config
 from async_rl.experience import to_wire
-from conftest import lone_rollout_worker
 from envs.base import episode_success, success_rule
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,8 +1,9 @@
 """The evaluation worker: every task's episodes, stepped in lock-step (one request per step of all)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import ray
-from types import SimpleNamespace
 
 from async_rl.actors.evaluation import EvaluationWorkerActor
 from async_rl.experience import to_wire
@@ -35,8 +36,8 @@ class ToyTasks:
 
 
 def preprocess(raw, instruction):
-    from tensordict import TensorDict
     import torch
+    from tensordict import TensorDict
 
     return TensorDict({"state": torch.as_tensor(raw)}, batch_size=[])
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from async_rl.actors.replay_buffer import ReplayStorage
 from async_rl.actors.env_slots import FailureWeightedTaskSampler
+from async_rl.actors.replay_buffer import ReplayStorage
 from async_rl.algo.estimators import GaeSegmenter, VtraceSegmenter
 from async_rl.experience import from_wire, inference_keys, step_records, to_wire
 

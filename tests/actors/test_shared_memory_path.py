@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from conftest import lone_rollout_worker
 from tensordict import TensorDict
 
 from async_rl.actors.inference import InferenceActor
@@ -22,7 +23,6 @@ from async_rl.config import load_config
 from async_rl.experience import from_wire, to_wire
 from async_rl.orchestration.runtime import obs_spec_of
 from async_rl.policies import build_policy, build_preprocessor
-from conftest import lone_rollout_worker
 from envs import make_task_set
 
 ROOT = Path(__file__).resolve().parents[2]

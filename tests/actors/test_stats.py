@@ -1,7 +1,7 @@
 """StatsAggregator: running totals, env counters, checkpoint state, and the logged scalar names."""
 from async_rl.actors.stats import StatsAggregator
-from async_rl.orchestration.metrics import snapshot_scalars
 from async_rl.logger import mean_metrics
+from async_rl.orchestration.metrics import snapshot_scalars
 
 
 def test_env_counters_add_up_survive_a_checkpoint_and_are_logged_under_env():
@@ -23,10 +23,15 @@ def test_env_counters_add_up_survive_a_checkpoint_and_are_logged_under_env():
     assert scalars["rollout/success_rate"] == 1.0 and scalars["replay/size"] == 3
 
 
-def test_mean_metrics_skips_non_finite_values_and_keys_missing_from_a_row():
+def test_mean_metrics_counts_the_non_finite_values_it_leaves_out_and_skips_keys_missing_from_a_row():
     rows = [{"loss": 1.0, "ess": float("nan"), "only_a": 5.0}, {"loss": 3.0, "ess": 0.5}, {"loss": float("inf")}]
-    assert mean_metrics(rows) == {"loss": 2.0, "ess": 0.5, "only_a": 5.0}
-    assert mean_metrics([{"loss": float("nan")}]) == {}  # nothing finite: no value rather than NaN
+    assert mean_metrics(rows) == {"loss": 2.0, "ess": 0.5, "only_a": 5.0, "nonfinite/loss": 1.0, "nonfinite/ess": 1.0}
+    # nothing finite: no value rather than NaN, and the count says why
+    assert mean_metrics([{"loss": float("nan")}, {"loss": float("-inf")}]) == {"nonfinite/loss": 2.0}
+    assert mean_metrics([{"loss": 1.0}, {"loss": 2.0}]) == {"loss": 1.5}  # nothing to count: no count key
+    # rows that are means themselves (one per trainer rank): their counts add up, a rank's missing value is one more
+    ranks = [{"loss": 1.0, "nonfinite/kl": 2.0}, {"nonfinite/kl": 1.0, "nonfinite/loss": 3.0}, {"loss": float("nan")}]
+    assert mean_metrics(ranks) == {"loss": 1.0, "nonfinite/kl": 3.0, "nonfinite/loss": 4.0}
 
 
 def test_a_round_reported_in_one_call_counts_as_its_steps_and_episodes_one_by_one():
@@ -59,3 +64,37 @@ def test_the_status_lines_success_is_the_last_100_episodes_across_snapshots():
     assert "success 0.29" in line and "success 0.00" not in line
     assert "rollout/success_rate_recent" not in snapshot_scalars({"stats": StatsAggregator().snapshot(), "replay": {},
                                                           "inference": {}})  # no episode yet: not shown
+
+
+def test_a_text_env_shows_completions_per_second_and_their_mean_length(monkeypatch):
+    import envs._text
+    from async_rl.orchestration.metrics import status_line
+    from envs._text import TextEnvBase
+
+    class Echo(TextEnvBase):  # one-step episodes; every response scores 1
+        task_name = "echo"
+
+        def _problem(self, start):
+            return {"prompt": "say"}
+
+        def score(self, text):
+            return 1.0, {"reason": "ok"}
+
+    monkeypatch.setattr(envs._text, "response_text", lambda action, *_: "decoded")  # no tokenizer needed
+    env, stats = Echo(None, 0), StatsAggregator()
+    for ids in ([5, 6, 7, -1], [8, -1, -1, -1], [1, 2, 3, 4, 5, 6, 7, 8]):  # 3, 1 and 8 tokens; -1 pads
+        env.reset()
+        env.step(ids)
+    assert env.counters() == {"echo_ok": 3, "completions": 3, "completion_tokens": 12}
+    stats.record_env_counters(env.counters())
+    stats.record_steps("worker-0", 3)
+    snap = stats.snapshot()
+    assert snap["completions_per_sec"] > 0 and snap["completion_tokens"] == 4.0
+    scalars = snapshot_scalars({"stats": snap, "replay": {}, "inference": {}})
+    assert scalars["rollout/completion_tokens"] == 4.0 and scalars["rollout/completions_per_sec"] > 0
+    line = status_line({**scalars, "rollout/completions_per_sec": 0.35})
+    assert "0.35 completions/s" in line and "4 tokens" in line and "steps/s" not in line
+    # nothing since: 0 completions/s, no mean length; an env with no completion counters keeps steps/s
+    assert stats.snapshot()["completions_per_sec"] == 0 and "completion_tokens" not in stats.snapshot()
+    other = snapshot_scalars({"stats": StatsAggregator().snapshot(), "replay": {}, "inference": {}})
+    assert "rollout/completions_per_sec" not in other and "steps/s" in status_line(other)

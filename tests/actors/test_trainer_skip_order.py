@@ -12,15 +12,14 @@ good batch is split into minibatches in another order on the other rank). The st
 weight by about 1e-3; with the old stand-in the two pairs' policy weights differed by 2e-3."""
 import functools
 
-import pytest
 import ray
 import torch
+from trainer_batches import ACTIONS, SPEC, N, mlp_step_records
 
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config.schema import RunConfig
 from async_rl.policies import build_policy
 from async_rl.weights.rendezvous import find_free_port
-from trainer_batches import ACTIONS, N, SPEC, mlp_step_records
 
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=2, train_batch_size=4, accumulation_steps=2,
                 super_batch_size=8, replay_capacity=8, updates_per_epoch=1, lr_policy=1e-2, lr_value=1e-2,

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import ray
 import torch
+from conftest import lone_rollout_worker
 from tensordict import TensorDict
 
 from async_rl.algo.estimators import GaeSegmenter
 from async_rl.config import load_config
 from async_rl.experience import step_records
 from async_rl.policies import build_preprocessor
-from conftest import lone_rollout_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 3

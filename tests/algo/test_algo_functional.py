@@ -11,8 +11,17 @@ import torch.multiprocessing as mp
 from torch.distributions import Categorical, Normal, TanhTransform, TransformedDistribution
 
 from async_rl.algo.functional import (
-    categorical_entropy, distributed_normalize, distributed_normalize_by, kl_penalty, kl_reward_penalty, masked_mean, masked_whiten, ratio_guard,
-    tanh_gaussian_entropy, tanh_gaussian_log_prob, value_loss,
+    categorical_entropy,
+    distributed_normalize,
+    distributed_normalize_by,
+    kl_penalty,
+    kl_reward_penalty,
+    masked_mean,
+    masked_whiten,
+    ratio_guard,
+    tanh_gaussian_entropy,
+    tanh_gaussian_log_prob,
+    value_loss,
 )
 
 F64 = torch.float64

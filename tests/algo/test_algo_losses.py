@@ -10,11 +10,21 @@ import math
 
 import pytest
 import torch
+from policy_loss_reference import (
+    ALL_MODES,
+    DUAL_MODES,
+    MODE_PARAM_SETS,
+    MODES,
+    PARAM_KEYS,
+    PARAM_SETS,
+    make_case,
+    reference,
+    reference_per_action,
+    run_loss,
+)
 
 from async_rl.algo import PolicyLossParams, compute_policy_loss, policy_loss_modes, resolve_policy_loss_params
 from async_rl.errors import ConfigError
-from policy_loss_reference import (ALL_MODES, DUAL_MODES, MODE_PARAM_SETS, MODES, PARAM_KEYS, PARAM_SETS, make_case,
-                                   reference, reference_per_action, run_loss)
 
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
 SHAPES = {  # name -> (logp shape, advantages shape)

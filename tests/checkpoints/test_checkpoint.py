@@ -8,8 +8,8 @@ import pytest
 import ray
 import torch
 from safetensors.torch import load_file
-from tensordict import TensorDict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensordict import TensorDict
 
 from async_rl import checkpoint as ckpt
 from async_rl.actors.replay_buffer import ReplayStorage

@@ -6,11 +6,11 @@ import multiprocessing.forkserver
 import random
 import time
 
-import pytest
-
 import checkpoint_writer as writer
-from async_rl import checkpoint as ckpt
+import pytest
 from conftest import TESTS, child_pythonpath
+
+from async_rl import checkpoint as ckpt
 
 KILLS = 30
 

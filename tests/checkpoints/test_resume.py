@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from conftest import wait_for_replay
 from safetensors.torch import load_file
+from test_checkpoint import _replay_in_order
 
 from async_rl import checkpoint as ckpt
 from async_rl.config import load_config
 from async_rl.driver import prepare, run
 from async_rl.errors import ConfigError
 from async_rl.experience import policy_versions
-from conftest import wait_for_replay
 from envs.compiler_gym.client import compiler_gym_unavailable_reason
-from test_checkpoint import _replay_in_order
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHES = {  # launch script -> its config and flags

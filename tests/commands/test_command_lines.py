@@ -28,6 +28,8 @@ CASES = {
     "eval_lm": (lambda: _launch("eval_lm").parse_args(["--checkpoint", "a", "--model-path", "b", "--problems", "p",
                                                         "--out", "o"]),
                 "argument --model-path: not allowed with argument --checkpoint"),
+    "export_lm": (lambda: _launch("export_lm").main(["--out", "exported"]),
+                  "the following arguments are required: --checkpoint"),
     "eval_ctrl": (lambda: _launch("eval_ctrl").parse_args(["--init-from", "a", "--checkpoint", "b"]),
                   "argument --checkpoint: not allowed with argument --init-from"),
     "eval_compilergym": (lambda: _launch("eval_compilergym").main(["--out", "x.json"]),

@@ -116,8 +116,8 @@ def test_a_server_failure_during_the_search_is_one_line_exit_1_and_nothing_writt
 def test_a_checkpoint_is_searched_with_on_a_folder_and_the_results_written(tmp_path):
     import torch
 
-    from envs import make_task_set
     from async_rl.policies import build_policy
+    from envs import make_task_set
 
     task_set = make_task_set("compiler_gym", **ENV_KWARGS)
     torch.manual_seed(0)

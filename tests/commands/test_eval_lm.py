@@ -116,3 +116,31 @@ def test_the_default_model_on_answer_and_code_problems(tmp_path):
     assert report["n"] == 1 and 0.0 <= report["pass_rate"] <= 1.0 and "solved" in report
     assert len(report["problems"][0]["responses"]) == 2 and len(report["problems"][0]["scores"]) == 2
     assert report["rewards"]["code_tests"]["mean"] == report["pass_rate"]
+
+
+def test_base_and_checkpoint_answer_with_the_same_policy_options(tmp_path):
+    """A base model and a checkpoint evaluated without flags answer with the same options (the
+    checkpoint's own, or the launch config's that trains such data), not 64 new tokens against 48."""
+    import runpy
+
+    from async_rl.errors import ConfigError
+
+    launch = runpy.run_path(str(ROOT / "launch" / "eval_lm.py"))
+    options = lambda *argv, kind="answer": launch["generation_options"](  # noqa: E731
+        launch["parse_args"](["--problems", "p.jsonl", "--out", "o.json", *argv]), kind)
+    prompts = {"max_new_tokens": 48, "temperature": 0.7, "top_p": 1.0}  # configs/lm_prompts.yaml: what --data trains with
+    assert options() == options(kind="rows") == (prompts, "configs/lm_prompts.yaml")
+    assert options(kind="tests")[0]["max_new_tokens"] == 160  # lm_humaneval.yaml's
+    checkpoint = tmp_path / "run" / "checkpoints" / "epoch-000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    saved = {"policy": "causal_lm", "policy_kwargs": {"model_path": "/elsewhere", "max_new_tokens": 40, "temperature": 0.5,
+                                                      "top_k": 5, "gradient_checkpointing": True}}
+    (checkpoint / "meta.json").write_text(json.dumps({"config": saved}))
+    trained = options("--checkpoint", str(checkpoint))
+    assert trained == ({"max_new_tokens": 40, "temperature": 0.5, "top_k": 5}, f"--checkpoint {checkpoint}")
+    base = options("--model-path", "m", "--options-from", str(checkpoint))
+    assert base[0] == trained[0] and base[1] == f"--options-from {checkpoint}"
+    assert options("--options-from", str(checkpoint), "--max-new-tokens", "8")[0]["max_new_tokens"] == 8
+    with pytest.raises(ConfigError, match=r"^--options-from .*nowhere"):
+        options("--options-from", str(tmp_path / "nowhere"))

@@ -16,7 +16,8 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 from async_rl.logger import MetricsLogger
 from async_rl.media import frame_of, log_videos
-from async_rl.report import FIGURES, figure_tags, main as report_main
+from async_rl.report import FIGURES, figure_tags
+from async_rl.report import main as report_main
 
 ROOT = Path(__file__).resolve().parents[2]
 

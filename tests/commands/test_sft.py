@@ -89,8 +89,8 @@ def test_the_learning_rate_follows_its_schedule_from_the_first_step(sft_run):
 
 def test_the_export_loads_through_the_rl_launch_and_acts_as_trained(sft_run):
     from async_rl.config import load_config
-    from async_rl.driver import prepare
     from async_rl.demos import load_demos
+    from async_rl.driver import prepare
     from async_rl.orchestration.runtime import Runtime, obs_spec_of
     from async_rl.orchestration.supervised import PROBE_FRAMES, demonstration_frames
     from async_rl.policies import build_preprocessor

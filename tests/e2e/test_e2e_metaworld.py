@@ -9,12 +9,12 @@ import psutil
 import pytest
 import ray
 import torch
+from conftest import wait_for_replay
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.experience import policy_versions
-from conftest import wait_for_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_TAGS = [

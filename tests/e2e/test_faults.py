@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from multinode_cluster import namespaces_unavailable
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import envs
@@ -19,7 +20,6 @@ from async_rl import checkpoint as ckpt
 from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.errors import ActorFailedError
-from multinode_cluster import namespaces_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = str(ROOT / "configs" / "metaworld_mt1_ppo.yaml")
@@ -218,8 +218,8 @@ def test_local_ray_listens_on_loopback_only(tmp_path):
 def test_weight_sync_store_listens_on_loopback_only():
     import psutil
 
-    from async_rl.weights.rendezvous import find_free_port
     from async_rl.weights.group import WeightSyncGroup
+    from async_rl.weights.rendezvous import find_free_port
 
     port = find_free_port()
     with WeightSyncGroup(0, 1, "127.0.0.1", port, timeout_s=10):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from multinode_cluster import PYTHON, ROOT, TwoNodeCluster, namespaces_unavailable
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from async_rl import checkpoint as ckpt
-from multinode_cluster import PYTHON, ROOT, TwoNodeCluster, namespaces_unavailable
 
 WHY_NOT = namespaces_unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"two-node test: {WHY_NOT}")

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from async_rl import checkpoint as ckpt
 from multinode_cluster import PYTHON, ROOT, TwoNodeCluster, namespaces_unavailable
 from test_multinode import ACTOR_TITLE, launch_flags
+
+from async_rl import checkpoint as ckpt
 
 WHY_NOT = namespaces_unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"node-loss test: {WHY_NOT}")

@@ -13,7 +13,16 @@ from async_rl.errors import ConfigError
 from envs.compiler_gym.client import compiler_gym_unavailable_reason
 from envs.compiler_gym.options import parse_search
 from envs.compiler_gym.search import (
-    ActPolicy, Budget, Counted, ModelPolicy, SearchSpec, beam, best_of, greedy, random_baseline, random_search,
+    ActPolicy,
+    Budget,
+    Counted,
+    ModelPolicy,
+    SearchSpec,
+    beam,
+    best_of,
+    greedy,
+    random_baseline,
+    random_search,
     run_search,
 )
 
@@ -265,8 +274,8 @@ def _task_set():
 
 
 def _preprocess(obs, task_name):
-    from tensordict import TensorDict
     import torch
+    from tensordict import TensorDict
 
     return TensorDict({"x": torch.tensor(float(obs))}, [])
 

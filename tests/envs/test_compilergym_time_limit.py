@@ -51,9 +51,9 @@ def test_truncate_mode_and_noop_penalty():
 
 @needs_server
 def test_mask_noops_rules_out_passes_that_did_nothing_and_the_policy_never_picks_them():
-    import torch  # noqa: PLC0415
+    import torch
 
-    from async_rl.policies import build_policy, build_preprocessor  # noqa: PLC0415
+    from async_rl.policies import build_policy, build_preprocessor
 
     ts = make_task_set("compiler_gym", mode="per_step", max_steps=4, train_seeds=[1000002, 1], eval_seeds=[0, 1],
                        mask_noops=True)
@@ -84,13 +84,13 @@ def test_mask_noops_rules_out_passes_that_did_nothing_and_the_policy_never_picks
 def test_eval_command_mask_noops_moves_greedy_past_a_pass_that_did_nothing(tmp_path):
     """A policy whose first choice does nothing to the program: greedy repeats it without the mask
     (the program stays at -O0) and moves on to its second choice with ``--mask-noops``."""
-    import json  # noqa: PLC0415
+    import json
 
-    import torch  # noqa: PLC0415
+    import torch
 
-    from async_rl import checkpoint as ckpt  # noqa: PLC0415
-    from async_rl.policies import build_policy  # noqa: PLC0415
-    from launch.eval_compilergym import main  # noqa: PLC0415
+    from async_rl import checkpoint as ckpt
+    from async_rl.policies import build_policy
+    from launch.eval_compilergym import main
 
     env_kwargs = {"mode": "per_step", "max_steps": 4, "train_seeds": [0, 1], "eval_seeds": [1000000, 1]}
     ts = make_task_set("compiler_gym", **env_kwargs)

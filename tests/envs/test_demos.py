@@ -22,12 +22,15 @@ from async_rl.errors import ConfigError
 if importlib.util.find_spec("libero") is None:
     pytest.skip("LIBERO is not installed (run: make setup)", allow_module_level=True)
 
-import envs  # noqa: E402
-from async_rl.demos import FORMAT, load_demos  # noqa: E402
-from async_rl.demos import recording  # noqa: E402
-from async_rl.demos.cli import main as demos_main  # noqa: E402
-from async_rl.demos.expert_episodes import ExpertEpisode, episode_seed  # noqa: E402
-from envs.libero import InitStateSchedule  # noqa: E402
+import envs
+from async_rl.demos import (
+    FORMAT,
+    load_demos,
+    recording,
+)
+from async_rl.demos.cli import main as demos_main
+from async_rl.demos.expert_episodes import ExpertEpisode, episode_seed
+from envs.libero import InitStateSchedule
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED, NOISE = 3, 0.3

@@ -1,9 +1,9 @@
 """CompilerGym env: reward maths, tokenisation, and the real server (offline, csmith programs)."""
-from contextlib import closing
 import json
 import os
 import signal
 import time
+from contextlib import closing
 
 import numpy as np
 import psutil

@@ -6,12 +6,12 @@ built at 64x64 to keep the file quick; env creation is the main cost (~4 s each,
 from __future__ import annotations
 
 import importlib.util
-from contextlib import closing
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +22,8 @@ from async_rl.errors import ConfigError
 if importlib.util.find_spec("libero") is None:
     pytest.skip("LIBERO is not installed (run: make setup)", allow_module_level=True)
 
-import envs  # noqa: E402
-from envs.libero import ACTION_DIM, PROPRIO_DIM, InitStateSchedule, load_init_states  # noqa: E402
+import envs
+from envs.libero import ACTION_DIM, PROPRIO_DIM, InitStateSchedule, load_init_states
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE, TASK = "libero_spatial", 0

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("metaworld")
 
-from async_rl.errors import ConfigError  # noqa: E402
-from envs import ENVS, TaskEnv, TaskSet, available_envs, final_evaluation_for, make_task_set  # noqa: E402
+from async_rl.errors import ConfigError
+from envs import ENVS, TaskEnv, TaskSet, available_envs, final_evaluation_for, make_task_set
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,8 @@ def test_jsonl_rows_starts_and_scoring(files):
                                                                          "rewards": {"math": 1.0}})
     a.reset(start=2)
     assert a.step("it is 4")[1] == 0.0
-    assert a.counters() == {"prompts_correct": 1, "prompts_wrong": 1, "prompts_no_answer": 0}
+    assert a.counters() == {"prompts_correct": 1, "prompts_wrong": 1, "prompts_no_answer": 0, "completions": 2,
+                          "completion_tokens": 0}  # text responses count no tokens
     assert a.reward_components() == {"math": [1.0, 0.0], "total": [1.0, 0.0]} and a.reward_components() == {}
     held = make_task_set("prompts", data=train, heldout_data=heldout, split="heldout").make_env(0, seed=0)
     assert {held.reset()["prompt"] for _ in range(100)} == {r["prompt"] for r in HELDOUT}
@@ -96,7 +97,7 @@ def test_parquet_and_datasets_folders_and_chat_prompts(tmp_path):
 
     ts = make_task_set("prompts", data=str(tmp_path / "train.parquet"), heldout_data=str(tmp_path / "saved"))
     env = ts.make_env(0, seed=0)
-    assert env.reset(start=1) == {"prompt": TRAIN[1]["prompt"]}  # the user message is what the policy sees
+    assert env.reset(start=1) == {"prompt": chat[1]["prompt"]}  # the messages whole: the preprocessor templates them
     assert env.step("2")[1] == 1.0
     assert ts.heldout.split == "test" and ts.heldout_count() == 5
 
@@ -105,10 +106,6 @@ def test_parquet_and_datasets_folders_and_chat_prompts(tmp_path):
     assert folder.make_env(0, seed=0).reset(start=0) == {"prompt": TRAIN[0]["prompt"]}
     with pytest.raises(ConfigError, match="split 'validation' is not one of them"):
         make_task_set("prompts", data=str(tmp_path / "saved"), heldout_split="validation")
-
-    system = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"}], "answer": 2}]
-    with pytest.raises(ConfigError, match="system_prompt"):
-        make_task_set("prompts", data=write_jsonl(tmp_path / "s.jsonl", system), heldout_data=str(tmp_path / "saved"))
 
 
 def test_bad_data_is_one_line_before_anything_runs(files, tmp_path):
@@ -183,10 +180,10 @@ def test_final_evaluation_reports_each_reward(files):
 
 @pytest.mark.parametrize("line, problem", [
     ('{"prompt": "  ", "answer": 1}', "an empty prompt"),
-    ('{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"}]}',
-     "chat prompts of one user message are supported, got roles ['system', 'user']; put a system message in "
-     "--policy-kwargs \"{system_prompt: ...}\""),
-    ('{"question": "x?", "answer": 1}', NEEDS_PROMPT + " (its keys: question, answer)"),
+    ('{"prompt": [{"role": "user", "content": "1 + 1?"}, {"role": "system", "content": "Be brief."}]}',
+     "a chat prompt is an optional system message, then messages ending with the user's; got roles ['user', 'system']"),
+    ('{"question": "x?", "answer": 1}',
+     NEEDS_PROMPT + " (its keys: question, answer; another column is named with --env.prompt-column NAME)"),
     ('{"prompt": [], "answer": 1}', NEEDS_PROMPT),
     ('{"prompt": [{"role": "user"}], "answer": 1}', NEEDS_PROMPT),
     ('{"prompt": 7, "answer": 1}', NEEDS_PROMPT),
@@ -239,7 +236,7 @@ def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, mo
 
     launch = _launch()
     train, heldout = files
-    system = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"}], "answer": 2}]
+    system = [{"prompt": [{"role": "user", "content": "1 + 1?"}, {"role": "system", "content": "Be brief."}], "answer": 2}]
     (tmp_path / "broken_rewards.py").write_text("import a_module_that_is_not_installed\n")
     monkeypatch.chdir(tmp_path)
     cases = [
@@ -255,8 +252,7 @@ def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, mo
         (["--env", "humaneval", "--data", train], "--data, --heldout-data and --reward are options of --env prompts, "
                                                   "not --env humaneval"),
         (["--data", write_jsonl(tmp_path / "s.jsonl", system), "--heldout-data", heldout],
-         "s.jsonl line 1: chat prompts of one user message are supported, got roles ['system', 'user']; put a system "
-         "message in --policy-kwargs"),
+         "s.jsonl line 1: a chat prompt is an optional system message, then messages ending with the user's"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_:
@@ -264,3 +260,136 @@ def test_the_launch_refuses_bad_input_in_one_line_before_ray(files, tmp_path, mo
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_.value.code == 2 and len(err) == 1 and message in err[0], err
     assert not ray.is_initialized() and not (tmp_path / "run").exists()
+
+
+# ---- TRL's arguments reach the env's rewards; data options ----
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}|{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture
+def tiny_model_folder(tmp_path):
+    """A model folder with only a character tokenizer and a chat template that writes each message's role."""
+    from test_lm_model_families import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(str(tmp_path / "tiny"))
+    return str(tmp_path / "tiny"), tokenizer
+
+
+def test_env_rewards_get_completion_ids_and_the_policy_version(files, tiny_model_folder, tmp_path, monkeypatch):
+    (tmp_path / "step_rewards.py").write_text(
+        "SEEN = []\n"
+        "def recorder(completions, completion_ids, trainer_state, answer, **kwargs):\n"
+        "    SEEN.append((list(completion_ids), trainer_state.global_step, list(answer)))\n"
+        "    return [float(len(ids)) for ids in completion_ids]\n")
+    monkeypatch.chdir(tmp_path)
+    folder, tokenizer = tiny_model_folder
+    train, heldout = files
+    ts = make_task_set("prompts", data=train, heldout_data=heldout, rewards=["step_rewards:recorder"],
+                       tokenizer_path=folder)
+    import step_rewards
+
+    step_rewards.SEEN.clear()
+    env = ts.make_env(0, seed=0)
+    env.set_policy_version(7)  # as the rollout worker does with each answer's policy_version
+    env.reset(start=4)
+    ids = tokenizer("5", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert env.step(np.array(ids + [-1, -1]))[1] == 2.0  # the action's ids, padding dropped, eos kept
+    env.set_policy_version(8)
+    env.reset(start=1)
+    assert env.step("2 + 0")[1] == 5.0  # text: tokenized by the policy's tokenizer
+    assert step_rewards.SEEN == [([ids], 7, [5]), ([tokenizer("2 + 0", add_special_tokens=False)["input_ids"]], 8, [2])]
+
+
+def test_the_rollout_worker_tells_its_envs_the_policy_version_that_acted(files, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from async_rl.actors.rollout_worker import RolloutWorker
+
+    (tmp_path / "version_rewards.py").write_text(
+        "def step(completions, trainer_state, **kwargs):\n"
+        "    return [float(trainer_state.global_step)] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    train, heldout = files
+    ts = make_task_set("prompts", data=train, heldout_data=heldout, rewards=["version_rewards:step"])
+    slots = [SimpleNamespace(env=ts.make_env(0, seed=s), task=0) for s in range(2)]
+    for k, slot in enumerate(slots):
+        slot.env.reset(start=k)
+    worker = SimpleNamespace(preprocess=lambda obs, task_name: obs, task_names=["prompts"])
+    results, _ = RolloutWorker._step_in_thread(worker, slots, np.array(["1", "2"]), [12, 12])
+    assert [r[1] for r in results] == [12.0, 12.0]
+
+def test_a_chat_prompts_system_message_reaches_the_chat_template(tiny_model_folder):
+    from async_rl.policies.causal_lm import ChatPreprocessor
+
+    folder, tokenizer = tiny_model_folder
+    preprocess = ChatPreprocessor({"text": True}, folder, max_prompt_tokens=96, system_prompt="Think.")
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"}]
+
+    def text(obs):  # one character a token: the template's output as it was tokenized
+        return "".join(tokenizer.convert_ids_to_tokens(obs["input_ids"][obs["attention_mask"].bool()].tolist()))
+
+    assert text(preprocess({"prompt": chat})) == "<system>Be brief.|<user>1 + 1?|<assistant>"
+    assert text(preprocess({"prompt": chat[1:]})) == "<system>Think.|<user>1 + 1?|<assistant>"
+    assert text(preprocess({"prompt": "1 + 1?"})) == "<system>Think.|<user>1 + 1?|<assistant>"
+
+
+def test_chat_rows_with_a_system_message_are_kept_whole(files, tmp_path):
+    chat = [{"prompt": [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": r["prompt"]}],
+             "answer": r["answer"]} for r in TRAIN]
+    ts = make_task_set("prompts", data=write_jsonl(tmp_path / "chat.jsonl", chat), heldout_data=files[1])
+    env = ts.make_env(0, seed=0)
+    assert env.reset(start=3) == {"prompt": chat[3]["prompt"]}
+    assert env.step("4")[4]["rewards"] == {"math": 1.0}
+    assert chat[9]["prompt"] in ts.obs_spec["example_prompts"]  # the policy checks they fit, system message included
+
+
+def test_the_prompt_column_option_names_the_prompt(tmp_path, monkeypatch):
+    (tmp_path / "column_rewards.py").write_text(
+        "def exact(completions, solution, **kwargs):\n"
+        "    assert 'question' not in kwargs and 'prompt' not in kwargs\n"
+        "    return [float(c == s) for c, s in zip(completions, solution)]\n")
+    monkeypatch.chdir(tmp_path)
+    rows = [{"question": f"{a} + 1?", "solution": str(a + 1)} for a in range(6)]
+    train, heldout = write_jsonl(tmp_path / "q.jsonl", rows[:4]), write_jsonl(tmp_path / "qh.jsonl", rows[4:])
+    ts = make_task_set("prompts", data=train, heldout_data=heldout, rewards=["column_rewards:exact"],
+                       prompt_column="question")
+    env = ts.make_env(0, seed=0)
+    assert env.reset(start=2) == {"prompt": "2 + 1?"}
+    assert env.step("3")[1] == 1.0
+    with pytest.raises(ConfigError) as err:
+        make_task_set("prompts", data=train, heldout_data=heldout, rewards=["column_rewards:exact"])
+    assert str(err.value) == (f"--data {train} line 1: {NEEDS_PROMPT} (its keys: question, solution; another column "
+                              "is named with --env.prompt-column NAME)")
+    with pytest.raises(ConfigError) as err:
+        make_task_set("prompts", data=train, heldout_data=heldout, rewards=["column_rewards:exact"], prompt_column="query")
+    assert str(err.value) == (f"--data {train} line 1: has no prompt column 'query' (its keys: question, solution); "
+                              "name the prompt column with --env.prompt-column NAME")
+    with pytest.raises(ConfigError) as err:  # TRL's (completions, solution, **kwargs) shape: the same clear line
+        make_task_set("prompts", data=write_jsonl(tmp_path / "p.jsonl", TRAIN), heldout_data=write_jsonl(
+            tmp_path / "ph.jsonl", HELDOUT), rewards=["column_rewards:exact"])
+    assert str(err.value).startswith("reward exact needs column(s) solution, which ")
+    assert str(err.value).endswith(" line 1 lacks (its columns: answer, level)")
+
+
+def test_the_held_out_split_is_found_or_named_in_one_line(tmp_path):
+    import datasets
+
+    def saved(name, **splits):
+        datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(str(tmp_path / name))
+        return str(tmp_path / name)
+
+    validation = saved("v", train=TRAIN, validation=HELDOUT)
+    ts = make_task_set("prompts", data=validation)
+    assert (ts.train.split, ts.heldout.split, ts.heldout_count()) == ("train", "validation", 5)
+    both = saved("b", train=TRAIN, validation=HELDOUT[:2], test=HELDOUT)
+    assert make_task_set("prompts", data=both).heldout.split == "test"
+    assert make_task_set("prompts", data=both, heldout_split="validation").heldout_count() == 2
+    other = saved("o", train=TRAIN, dev=HELDOUT)
+    with pytest.raises(ConfigError) as err:
+        make_task_set("prompts", data=other)
+    assert str(err.value) == (f"--data {other}: a DatasetDict with splits train, dev and no held-out split (test or "
+                              "validation); set --env.heldout-split NAME or pass --heldout-data FILE")
+    assert make_task_set("prompts", data=other, heldout_split="dev").heldout.split == "dev"

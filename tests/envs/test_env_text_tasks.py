@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from async_rl.errors import ConfigError
+from async_rl.rewards.code_tests import shared_pool
 from envs import available_envs, make_task_set
 from envs.arithmetic import arithmetic_reward, heldout_capacity, heldout_problems, is_heldout
-from envs.humaneval import HELDOUT_TASK_IDS, code_reward, humaneval_problems, shared_pool
+from envs.humaneval import HELDOUT_TASK_IDS, code_reward, humaneval_problems
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,8 @@ def test_arithmetic_scoring_by_text_and_by_token_ids(tokenizer_dir):
     assert env.step("17 + 25 = 32")[1] == 0.0
     env.reset()
     assert env.step("I do not know")[4]["reason"] == "no_answer"
-    assert env.counters() == {"arithmetic_correct": 1, "arithmetic_wrong": 1, "arithmetic_no_answer": 1}
+    assert env.counters() == {"arithmetic_correct": 1, "arithmetic_wrong": 1, "arithmetic_no_answer": 1, "completions": 3,
+                              "completion_tokens": len(_ids(tokenizer_dir, "17 + 25 = 42")) - 4}  # ids less padding
     with pytest.raises(RuntimeError, match="reset"):
         env.step("1")
     no_tok = make_task_set("arithmetic").make_env(0, seed=0)

@@ -1,5 +1,5 @@
-"""``precision: fp16`` on CUDA (skipped without a GPU; on CPU the config refuses fp16, see
-tests/policies/test_fp16.py): DeepSpeed ZeRO-2 in float16 with dynamic loss scaling, the inference actor
+"""``precision: fp16`` on CUDA (skipped without a GPU; on a CPU whose DeepSpeed has no fp16 the config refuses
+it, see tests/policies/test_fp16.py): DeepSpeed ZeRO-2 in float16 with dynamic loss scaling, the inference actor
 in float16 on the same GPU, a few epochs of MetaWorld."""
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-
 from test_gpu_training import _inspect
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tests/gpu)")
@@ -31,8 +30,8 @@ def _inspect_fp16(runtime):
 
 
 def test_metaworld_fp16_with_loss_scaling_on_cuda(tmp_path):
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import run  # noqa: PLC0415
+    from async_rl.config import load_config
+    from async_rl.driver import run
 
     cfg = load_config(["--device", "cuda", "--precision", "fp16", "--log-dir", str(tmp_path / "run"), "--max-epochs", "4",
                        "--swanlab-mode", "disabled", "--num-trainers", "1", "--trainer-gpu-ids", "[0]",

@@ -37,8 +37,8 @@ def _inspect(runtime):
     ([0], 0, "share one GPU"), ([0], 1, "nccl"), ([0, 1], 2, "nccl"),
 ], ids=["co-located", "own-gpu", "two-ranks-nccl"])
 def test_metaworld_bf16_on_cuda(tmp_path, capsys, trainer_gpus, inference_gpu, transport):
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.driver import run  # noqa: PLC0415
+    from async_rl.config import load_config
+    from async_rl.driver import run
 
     if max(*trainer_gpus, inference_gpu) >= torch.cuda.device_count():
         pytest.skip(f"needs {max(*trainer_gpus, inference_gpu) + 1} GPUs, {torch.cuda.device_count()} visible")

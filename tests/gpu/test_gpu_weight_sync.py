@@ -8,10 +8,10 @@ from typing import Optional
 import pytest
 import ray
 import torch
-
-from async_rl.weights.rendezvous import find_free_port
-from async_rl.weights.group import WeightSyncGroup
 from conftest import assert_broadcast_delivered, released
+
+from async_rl.weights.group import WeightSyncGroup
+from async_rl.weights.rendezvous import find_free_port
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tests/gpu)")
 NAMES = ["trainer-0", "inference-0"]

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from multinode_cluster import PYTHON, RAY, _run, namespaces_unavailable
 
 from async_rl.cluster_probe import probe_cluster, version_mismatch
 from async_rl.process_setup import pythonpath_with
 from async_rl.weights.rendezvous import find_free_port
-from multinode_cluster import PYTHON, RAY, _run, namespaces_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch" / "ds_metaworld_ppo_mlp.py"
@@ -51,8 +51,8 @@ def test_malformed_address_is_one_line():
 
 
 def test_version_mismatch_names_both_versions_and_matching_versions_pass():
-    import ray  # noqa: PLC0415
-    from ray._private.utils import compute_version_info  # noqa: PLC0415
+    import ray
+    from ray._private.utils import compute_version_info
 
     ours, python = compute_version_info()
     assert version_mismatch("h:1", {"ray_version": ours, "python_version": python}) is None

@@ -5,8 +5,8 @@ import threading
 import pytest
 import ray
 
-from async_rl.orchestration.actor_group import get_named
 from async_rl.errors import ActorFailedError, ActorTimeoutError
+from async_rl.orchestration.actor_group import get_named
 
 
 @ray.remote(num_cpus=0)

@@ -5,9 +5,9 @@ entered the epoch's collectives first would time out (the failure CI met on a lo
 import functools
 import time
 
-import pytest
 import ray
 import torch
+from trainer_batches import ACTIONS, SPEC, N, random_step_records
 
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config.schema import RunConfig
@@ -15,7 +15,6 @@ from async_rl.orchestration.actor_group import ActorGroup, get_named
 from async_rl.orchestration.runtime import epoch_on_every_rank
 from async_rl.policies import build_policy
 from async_rl.weights.rendezvous import find_free_port
-from trainer_batches import ACTIONS, N, SPEC, random_step_records
 
 COLLECTIVE_TIMEOUT_S = 10.0
 LATE_S = 1.6 * COLLECTIVE_TIMEOUT_S  # rank 1's data comes this long after rank 0 first asked

@@ -2,17 +2,17 @@
 file, converted once to a Hugging Face folder): behaviour log-probs, left padding, masking, LoRA
 with adapter-only weight sync."""
 import copy
-from pathlib import Path
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from async_rl.algo import Objective, LossInputs
+from async_rl.algo import LossInputs, Objective
 from async_rl.algo.functional import aggregate
 from async_rl.errors import ConfigError
-from async_rl.policies.causal_lm import PAD_ACTION, CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
 from async_rl.policies import prepare_policy
+from async_rl.policies.causal_lm import PAD_ACTION, CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
 from async_rl.policies.lm_loading import default_gguf
 from async_rl.policies.nets import cast_parameters
 

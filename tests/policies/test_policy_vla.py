@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from attention_masks import AttentionMasks
 
 from async_rl.config import load_config
 from async_rl.errors import ConfigError
@@ -117,6 +118,35 @@ def test_logp_of_stored_actions_equals_sampling_logp(family_path, name):
         index = (out["action_token"] - (policy.vocab_end - NUM_BINS)).unsqueeze(-1)
         stored = torch.log_softmax(out["behaviour_logits"], -1).gather(-1, index).squeeze(-1)
         torch.testing.assert_close(stored, out["logp"])
+
+
+@pytest.mark.parametrize("name", ["vla", "vla_discrete"])
+def test_no_attention_row_is_fully_masked_and_the_outputs_are_the_2d_masks(family_path, name, monkeypatch):
+    """Two instructions of different lengths, left-padded: no attention call of training or of sampling's prefill
+    sees a query row without a visible key (policies/lm_attention.py); log-probs and values as with the 2D mask."""
+    import async_rl.policies.vla_layouts as layouts
+
+    policy, obs = _policy(name, family_path, seed=3), _batch(family_path)
+    assert len(set(obs["attention_mask"].sum(1).tolist())) == 2
+    spy = AttentionMasks(policy)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        with spy:
+            torch.manual_seed(4)
+            out = policy.act(obs)
+        assert spy.empty_rows() == 0
+        with spy:
+            torch.manual_seed(5)  # the squashed Gaussian's entropy is a sampled estimate
+            now = policy.evaluate(obs, out[policy.action_key])
+        assert spy.empty_rows() == 0
+        monkeypatch.setattr(layouts, "self_attending_pad_mask", lambda config, mask, dtype: mask)
+        with spy:
+            torch.manual_seed(5)
+            before = policy.evaluate(obs, out[policy.action_key])
+        assert spy.empty_rows() > 0  # the check sees the rows the 2D mask gives
+    for got, want in zip(now, before):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
 def test_deterministic_actions_are_the_mode(model_path):

@@ -7,13 +7,13 @@ import pytest
 import ray
 import torch
 from tensordict import TensorDict
+from test_lm_model_families import PROMPTS, save_model
 
 from async_rl.actors.trainer import TrainerActor
 from async_rl.config.schema import RunConfig
 from async_rl.errors import ConfigError
 from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
 from async_rl.weights.rendezvous import find_free_port
-from test_lm_model_families import PROMPTS, save_model
 
 SAMPLER_ERROR = 0.5  # what the stored log-probs are off by, as if the sampler computed them otherwise
 TIMEOUT = 300

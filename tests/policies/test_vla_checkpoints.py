@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from test_policy_vla import INSTRUCTIONS, LM_LORA, SPEC, _batch, _policy, _raw_obs, family_path  # noqa: F401
 
 from async_rl.errors import ConfigError
-from async_rl.policies import build_preprocessor, prepare_policy
+from async_rl.policies import build_preprocessor, prepare_policy, vla_layouts
+from async_rl.policies.lm_attention import self_attending_pad_mask
 from async_rl.policies.vla_tiny import build_tiny_vla
-from test_policy_vla import INSTRUCTIONS, LM_LORA, SPEC, _batch, _policy, _raw_obs, family_path  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,12 +55,23 @@ def test_a_prompt_acts_the_same_alone_and_left_padded_in_a_batch(family_path):  
             torch.testing.assert_close(batched[key][i], alone[i][key][0], rtol=1e-4, atol=1e-4, msg=f"row {i} {key}")
 
 
-def _language_model_inputs(policy):
-    """Records the (position_ids, attention_mask) the Llama language model receives."""
-    seen = []
+def _language_model_inputs(policy, monkeypatch):
+    """Records the (position_ids, 2D padding mask) of each forward of the Llama language model. A padded prompt's
+    model gets lm_attention's mask (pad positions attend to themselves: a 4D one), so the 2D mask is the one
+    run_backbone handed ``self_attending_pad_mask`` for that forward."""
+    seen, padding = [], []
+
+    def recorded(config, mask, dtype):
+        padding.append(mask)
+        return self_attending_pad_mask(config, mask, dtype)
+
+    def record(_, args, kwargs):
+        mask = kwargs["attention_mask"]
+        seen.append((kwargs["position_ids"], mask if torch.is_tensor(mask) and mask.dim() == 2 else padding[-1]))
+
+    monkeypatch.setattr(vla_layouts, "self_attending_pad_mask", recorded)
     lm = next(m for m in policy.backbone.modules() if type(m).__name__ == "LlamaModel")
-    lm.register_forward_pre_hook(lambda _, args, kwargs: seen.append((kwargs["position_ids"], kwargs["attention_mask"])),
-                                 with_kwargs=True)
+    lm.register_forward_pre_hook(record, with_kwargs=True)
     return seen
 
 
@@ -75,13 +87,13 @@ def _padded(rows: list[TensorDict], side: str) -> tuple[torch.Tensor, torch.Tens
     return ids, mask, torch.tensor([width - 1] * len(rows) if side == "left" else [n - 1 for n in lengths])
 
 
-def test_positions_count_real_tokens_with_either_padding_side(family_path):  # noqa: F811
+def test_positions_count_real_tokens_with_either_padding_side(family_path, monkeypatch):  # noqa: F811
     """Each real token (image features included) is at its place in the unpadded prompt, and
     the last real token gives what the prompt gives alone. (Llama's rotary positions hide a
     constant shift in the outputs, so the positions are checked where the model receives them.)"""
     policy, obs = _policy("vla", family_path, seed=2), _batch(family_path, n=2)
     rows = [_unpadded(obs, i) for i in range(2)]
-    seen = _language_model_inputs(policy)
+    seen = _language_model_inputs(policy, monkeypatch)
     with torch.no_grad():
         alone = [_last_real(policy, r["input_ids"], r["attention_mask"], r["pixel_values"], torch.tensor([-1])) for r in rows]
         for side in ("left", "right"):
@@ -146,9 +158,10 @@ def test_native_checkpoint_trains_through_model_path(tmp_path, family, policy):
     targets named for its ``text_model``): two epochs, the inference actor holding the trained
     weights."""
     pytest.importorskip("libero", reason="LIBERO is not installed (make setup installs it)")
-    from async_rl.config import load_config  # noqa: PLC0415  (the runtime: only the real run needs it)
-    from async_rl.driver import run  # noqa: PLC0415
-    from test_e2e_libero import _inspect  # noqa: PLC0415
+    from test_e2e_libero import _inspect
+
+    from async_rl.config import load_config  # the runtime: only the real run needs it
+    from async_rl.driver import run
 
     path = build_tiny_vla(tmp_path / family, family=family)
     cfg = load_config(["--model-path", str(path), "--init-from", "null", "--lora-target-modules", LM_LORA, "--log-dir", str(tmp_path / "run"),
@@ -167,7 +180,7 @@ def test_native_checkpoint_trains_through_model_path(tmp_path, family, policy):
     for name, value in seen["trainer"].items():
         torch.testing.assert_close(seen["inference"][name], value, rtol=0, atol=0, msg=name)
     # LoRA trained Idefics3's text model (merged into the broadcast weights); its vision tower is frozen.
-    from safetensors.torch import load_file  # noqa: PLC0415
+    from safetensors.torch import load_file
 
     initial = load_file(str(path / "model.safetensors"))
     q_proj, vision = "model.text_model.layers.0.self_attn.q_proj.weight", "model.vision_model.embeddings.patch_embedding.weight"

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from async_rl.ctrl.critique import critic_prompt, parse_judgment, revision_prompt
-from async_rl.ctrl.reward import ResultCache, cache_key, critique_reward, normalize_code, score_revision
+from async_rl.ctrl.reward import ResultCache, cache_key, critique_reward, score_revision
 from async_rl.sandbox import SandboxPool, run_tests
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(0, 0) == 0"]
@@ -58,15 +58,20 @@ def test_reward_on_hand_written_critiques():
     assert _score(CRITIQUE_RIGHT, "I would return a + b.")[1]["reason"] == "no_code"
 
 
-def test_normalisation_renames_locals_only():
+def test_the_key_is_the_exact_text_and_the_run_settings():
     a = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x  # sum\n    return total\n"
-    b = "def f(xs):\n    '''Sum.'''\n    s = 0\n    for item in xs:\n        s += item\n    return s"
-    assert normalize_code(a) == normalize_code(b)
-    # Parameters (tests may pass them by keyword), function names and constants are kept apart.
-    assert normalize_code(a) != normalize_code(a.replace("xs", "ys"))
-    assert normalize_code(a) != normalize_code(a.replace("total = 0", "total = 1"))
-    assert cache_key(a, TESTS) != cache_key(a, TESTS[:2]) and cache_key(a, TESTS) != cache_key(a, TESTS, prefix="import os")
-    assert normalize_code("def f(:\n") == "def f(:"  # does not parse: its own text
+    assert cache_key(a, TESTS) == cache_key(str(a), list(TESTS))
+    # Programs that differ only in a local's name, a docstring, a comment or layout may behave apart
+    # (a program can read its own names and text): each its own key.
+    for other in (a.replace("total", "s"), a.replace("    total = 0", "    'Sum.'\n    total = 0"),
+                  a.replace("  # sum", ""), a + "\n"):
+        assert cache_key(other, TESTS) != cache_key(a, TESTS)
+    assert cache_key(a, TESTS) != cache_key(a, TESTS[:2])
+    assert cache_key(a, TESTS) != cache_key(a, TESTS, prefix="import os")
+    assert cache_key(a, TESTS) != cache_key(a, TESTS, timeout_s=2.0) != cache_key(a, TESTS, entry_point="f")
+    # No two splits of the same characters share a key (tests, prefix and code are not just joined).
+    assert cache_key("x = 1", ["assert x", "assert 1"]) != cache_key("x = 1", ["assert x\0assert 1"])
+    assert cache_key("x = 1\0", TESTS, prefix="") != cache_key("x = 1", TESTS, prefix="\0")
 
 
 def test_the_cache_returns_the_runs_result_without_running_again():
@@ -75,10 +80,10 @@ def test_the_cache_returns_the_runs_result_without_running_again():
     ran = run_tests(code, TESTS)
     first = cache.submit(None, code, TESTS).result()
     assert (first.passed, first.total, first.reason) == (ran.passed, ran.total, ran.reason) == (1, 3, "ok")
-    renamed = "def add(a, b):\n    '''Subtract.'''\n    d = a - b\n    return d\n"
-    cache.submit(None, renamed, TESTS).result()  # another program: runs
+    commented = "def add(a, b):\n    # same code\n    return a - b"
+    cache.submit(None, commented, TESTS).result()  # another text: runs (a program can read its own text)
     started = time.monotonic()
-    again = cache.submit(None, "def add(a, b):\n    # same code\n    return a - b", TESTS).result()
+    again = cache.submit(None, code, TESTS).result()
     assert again is first and time.monotonic() - started < 0.05  # answered, not run (a sandbox run takes ~50+ ms)
     assert (cache.lookups, cache.hits) == (3, 1) and cache.hit_rate() == pytest.approx(1 / 3)
 

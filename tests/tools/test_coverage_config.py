@@ -20,8 +20,9 @@ def _recipe(target: str) -> str:
 def test_coverage_runs_what_make_test_runs_with_the_same_options():
     test = " ".join(_recipe("test").split())
     coverage = " ".join(_recipe("coverage").split()).replace("$(or $(FILES),tests)", "tests")
-    assert test.endswith("$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900")
-    assert coverage.endswith(test.split("\t")[-1].strip())
+    pytest_command = "$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900"
+    assert test.endswith(pytest_command)  # after the linter (tests/tools/test_lint.py)
+    assert coverage.endswith(pytest_command)
     assert "coverage_record.py" in coverage and "COVERAGE" not in test and "coverage" not in test
 
 

@@ -25,8 +25,15 @@ if args[:2] == ["-m", "pytest"]:
     print("tests/gpu/test_x.py ..s"); print("2 passed, 1 skipped in 3.1s"); sys.exit(0)
 if args[0].endswith("bench_weight_sync.py"):
     json.dump({"broadcast_100mib_seconds": 0.02, "backend": "gloo (host)", "rows": [1, 2]}, open(out, "w")); sys.exit(0)
+if args[0].endswith("gpu_lm_grads.py"):
+    json.dump({"raw_grads_finite": True, "lora_tensors": 420, "nonfinite_lora_tensors": 0, "cudnn_nonfinite_lora_tensors": 7,
+               "sdpa_ops_ran": "aten::_scaled_dot_product_cudnn_attention", "padded_rows": 5, "micro_batches": [{"width": 70}]},
+              open(out, "w")); sys.exit(0)
 if args[0].endswith("gpu_lm_grpo.py"):
-    json.dump({"generation_tokens_per_sec": 1234.5, "zero2_bf16_update_ok": False}, open(out, "w")); sys.exit(1)
+    if os.environ.get("LM_GRPO_SKIPS"):  # a run whose checks it does not fail itself, but which skipped updates
+        json.dump({"global_step": 5, "skipped_updates": int(os.environ["LM_GRPO_SKIPS"])}, open(out, "w")); sys.exit(0)
+    json.dump({"generation_tokens_per_sec": 1234.5, "zero2_bf16_update_ok": False, "epochs_arg": args[args.index("--epochs") + 1]},
+              open(out, "w")); sys.exit(1)
 if args[0].endswith("bench_lm_peers.py"):
     json.dump(args, open(out + ".argv", "w"))
     figures = {"ours_completions_per_sec": 6.5, "trl_completions_per_sec": 2.5, "device": "cuda: shared",
@@ -75,6 +82,10 @@ def test_steps_become_one_json(tmp_path, capsys):
     assert figures["weight_sync_ok"] is True and figures["weight_sync_broadcast_100mib_seconds"] == 0.02
     assert "weight_sync_rows" not in figures  # lists stay in the step's own file
     assert figures["lm_grpo_ok"] is False and figures["lm_grpo_generation_tokens_per_sec"] == 1234.5
+    assert figures["lm_grpo_epochs_arg"] == str(gpu_check.LM_GRPO_EPOCHS) and gpu_check.LM_GRPO_EPOCHS >= 5
+    assert figures["lm_grads_ok"] is True and figures["lm_grads_raw_grads_finite"] is True
+    assert figures["lm_grads_cudnn_nonfinite_lora_tensors"] == 7 and "lm_grads_micro_batches" not in figures
+    assert figures["skipped_updates"] == 0
     assert figures["lm_peers_ok"] is True and figures["lm_peers_ours_completions_per_sec"] == 6.5
     assert figures["lm_peers_ours_generation_phase_tokens_per_sec"] == 4321.0 and figures["lm_peers_device"] == "cuda: shared"
     assert all(isinstance(figures[f"{s}_seconds"], float) for s in gpu_check.STEPS)
@@ -99,7 +110,7 @@ def lm_peers_run(tmp_path: Path, monkeypatch, trl_missing, *flags: str) -> tuple
     monkeypatch.setattr(gpu_check, "missing_peers", lambda: trl_missing)
     out = tmp_path / "g.json"
     code = gpu_check.main(["--out", str(out), "--python", str(stand_in_python(tmp_path)), "--skip", "tests",
-                           "weight_sync", "lm_grpo", *flags], detect=lambda: "GPU")
+                           "weight_sync", "lm_grads", "lm_grpo", *flags], detect=lambda: "GPU")
     argv = json.loads((tmp_path / "steps" / "lm_peers.json.argv").read_text())
     figures = json.loads(out.read_text())
     assert figures["all_ok"] is (code == 0)
@@ -137,8 +148,79 @@ def test_lm_peers_stopped_at_its_limit_keeps_its_partial_figures(tmp_path, monke
 
 def test_the_steps_fit_the_budget():
     assert set(gpu_check.SHARES) == set(gpu_check.STEPS) and sum(gpu_check.SHARES.values()) <= 1.0
-    assert gpu_check.SHARES["lm_peers"] * 8 >= 2.5  # minutes of the default budget: two start-ups and evaluations
-    assert gpu_check.SHARES["lm_grpo"] * 8 * 60 > 154  # its run on an H200 (RESULTS section 20)
+    budget = gpu_check.BUDGET_MINUTES
+    assert gpu_check.SHARES["lm_peers"] * budget >= 2.5  # minutes of the default budget: two start-ups and evaluations
+    assert gpu_check.SHARES["lm_grpo"] * budget * 60 > 154  # its 3-epoch run on an H200 (RESULTS section 20)
+
+
+def test_a_skipped_update_fails_the_check_even_when_its_step_passed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LM_GRPO_SKIPS", "2")
+    out = tmp_path / "g.json"
+    code = gpu_check.main(["--out", str(out), "--python", str(stand_in_python(tmp_path)), "--skip", "lm_peers"],
+                          detect=lambda: "GPU")
+    figures = json.loads(out.read_text())
+    assert figures["lm_grpo_ok"] is True and figures["lm_grpo_skipped_updates"] == 2
+    assert code == 1 and figures["all_ok"] is False and figures["skipped_updates"] == 2
+    assert "2 optimiser update(s) skipped" in capsys.readouterr().out
+    assert gpu_check.skipped_updates({"lm_peers_ours_skipped_updates": 1, "lm_grpo_skipped_updates": 0,
+                                      "lm_grpo_ok": True}) == 1
+
+
+def test_help_answers_without_a_gpu():
+    for command in (["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--help"],
+                    [sys.executable, str(ROOT / "benchmarks" / "gpu_lm_grads.py"), "--help"]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+    assert "lm_grads" in gpu_check.__doc__ and "skipped_updates" in gpu_check.__doc__
+
+
+def test_the_gradient_probe_runs_on_cpu(tmp_path):
+    """benchmarks/gpu_lm_grads.py's CPU-runnable part, on a tiny causal LM (the GPU step runs the real model): its
+    figures per micro-batch, the LoRA gradients and the attention operators that ran."""
+    import torch
+    import transformers
+    from test_lm_model_families import SHAPE, char_tokenizer
+
+    folder = tmp_path / "tiny_lm"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE)).save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    out = tmp_path / "grads.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_lm_grads.py"), "--device", "cpu", "--rows", "20",
+                           "--model-path", str(folder), "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["raw_grads_finite"] is True and figures["nonfinite_lora_tensors"] == 0
+    assert figures["lora_tensors"] == 2 * 2 * 7  # 2 layers x 7 target modules x (A, B)
+    assert figures["math_nonfinite_lora_tensors"] == 0 and "cudnn_nonfinite_lora_tensors" not in figures  # CPU
+    assert "scaled_dot_product" in figures["sdpa_ops_ran"] and figures["attn_implementation"] == "sdpa"
+    assert set(figures) >= {"sdpa_flag_cudnn", "sdpa_flag_flash", "sdpa_flag_efficient", "sdpa_flag_math"}
+    batches = figures["micro_batches"]
+    assert [b["rows"] for b in batches] == [16, 4]  # lm_arithmetic's train_batch_size 16
+    assert figures["max_width"] == max(b["width"] for b in batches)
+    assert figures["padded_rows"] == sum(b["padded_rows"] for b in batches) > 0  # mixed prompt lengths
+
+
+def test_padding_shape_and_lora_gradients_read_what_attention_gets():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_lm_grads
+
+    mask = torch.tensor([[0, 0, 0, 1, 1], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    response = torch.tensor([[5, 6, -1, -1], [5, -1, -1, -1], [5, 6, 7, -1]])
+    # the all-padding first column is trimmed: width 4 + 3 used response columns; rows 0 and 2 keep padding
+    assert gpu_lm_grads.padding_shape(mask * 9, mask, response) == {"width": 7, "rows": 3, "padded_rows": 2,
+                                                                    "left_pad_positions": 3}
+    model = torch.nn.Module()
+    model.lora_A = torch.nn.Parameter(torch.ones(2))
+    model.lora_B = torch.nn.Parameter(torch.ones(2))
+    model.base = torch.nn.Parameter(torch.ones(2))
+    (model.lora_A * model.base).sum().backward()
+    assert gpu_lm_grads.lora_gradients(model) == (2, ["lora_B"])  # no gradient at all counts too
+    model.lora_B.grad = torch.tensor([1.0, float("nan")])
+    assert gpu_lm_grads.lora_gradients(model) == (2, ["lora_B"])
 
 
 def test_pytest_counts_reads_the_closing_line():

@@ -12,6 +12,7 @@ import pytest
 import ray
 import torch
 from tensordict import TensorDict
+from trainer_batches import ACTIONS, SPEC, N, random_step_records
 
 from async_rl.actors.inference import InferenceActor
 from async_rl.actors.trainer import TrainerRank
@@ -20,7 +21,6 @@ from async_rl.orchestration.actor_group import ActorGroup
 from async_rl.orchestration.weight_sync_coordinator import WeightSyncCoordinator
 from async_rl.policies import build_policy
 from async_rl.weights.rendezvous import find_free_port
-from trainer_batches import ACTIONS, N, SPEC, random_step_records
 
 CFG = RunConfig(device="cpu", precision="fp32", num_trainers=1, train_batch_size=4, accumulation_steps=1,
                 super_batch_size=4, replay_capacity=N, updates_per_epoch=1, lr_policy=1e-2, lr_value=1e-2,

@@ -11,9 +11,9 @@ import ray
 import torch
 
 from async_rl.errors import ActorTimeoutError, ConfigError
+from async_rl.weights.group import WeightSyncGroup
 from async_rl.weights.rendezvous import find_free_port
 from async_rl.weights.signature import check_signature, first_signature_difference, tensor_signature
-from async_rl.weights.group import WeightSyncGroup
 
 NAMES = ["trainer-0", "inference-1", "inference-2"]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
+from conftest import assert_broadcast_delivered, released
 
 from async_rl.errors import ConfigError
-from conftest import assert_broadcast_delivered, released
-from async_rl.weights.rendezvous import find_free_port
 from async_rl.weights.group import WeightSyncGroup
+from async_rl.weights.rendezvous import find_free_port
 from async_rl.weights.transport import choose_transport
 
 CPU = {"device": "cpu"}

@@ -33,10 +33,11 @@ from async_rl.ctrl.critique import critic_prompt, parse_judgment, revision_promp
 from async_rl.ctrl.evaluate import evaluate
 from async_rl.ctrl.reward import REWARD_MODES, ResultCache, critique_reward, score_revision
 from async_rl.errors import ConfigError
+from async_rl.rewards.code_tests import shared_pool
 from async_rl.sandbox import CHANNEL_VIOLATIONS, REASONS, SandboxResult
 from envs import register_env
 from envs._text import EVAL_BATCH, PreparedStepEnv, TextEnvOptions, TextTaskSetBase, action_key, response_text
-from envs.humaneval import TRAIN_TASK_IDS, shared_pool
+from envs.humaneval import TRAIN_TASK_IDS
 
 TextFn = Callable[[list[str]], list[str]]
 
