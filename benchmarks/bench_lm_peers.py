@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"held-out problems each final model answers (default {HELDOUT}; fewer: a check's time budget)")
     ap.add_argument("--model-path", default=None,
                     help="a Hugging Face folder or .gguf file for both systems (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--generation-engine", choices=["auto", "vllm", "hf"], default="auto",
+                    help="what generates this project's responses (--policy.generation-engine; auto: vllm where installed)")
     args = ap.parse_args(argv)
     if args.heldout < 1:
         ap.error(f"--heldout {args.heldout}: give at least 1 problem")
@@ -322,10 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     minutes = args.minutes or (20.0 if updates else 15.0)
     root = Path(args.log_root)
     model_flags = ["--model-path", args.model_path] if args.model_path else []
+    if args.generation_engine != "auto":  # auto is the policy's default: nothing to pass
+        model_flags += ["--policy.generation-engine", args.generation_engine]
     problems = heldout_file(root / "heldout.jsonl", args.heldout)
     figures: dict[str, Any] = {"minutes": minutes, "updates_per_run": updates or "until minutes",
                                "seeds": ",".join(map(str, seeds)), "heldout_problems": args.heldout,
-                               "ours_flags": args.ours_flags, "device": gpu_layout(gpus) if args.gpu else "cpu",
+                               "ours_flags": args.ours_flags, "generation_engine": args.generation_engine, "device": gpu_layout(gpus) if args.gpu else "cpu",
                                "load_avg_1min_start": machine()["load_avg_1min"]}
     per_seed: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for seed in seeds:

@@ -11,6 +11,7 @@
 #   no-deps.in                                -> no-deps.lock.txt    packages installed with --no-deps
 #   compilergym.in                            -> compilergym.lock.txt   .venv-compilergym (Python 3.10)
 #   peers.in                                  -> peers.lock.txt    `make peers` only (bench_lm_peers.py)
+#   vllm.in                                   -> vllm.lock.txt     .venv-vllm/site-packages (the vLLM engine's process)
 #
 # The tool: uv (pinned below), in a throwaway venv. The inputs need both Pythons (3.11 and 3.10) that
 # scripts/setup.sh finds; markers and wheels are resolved for this platform (Linux x86-64).
@@ -92,6 +93,24 @@ mapfile -t MAIN_PINNED < <(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/--no-emit-package\
 "$UV" pip compile "$REQ/peers.in" -c "$REQ/main.lock.txt" -c "$REQ/torch-cpu.in" --python .venv/bin/python \
     "${COMMON[@]}" "${TORCH_SOURCES[@]}" --no-emit-package torch "${MAIN_PINNED[@]}" -o "$REQ/peers.lock.txt"
 
-for f in main torch-cpu no-deps compilergym peers; do
+log "vllm.lock.txt (the vLLM engine's site folder: only what main.lock.txt lacks or pins otherwise)"
+# vLLM's CPU build pins some packages at other versions than the main lock (transformers < 5.20, numpy < 2.4 for
+# mistral-common, numba, setuptools): those are released from the constraint and go into the site folder, which the
+# engine's process puts first on its path. torch is the main venv's; torchvision / torchaudio / torchcodec (they do
+# not load beside torch's CPU build) and triton (xgrammar's GPU kernels) are declared but never emitted.
+VLLM_RELEASED="transformers|setuptools|numba|llvmlite|numpy"
+sed -n 's/^\([A-Za-z0-9_.-]*==[^ ]*\).*/\1/p' "$REQ/main.lock.txt" | grep -vE "^($VLLM_RELEASED)==" \
+    > "$TOOLS/vllm-constraints.txt"
+VLLM_SKIPPED=(torch torchvision torchaudio torchcodec triton)
+VLLM_ARGS=("$REQ/vllm.in" -c "$TOOLS/vllm-constraints.txt" -c "$REQ/torch-cpu.in" --python .venv/bin/python
+           "${COMMON[@]}" "${TORCH_SOURCES[@]}")
+"$UV" pip compile "${VLLM_ARGS[@]}" -o "$TOOLS/vllm-all.txt"
+# Left out: every package resolved at the version the main lock already holds.
+mapfile -t VLLM_SAME < <(sed -n 's/^\([A-Za-z0-9_.-]*==[^ ]*\).*/\1/p' "$REQ/main.lock.txt" | sort \
+    | comm -12 - <(sed -n 's/^\([A-Za-z0-9_.-]*==[^ ]*\).*/\1/p' "$TOOLS/vllm-all.txt" | sort) | cut -d= -f1)
+"$UV" pip compile "${VLLM_ARGS[@]}" $(printf -- '--no-emit-package %s ' "${VLLM_SKIPPED[@]}" "${VLLM_SAME[@]}") \
+    -o "$REQ/vllm.lock.txt"
+
+for f in main torch-cpu no-deps compilergym peers vllm; do
     log "$f.lock.txt: $(grep -c '^[A-Za-z0-9]' "$REQ/$f.lock.txt") packages"
 done

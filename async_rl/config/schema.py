@@ -416,6 +416,10 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
             _check_sampler_reference(self.policy, self.lora_rank, self.lora_sync, self.lora_trainable, self.kl_ref_coef > 0
                                     or "logp_ref" in PolicyLoss(self.clip_mode, self.clip_params).reads)
         check_group_minibatch(self.clip_mode, self.clip_params, self.group_size, self.train_batch_size)
+        if self.policy == "causal_lm":
+            from async_rl.policies.lm_options import check_generation_engine  # noqa: PLC0415
+
+            check_generation_engine(self.policy_kwargs, self.lora_rank, self.lora_sync, self.init_from)
         return self
 
     @pydantic.model_validator(mode="after")

@@ -3,11 +3,12 @@
 The worker-side preprocessor applies the model's chat template to the env's prompt and left-pads
 it to ``max_prompt_tokens`` (every request of a batch then has the same width and rows of several
 callers concatenate). ``act`` samples a response with Hugging Face ``generate`` (KV cache, stop at
-eos) and records, for every sampled token, its log-probability under the distribution it was
-actually drawn from. That distribution is declared in ``lm_sampling``: every sampling field is set
-explicitly from the policy kwargs (``temperature``, ``top_k``, ``top_p``, ``min_p``) and nothing is
-inherited from the model's ``generation_config.json``. A response is ``max_new_tokens`` ids, ``-1``
-after its end; ``action_mask`` marks the real tokens, eos included, so every loss term is masked.
+eos), or in vLLM's engine (``generation_engine``, ``lm_vllm``: same contracts), and records, for
+every sampled token, its log-probability under the distribution it was actually drawn from. That
+distribution is declared in ``lm_sampling``: every sampling field is set explicitly from the policy
+kwargs (``temperature``, ``top_k``, ``top_p``, ``min_p``) and nothing is inherited from the model's
+``generation_config.json``. A response is ``max_new_tokens`` ids, ``-1`` after its end;
+``action_mask`` marks the real tokens, eos included, so every loss term is masked.
 
 ``evaluate`` recomputes the same log-probs for training in one decoder pass over prompt + response,
 with position ids counted from the first real token (left padding shifts nothing) and pad positions
@@ -27,6 +28,7 @@ the trainer's log-probs before an update are the sampler's.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
@@ -50,6 +52,9 @@ from async_rl.policies.lm_sampling import (
     zero_dropout_config,
     zero_dropout_modules,
 )
+from async_rl.policies.lm_vllm import EngineCannotFollow, VLLMGeneration, engine_unsupported_reason
+from async_rl.policies.lora import named_lora_layers
+from async_rl.policies.vllm_client import VLLMEngineError
 
 PAD_ACTION = -1  # response slots after the end of the response
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
@@ -145,7 +150,8 @@ class CausalLMActorCritic(ActorCritic):
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, max_prompt_tokens: int = 256,
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  min_p: float = 0.0, system_prompt: Optional[str] = None, min_new_tokens: int = 0,
-                 gradient_checkpointing: bool = False, disable_dropout: bool = True) -> None:
+                 gradient_checkpointing: bool = False, disable_dropout: bool = True,
+                 generation_engine: str = "auto") -> None:
         """``temperature``, ``top_k`` (0: off), ``top_p`` (1: off), ``min_p`` (0: off): the sampling
         distribution (``lm_sampling``; nothing else of the model's generation config applies).
         ``min_new_tokens``: eos is suppressed before that many tokens (0: a response may end at once;
@@ -155,7 +161,10 @@ class CausalLMActorCritic(ActorCritic):
         rest in backward (a HumanEval minibatch of 4 x 624 tokens grew the process by ~4.1 GB without it,
         ~3.3 GB with it, at ~1.35x the time); generation is unaffected.
         ``disable_dropout``: every dropout probability of the model is 0 (its config's and its
-        ``nn.Dropout`` modules'), so a trainer in train mode computes what the sampler computes."""
+        ``nn.Dropout`` modules'), so a trainer in train mode computes what the sampler computes.
+        ``generation_engine``: ``vllm`` generates in vLLM's engine (``lm_vllm``), ``hf`` with ``generate``, ``auto``
+        with vLLM where it can (installed, the architecture, LoRA adapters the only weights that change), decided
+        on the first batch, and with ``generate`` from the first batch the engine cannot serve."""
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
 
@@ -168,7 +177,9 @@ class CausalLMActorCritic(ActorCritic):
         if gradient_checkpointing:
             self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.sampling = SamplingParams(float(temperature), int(top_k), float(top_p), float(min_p))
-        self.max_new_tokens, self.temperature = max_new_tokens, self.sampling.temperature
+        self.max_prompt_tokens, self.max_new_tokens, self.temperature = max_prompt_tokens, max_new_tokens, self.sampling.temperature
+        self.generation_engine = generation_engine
+        self._vllm: Optional[VLLMGeneration] = None
         self.min_new_tokens = min(min_new_tokens, max_new_tokens)
         tokenizer = load_tokenizer(model_path)
         self.pad_id = int(tokenizer.pad_token_id)
@@ -188,15 +199,58 @@ class CausalLMActorCritic(ActorCritic):
         rows = ids.shape[0]
         greedy = deterministic if isinstance(deterministic, torch.Tensor) else torch.full((rows,), bool(deterministic))
         greedy = greedy.to(torch.bool).reshape(rows).cpu()
-        response = torch.full((rows, self.max_new_tokens), PAD_ACTION, dtype=torch.int64, device=ids.device)
-        logp = torch.zeros((rows, self.max_new_tokens), dtype=torch.float32, device=ids.device)
+        response, logp = self._vllm_generate(ids, mask, greedy) if self._uses_vllm() else self._hf_generate(ids, mask, greedy)
+        value = self.value(obs) if self.has_critic else torch.zeros(rows, device=ids.device)
+        return TensorDict({self.action_key: response, "env_action": response.clone(), "logp": logp,
+                           "value": value.float()}, batch_size=[rows])
+
+    def _hf_generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        response = torch.full((ids.shape[0], self.max_new_tokens), PAD_ACTION, dtype=torch.int64, device=ids.device)
+        logp = torch.zeros((ids.shape[0], self.max_new_tokens), dtype=torch.float32, device=ids.device)
         for flag in (False, True):  # generate cannot mix greedy and sampled rows: one call per kind
             picked = (greedy == flag).nonzero().flatten().to(ids.device)
             if len(picked):
                 response[picked], logp[picked] = self._generate(ids[picked], mask[picked], greedy=flag)
-        value = self.value(obs) if self.has_critic else torch.zeros(rows, device=ids.device)
-        return TensorDict({self.action_key: response, "env_action": response.clone(), "logp": logp,
-                           "value": value.float()}, batch_size=[rows])
+        return response, logp
+
+    # ---- the vLLM engine (lm_vllm) -----------------------------------------------------------
+    def _uses_vllm(self) -> bool:
+        """Whether this batch goes to vLLM; on the first batch under ``auto``, whether it can (said once)."""
+        if self.generation_engine == "hf" or self._vllm is not None:
+            return self.generation_engine != "hf"
+        reason = engine_unsupported_reason(self.lm)
+        if reason is None and self.generation_engine == "auto" and not named_lora_layers(self.lm):
+            # Without adapters every weight a trainer sends is a base weight, which the engine cannot follow.
+            reason = "the model holds no LoRA adapters (the engine follows training through them; --lora-sync adapters)"
+        if reason is None:
+            try:
+                self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
+                return True
+            except VLLMEngineError as exc:  # weights it cannot serve, or an engine that did not start
+                reason = str(exc)
+        self._engine_unavailable(reason)
+        return False
+
+    def _vllm_generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return self._vllm.generate(ids, mask, greedy)
+        except EngineCannotFollow as exc:
+            self.close_engine()
+            self._engine_unavailable(str(exc))
+            return self._hf_generate(ids, mask, greedy)
+
+    def _engine_unavailable(self, reason: str) -> None:
+        """``vllm`` asked for: the reason as an error. ``auto``: generate's from now on, said once."""
+        if self.generation_engine == "vllm":
+            raise VLLMEngineError(f"generation_engine vllm: {reason}")
+        print(f"causal_lm: generating with transformers' generate, not vLLM: {reason}", file=sys.stderr, flush=True)
+        self.generation_engine = "hf"
+
+    def close_engine(self) -> None:
+        """Stop the vLLM engine's process, if one runs (it also ends by itself with this process)."""
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = trim_left_padding(ids, mask)

@@ -2,7 +2,7 @@
 prompts and responses may be, and the sampling distribution (``lm_sampling``)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import pydantic
 
@@ -34,6 +34,9 @@ class CausalLMOptions(ConfigSection):
     """training recomputes each decoder layer in backward (less memory, ~1.35x the time)"""
     disable_dropout: bool = True
     """every dropout of the model off, so that the trainer computes what the sampler computed"""
+    generation_engine: Literal["auto", "vllm", "hf"] = "auto"
+    """what generates responses: vllm (its own process; LoRA adapters follow the trainers), hf (transformers'
+    generate); auto = vllm where scripts/setup_vllm.sh installed it and the model and its weight sync suit it"""
 
     @pydantic.model_validator(mode="after")
     def _lengths_ordered(self) -> "CausalLMOptions":
@@ -41,3 +44,23 @@ class CausalLMOptions(ConfigSection):
             raise ValueError(f"min_new_tokens {self.min_new_tokens} > max_new_tokens {self.max_new_tokens}; "
                              "set min_new_tokens at most max_new_tokens")
         return self
+
+
+def check_generation_engine(policy_kwargs: dict, lora_rank: int, lora_sync: str, init_from: Optional[str]) -> None:
+    """``generation_engine: vllm`` in a training run, before Ray starts: the engine loads the base model from its
+    folder and follows the trainers through LoRA adapters only (``lm_vllm``), and it must be installed. One
+    ConfigError naming the fix; ``auto`` needs no check (it takes hf where vLLM cannot serve)."""
+    from async_rl.errors import ConfigError  # noqa: PLC0415
+    from async_rl.policies.vllm_client import vllm_unavailable_reason  # noqa: PLC0415
+
+    if policy_kwargs.get("generation_engine") != "vllm":
+        return
+    fix = "or --policy.generation-engine hf"
+    if lora_rank == 0 or lora_sync != "adapters":
+        raise ConfigError("generation_engine vllm follows the trainers through LoRA adapters only: pass --lora-rank N "
+                          f"--lora-sync adapters, {fix}")
+    if init_from is not None:
+        raise ConfigError(f"generation_engine vllm loads the base model's own weights, not init_from's export; {fix}")
+    reason = vllm_unavailable_reason()
+    if reason:
+        raise ConfigError(f"generation_engine vllm: {reason}, {fix}")

@@ -46,7 +46,7 @@ def test_trl_clip_params_are_clip_params():
     (["--beta", "0.04"], "--beta is TRL's name: use --kl-ref-coef"),
     (["--learning-rate", "1e-5"], "--learning-rate is TRL's name: use --lr-policy"),
     (["--max-completion-length", "256"], "--max-completion-length is TRL's name: use --policy.max-new-tokens"),
-    (["--use-vllm"], "--use-vllm is TRL's name: no equivalent here"),
+    (["--use-vllm"], "--use-vllm is TRL's name: use --policy.generation-engine (vllm: "),
     (["--group_size", "8"], "--group_size: flags are written with dashes; use --group-size"),
     (["--lora_alpha", "8"], "--lora_alpha: flags are written with dashes; use --lora-alpha"),
     (["--policy.max_new_tokens", "8"], "--policy.max_new_tokens: flags are written with dashes; use --policy.max-new-tokens"),

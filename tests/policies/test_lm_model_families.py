@@ -84,8 +84,9 @@ def save_model(folder, family):
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_policy(request, tmp_path_factory):
     folder = save_model(tmp_path_factory.mktemp(request.param), request.param)
+    # transformers' generate, whose prefill and processors these tests check (with LoRA, auto would take vLLM).
     kwargs = prepare_causal_lm({"text": True}, 1, str(folder), {"max_new_tokens": 12, "max_prompt_tokens": 24,
-                                                                "temperature": 1.0})
+                                                                "temperature": 1.0, "generation_engine": "hf"})
     torch.manual_seed(1)
     policy = CausalLMActorCritic({"text": True}, 1, **kwargs)
     pre = ChatPreprocessor({"text": True}, **kwargs)

@@ -23,8 +23,9 @@ PROMPTS = ["What is 2 + 3?", "Compute 123 * 4. Give the final answer as a number
 
 @pytest.fixture(scope="module")
 def kwargs():
+    # transformers' generate: these tests are its contracts (vLLM's: test_lm_vllm.py); with LoRA, auto would take vLLM.
     return prepare_causal_lm({"text": True}, 1, None, {"max_new_tokens": 12, "max_prompt_tokens": 80,
-                                                       "temperature": 0.7})
+                                                       "temperature": 0.7, "generation_engine": "hf"})
 
 
 @pytest.fixture(scope="module")

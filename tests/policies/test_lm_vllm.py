@@ -1,0 +1,200 @@
+"""The causal-LM policy generating with a real vLLM engine on CPU (``generation_engine: vllm``, policies/lm_vllm.py):
+a tiny random Llama saved as a Hugging Face folder, LoRA on its projections as an RL run's inference copy holds it.
+
+One engine for the module (its start-up is ~30-140 s on 2 busy cores); the tests that end it come last. Without
+``.venv-vllm`` (scripts/setup_vllm.sh) the engine tests skip with that reason; the choice and its errors are
+tested either way.
+"""
+import os
+import signal
+
+import pytest
+import torch
+
+from async_rl.errors import ConfigError
+from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
+from async_rl.policies.lm_options import check_generation_engine
+from async_rl.policies.lora import apply_lora, is_lora_name
+from async_rl.policies.vllm_client import VLLMEngineError, vllm_unavailable_reason
+
+transformers = pytest.importorskip("transformers")
+needs_vllm = pytest.mark.skipif(vllm_unavailable_reason() is not None, reason=str(vllm_unavailable_reason()))
+
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPTS = ["12 + 30 = ?", "What is 7 - 2?", "a"]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from test_lm_model_families import SHAPE, char_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    # head_dim 64: a size vLLM's CPU attention has kernels for.
+    config = transformers.LlamaConfig(**{**SHAPE, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1},
+                                      initializer_range=0.1)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(folder))
+    char_tokenizer().save_pretrained(str(folder))
+    return str(folder)
+
+
+def lm_kwargs(folder, engine, **extra):
+    return prepare_causal_lm({"text": True}, 1, folder, {"max_prompt_tokens": 32, "max_new_tokens": NEW_TOKENS,
+                                                         "temperature": 0.7, "generation_engine": engine, **extra})
+
+
+def lora_policy(folder, engine):
+    """The inference copy of a LoRA run with adapter-only sync, adapters with non-zero B (a trained state)."""
+    torch.manual_seed(0)
+    policy = apply_lora(CausalLMActorCritic({"text": True}, 1, **lm_kwargs(folder, engine)).eval(), rank=4, alpha=8.0,
+                        target_modules=PROJECTIONS)
+    perturb_adapters(policy, seed=1)
+    return policy
+
+
+def perturb_adapters(policy, seed):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # in place, as the weight sync copies: the engine sees the version counters move
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+
+
+def batch(folder, prompts):
+    pre = ChatPreprocessor({"text": True}, **lm_kwargs(folder, "hf"))
+    return torch.stack([pre({"prompt": p}) for p in prompts])
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_llama):
+    if vllm_unavailable_reason() is not None:
+        pytest.skip(vllm_unavailable_reason())
+    policy = lora_policy(tiny_llama, "vllm")
+    yield policy
+    policy.close_engine()
+
+
+def act(policy, obs, greedy):
+    with torch.inference_mode():
+        return policy.act(obs, torch.tensor(greedy))
+
+
+@needs_vllm
+def test_sampled_log_probs_are_the_trainers_before_an_update(policy, tiny_llama):
+    obs = batch(tiny_llama, PROMPTS * 2)
+    out = act(policy, obs, [False] * 6)
+    response = out["response"]
+    real = policy.action_mask(response)
+    assert response.shape == (6, NEW_TOKENS) and torch.equal(out["env_action"], response)
+    for row, flags in zip(response, real):
+        n = int(flags.sum())
+        assert n >= 1 and bool(flags[:n].all())  # real tokens first, then PAD_ACTION only
+        ends = torch.isin(row[:n], torch.tensor(policy.stop_ids))
+        assert not bool(ends[:-1].any()) and (n == NEW_TOKENS or bool(ends[-1]))  # it ends at its stop token
+    assert bool((out["logp"][~real] == 0).all()) and bool((out["logp"][real] < 0).all())
+    with torch.inference_mode():
+        recomputed, _, _ = policy.evaluate(obs, response)
+    diff = (recomputed - out["logp"])[real].abs()
+    print(f"vLLM vs trainer log-probs (fp32, LoRA): max {diff.max():.2e} mean {diff.mean():.2e} over {len(diff)} tokens")
+    assert diff.max() < 1e-3, diff
+
+
+@needs_vllm
+def test_greedy_rows_are_transformers_greedy_rows(policy, tiny_llama):
+    obs = batch(tiny_llama, PROMPTS)
+    mixed = act(policy, obs, [True, False, True])
+    with torch.inference_mode():
+        hf, _ = policy._hf_generate(obs["input_ids"], obs["attention_mask"], torch.ones(3, dtype=torch.bool))
+    assert torch.equal(mixed["response"][[0, 2]], hf[[0, 2]])
+
+
+@needs_vllm
+def test_a_group_of_one_prompt_is_one_request_with_n_completions(policy, tiny_llama, monkeypatch):
+    sent = []
+    call = policy._vllm.client.call
+    monkeypatch.setattr(policy._vllm.client, "call", lambda cmd, **kw: sent.append(kw) or call(cmd, **kw))
+    out = act(policy, batch(tiny_llama, [PROMPTS[0]] * 4 + [PROMPTS[1]] * 2), [False] * 4 + [True] * 2)
+    requests = sent[0]["requests"]
+    assert [(r["n"], r["greedy"]) for r in requests] == [(4, False), (1, True)]
+    sampled = {tuple(row.tolist()) for row in out["response"][:4]}
+    assert len(sampled) > 1  # four draws, not one copied
+    assert torch.equal(out["response"][4], out["response"][5])  # one greedy completion, given to both rows
+
+
+@needs_vllm
+def test_min_new_tokens_holds_every_response_to_its_length(policy, tiny_llama, monkeypatch):
+    monkeypatch.setattr(policy, "min_new_tokens", NEW_TOKENS)
+    out = act(policy, batch(tiny_llama, PROMPTS), [False, False, False])
+    assert bool(policy.action_mask(out["response"]).all())
+
+
+@needs_vllm
+def test_a_lora_update_changes_greedy_responses_and_a_new_adapter_serves_it(policy, tiny_llama):
+    obs = batch(tiny_llama, PROMPTS)
+    before = act(policy, obs, [True] * 3)["response"]
+    adapter = dict(policy._vllm._adapter)
+    assert torch.equal(act(policy, obs, [True] * 3)["response"], before)
+    assert policy._vllm._adapter == adapter  # no change, no new adapter
+    perturb_adapters(policy, seed=2)
+    after = act(policy, obs, [True] * 3)["response"]
+    assert policy._vllm._adapter["id"] == adapter["id"] + 1
+    assert not os.path.exists(adapter["path"])  # the old adapter's folder is gone
+    assert not torch.equal(after, before)
+    with torch.inference_mode():
+        hf, _ = policy._hf_generate(obs["input_ids"], obs["attention_mask"], torch.ones(3, dtype=torch.bool))
+    assert torch.equal(after, hf)  # the engine generates with the new weights, as the policy does
+
+
+@needs_vllm
+def test_a_killed_engine_is_a_named_error_not_a_hang(policy, tiny_llama):
+    os.kill(policy._vllm.client.pid, signal.SIGKILL)
+    with pytest.raises(VLLMEngineError, match=r"the vLLM engine \(pid \d+\) (exited|died|is unreachable)"):
+        act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
+
+
+@needs_vllm
+def test_a_base_weight_change_is_refused_or_left_to_generate(policy, tiny_llama, capsys):
+    with torch.no_grad():
+        next(p for n, p in policy.named_parameters() if not is_lora_name(n)).add_(0.01)
+    with pytest.raises(VLLMEngineError, match="base weights changed .* --lora-sync adapters, or --policy.generation-engine hf"):
+        act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
+    assert policy._vllm is None  # the engine that cannot follow is stopped
+    policy.generation_engine = "auto"  # under auto: the base is no longer the folder's, so transformers' generate
+    out = act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
+    assert policy.generation_engine == "hf" and policy._vllm is None and out["response"].shape == (1, NEW_TOKENS)
+    assert "generating with transformers' generate, not vLLM" in capsys.readouterr().err
+
+
+def test_without_vllm_installed_auto_generates_with_transformers_and_vllm_is_an_error(tiny_llama, monkeypatch, capsys):
+    monkeypatch.setenv("ASYNC_RL_VLLM_SITE", "/nonexistent")
+    obs = batch(tiny_llama, PROMPTS[:1])
+    auto = lora_policy(tiny_llama, "auto")
+    assert act(auto, obs, [True])["response"].shape == (1, NEW_TOKENS) and auto.generation_engine == "hf"
+    assert "scripts/setup_vllm.sh" in capsys.readouterr().err
+    with pytest.raises(VLLMEngineError, match="vLLM is not installed in /nonexistent; run bash scripts/setup_vllm.sh"):
+        act(lora_policy(tiny_llama, "vllm"), obs, [True])
+
+
+def test_auto_leaves_a_model_without_adapters_to_transformers(tiny_llama, capsys):
+    policy = CausalLMActorCritic({"text": True}, 1, **lm_kwargs(tiny_llama, "auto")).eval()
+    act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
+    assert policy.generation_engine == "hf" and policy._vllm is None
+    assert "no LoRA adapters" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (dict(lora_rank=0, lora_sync="merged", init_from=None), "LoRA adapters only: pass --lora-rank N --lora-sync adapters"),
+    (dict(lora_rank=8, lora_sync="merged", init_from=None), "LoRA adapters only: pass --lora-rank N --lora-sync adapters"),
+    (dict(lora_rank=8, lora_sync="adapters", init_from="runs/sft/export"), "not init_from's export"),
+])
+def test_vllm_asked_for_where_it_cannot_follow_training_is_one_config_error(given, message):
+    with pytest.raises(ConfigError, match=message):
+        check_generation_engine({"generation_engine": "vllm"}, **given)
+    check_generation_engine({"generation_engine": "auto"}, **given)  # auto: the policy decides, no error
+
+
+def test_vllm_asked_for_where_it_is_not_installed_is_one_config_error(monkeypatch):
+    monkeypatch.setenv("ASYNC_RL_VLLM_SITE", "/nonexistent")
+    with pytest.raises(ConfigError, match="not installed in /nonexistent; run bash scripts/setup_vllm.sh"):
+        check_generation_engine({"generation_engine": "vllm"}, lora_rank=8, lora_sync="adapters", init_from=None)
