@@ -7,10 +7,11 @@
    scored as the env scores them (arithmetic: exact last number; humaneval: fraction of asserts passing).
 2. ``trained_accuracy``: per seed, ``launch/ds_lm_grpo.py`` trains for ``--minutes``, then the env's final
    evaluation answers the same held-out problems greedily with the final weights (mean and per seed).
-3. Generation: ``tokens_per_sec`` of the InferenceActor (Ray, batching server) against a plain
-   ``model.generate`` in this process with the same batch, lengths (min = max new tokens) and threads
-   (``generation_actor_over_plain``), and responses/s of the asynchronous against the synchronous
-   schedule with equal actors (``async_over_sync_responses``, short runs of ``--schedule-minutes``).
+3. Generation: ``tokens_per_sec`` of the InferenceActor (Ray, batching server) generating with transformers
+   against a plain ``model.generate`` in this process with the same batch, lengths (min = max new tokens) and
+   threads (``generation_actor_over_plain``), the same actor with the vLLM engine (``vllm_tokens_per_sec``,
+   ``vllm_over_hf_actor``; ``bench_lm_engines.py`` compares the engines alone, with log-prob differences),
+   and responses/s of the asynchronous against the synchronous schedule with equal actors (``async_over_sync_responses``, short runs of ``--schedule-minutes``).
 Run it on an idle machine: figures are wall-clock; the machine's load is written with them.
 """
 from __future__ import annotations
@@ -81,25 +82,29 @@ def generation_throughput(config: Path) -> dict[str, float]:
     plain = GEN_REPEATS * GEN_BATCH * (out.shape[1] - ids.shape[1]) / plain_s
     del policy
     start_local_ray(2)
+    served: dict[str, float] = {}
     try:
-        runtime = Runtime(cfg, task_set)
         from async_rl.actors.inference import InferenceActor
 
-        actor = InferenceActor.options(num_cpus=0).remote(0, runtime.inference_factory, GEN_BATCH, 50.0, None, 0,
-                                                          cfg.torch_threads, "fp32")
-        ray.get(actor.serve_built_weights.remote(), timeout=600)
-        wire = to_wire(obs)
-        ray.get(actor.request.remote(wire), timeout=600)  # warm-up
-        start = time.perf_counter()
-        tokens = 0
-        for _ in range(GEN_REPEATS):
-            answer = ray.get(actor.request.remote(wire), timeout=600)
-            tokens += int((answer["response"] >= 0).sum())
-        served = tokens / (time.perf_counter() - start)
+        for engine in ("hf", "vllm"):  # the config's inference actor with each generation engine, the same batch
+            cfg.policy_kwargs = {**cfg.policy_kwargs, "generation_engine": engine}
+            runtime = Runtime(cfg, task_set)
+            actor = InferenceActor.options(num_cpus=0).remote(0, runtime.inference_factory, GEN_BATCH, 50.0, None, 0,
+                                                              cfg.torch_threads, "fp32")
+            ray.get(actor.serve_built_weights.remote(), timeout=600)
+            wire = to_wire(obs)
+            ray.get(actor.request.remote(wire), timeout=900)  # warm-up (vLLM: the engine's start)
+            start = time.perf_counter()
+            tokens = 0
+            for _ in range(GEN_REPEATS):
+                answer = ray.get(actor.request.remote(wire), timeout=600)
+                tokens += int((answer["response"] >= 0).sum())
+            served[engine] = tokens / (time.perf_counter() - start)
+            ray.kill(actor)
     finally:
         ray.shutdown()
-    return {"plain_generate_tokens_per_sec": plain, "tokens_per_sec": served,
-            "generation_actor_over_plain": served / plain}
+    return {"plain_generate_tokens_per_sec": plain, "tokens_per_sec": served["hf"], "vllm_tokens_per_sec": served["vllm"],
+            "generation_actor_over_plain": served["hf"] / plain, "vllm_over_hf_actor": served["vllm"] / served["hf"]}
 
 
 def stored_over_real(checkpoint: Path) -> dict[str, float]:
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.update({k: v for k, v in machine().items() if k != "load_avg_1min"})
     figures["load_avg_1min_end"] = machine()["load_avg_1min"]
     report(figures, args, headline=["base_accuracy", "trained_accuracy", "trained_minus_base", "tokens_per_sec",
-                                    "generation_actor_over_plain", "async_over_sync_responses"])
+                                    "vllm_tokens_per_sec", "generation_actor_over_plain", "async_over_sync_responses"])
     return 0
 
 

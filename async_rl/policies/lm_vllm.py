@@ -48,6 +48,9 @@ def engine_unsupported_reason(lm: torch.nn.Module) -> Optional[str]:
     reason = vllm_unavailable_reason()
     if reason:
         return reason
+    device = next(lm.parameters()).device
+    if device.type != "cpu":  # scripts/setup_vllm.sh installs vLLM's CPU build (its GPU build is another wheel)
+        return f"the installed vLLM is its CPU build and the model is on {device}"
     architectures = set(getattr(lm.config, "architectures", None) or [type(lm).__name__])
     if not architectures & ENGINE_ARCHITECTURES:
         return (f"the vLLM engine is not set up here for {sorted(architectures)} (it runs "
@@ -71,13 +74,14 @@ class VLLMGeneration:
         self._base_seen = self._versions(self.base)
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.base[0].dtype]
         rank = max((int(t.shape[0]) for name, t in self.lm.named_parameters() if ".lora_A." in name), default=0)
+        # The adapters' folders: the engine's process removes them when it ends, as it may outlive this object.
+        self._folders = Path(tempfile.mkdtemp(prefix="vllm-adapters-"))
         self.client = VLLMEngineClient(
-            dict(model=self.model_path, dtype=dtype, seed=int(torch.initial_seed()) % 2**31,
+            dict(model=self.model_path, scratch=str(self._folders), dtype=dtype, seed=int(torch.initial_seed()) % 2**31,
                  max_model_len=policy.max_prompt_tokens + policy.max_new_tokens, max_num_seqs=256,
                  max_lora_rank=next(r for r in ENGINE_LORA_RANKS if r >= rank) if rank else 0,
                  enforce_eager=False),
             start_timeout_s=START_TIMEOUT_S, timeout_s=CALL_TIMEOUT_S, threads=threads)
-        self._folders = Path(tempfile.mkdtemp(prefix="vllm-adapters-"))
         self._adapter: Optional[dict[str, Any]] = None
         self._lora_seen: Optional[tuple[int, ...]] = None
 

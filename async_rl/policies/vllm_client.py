@@ -2,10 +2,11 @@
 
 ``scripts/setup_vllm.sh`` installs vLLM's CPU build into ``.venv-vllm/site-packages``. The server runs with this
 process's interpreter and that folder first on its path (-P: the script's own folder is not on it). vLLM logs to
-stdout and stderr, which go to a log file; the protocol has a socket pair of its own (one JSON line per call
-each way, every call with a timeout). The server ends with the process that started it (it watches its parent) and
-shares a process group with its engine core, which ``kill`` ends. A dead, silent or failing engine raises
-``VLLMEngineError`` naming what happened and the end of the engine's log.
+stdout and stderr, which go to a nameless file (written out where an error names it); the protocol has a socket
+pair of its own (one JSON line per call each way, every call with a timeout). The server ends with the process that
+started it (it watches its parent), its engine core in the same process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), in
+a process group of its own that ``kill`` ends. A dead, silent or failing engine raises ``VLLMEngineError`` naming
+what happened and the end of the engine's log.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class VLLMEngineClient:
         if reason:
             raise VLLMEngineError(reason)
         self.timeout_s = timeout_s
-        self.log = tempfile.NamedTemporaryFile(prefix="vllm-engine-", suffix=".log", delete=False)
+        self.log = tempfile.TemporaryFile()  # nameless: gone with this process, however it ends
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(vllm_site()), os.environ.get("PYTHONPATH", "")]),
                    # The engine's threads: as many as the inference actor's torch (its own OpenMP binding would
@@ -65,7 +66,6 @@ class VLLMEngineClient:
                 [sys.executable, "-P", "-u", str(SERVER_SCRIPT), str(theirs.fileno()), json.dumps(spec)],
                 stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                 pass_fds=(theirs.fileno(),), start_new_session=True)  # its own group: kill() ends the engine core too
-        self._keep_log = False
         self._socket = ours
         self._reader = ours.makefile("r", encoding="utf-8")
         self.pid = self.proc.pid
@@ -105,12 +105,17 @@ class VLLMEngineClient:
         return msg
 
     def _log_tail(self) -> str:
-        self._keep_log = True  # an error names the log: it stays
+        """The end of the engine's log for an error message, the whole of it kept in a file the message names."""
         try:
-            text = Path(self.log.name).read_text(errors="replace")[-LOG_TAIL_CHARS:]
-        except OSError:
+            self.log.seek(0)
+            text = self.log.read().decode(errors="replace")
+        except (OSError, ValueError):  # closed
             return ""
-        return f"; the end of its log ({self.log.name}):\n{text}" if text else ""
+        if not text:
+            return ""
+        kept = Path(tempfile.gettempdir()) / f"vllm-engine-{self.pid}.log"
+        kept.write_text(text)
+        return f"; the end of its log (all of it: {kept}):\n{text[-LOG_TAIL_CHARS:]}"
 
     def kill(self) -> None:
         """Kill the engine's process group: the server and vLLM's engine core process."""
@@ -135,5 +140,3 @@ class VLLMEngineClient:
                 stream.close()
             except OSError:
                 pass
-        if not self._keep_log:
-            Path(self.log.name).unlink(missing_ok=True)

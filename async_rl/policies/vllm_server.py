@@ -7,13 +7,14 @@ object per line each way, the first answer once the engine is built. Nothing of 
 but this file, so the main venv's packages never meet the engine's.
 
 Requests: ``{"cmd": "generate", "requests": [...], "sampling": {...}, "adapter": {...} | null}``,
-``{"cmd": "remove_adapter", "id": int}``, ``{"cmd": "close"}``. Answers: ``{"ok": true, ...}`` or
-``{"ok": false, "error": "..."}``.
+``{"cmd": "close"}``; answers ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The engine holds one
+adapter (``max_loras`` 1, its CPU cache as many): a new id evicts the old one.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -24,15 +25,17 @@ from typing import Any
 PARENT_POLL_S = 1.0
 
 
-def exit_with_parent() -> None:
-    """End this process (and the engine in it) within a second of the process that started it: an inference
-    actor killed by Ray leaves no engine behind. A thread polls the parent's pid rather than PR_SET_PDEATHSIG,
-    which fires when the parent's starting *thread* ends (the actor generates on a worker thread)."""
+def exit_with_parent(scratch: str) -> None:
+    """End this process (and the engine in it) within a second of the process that started it, removing that
+    process's ``scratch`` folder (its adapters): an inference actor killed by Ray leaves no engine behind. A thread
+    polls the parent's pid rather than PR_SET_PDEATHSIG, which fires when the parent's starting *thread* ends (the
+    actor generates on a worker thread)."""
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_S)
+        shutil.rmtree(scratch, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
@@ -106,8 +109,6 @@ def serve(channel: socket.socket, spec: dict[str, Any]) -> None:
         try:
             if msg["cmd"] == "generate":
                 answer(generate(llm, msg))
-            elif msg["cmd"] == "remove_adapter":
-                answer({"ok": True, "removed": bool(llm.llm_engine.remove_lora(msg["id"]))})
             else:
                 answer({"ok": False, "error": f"unknown command {msg['cmd']!r}"})
         except Exception as exc:  # noqa: BLE001 (one failed call is an answer; the engine stays up for the next)
@@ -115,6 +116,10 @@ def serve(channel: socket.socket, spec: dict[str, Any]) -> None:
             answer({"ok": False, "error": repr(exc)})
 
 
-if __name__ == "__main__":  # guarded: vLLM's engine core starts its process with spawn, which re-imports __main__
-    exit_with_parent()
-    serve(socket.socket(fileno=int(sys.argv[1])), json.loads(sys.argv[2]))
+if __name__ == "__main__":  # guarded: a process vLLM spawns (with its multiprocessing on) re-imports __main__
+    spec = json.loads(sys.argv[2])
+    exit_with_parent(spec["scratch"])
+    try:
+        serve(socket.socket(fileno=int(sys.argv[1])), spec)
+    finally:  # the client's adapter folders, however the client ended
+        shutil.rmtree(spec["scratch"], ignore_errors=True)

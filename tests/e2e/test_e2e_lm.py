@@ -3,7 +3,9 @@ registry's GGUF file), on a user's JSONL with the built-in math reward plus a re
 (--data, --heldout-data, --reward): local Ray, a DeepSpeed ZeRO-2 trainer over a LoRA model, GRPO with groups of
 responses generated in one batched call, adapter-only weight sync, KL to the adapters-off reference computed by
 the sampler, per-reward logs and the held-out evaluation at the end; then the trained model taken away (the
-checkpoint's peft adapter and launch/export_lm.py's merged folder, each loaded with plain transformers).
+checkpoint's peft adapter and launch/export_lm.py's merged folder, each loaded with plain transformers). The
+generation engine is the default (auto): vLLM where scripts/setup_vllm.sh installed it (the inference actor's
+samples and eval_lm's greedy answers, the latter equal to plain transformers'), transformers' generate elsewhere.
 
 One run for the capability: the prompts env is ``lm_arithmetic.yaml``'s variant with every other setting kept, so
 the generated arithmetic env (unit-tested in tests/envs/test_env_text_tasks.py, its final evaluation in

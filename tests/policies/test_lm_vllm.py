@@ -7,6 +7,8 @@ tested either way.
 """
 import os
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,9 +150,13 @@ def test_a_lora_update_changes_greedy_responses_and_a_new_adapter_serves_it(poli
 
 @needs_vllm
 def test_a_killed_engine_is_a_named_error_not_a_hang(policy, tiny_llama):
-    os.kill(policy._vllm.client.pid, signal.SIGKILL)
-    with pytest.raises(VLLMEngineError, match=r"the vLLM engine \(pid \d+\) (exited|died|is unreachable)"):
+    pid = policy._vllm.client.pid
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(VLLMEngineError, match=r"the vLLM engine \(pid \d+\) (exited|died|is unreachable)") as error:
         act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
+    kept = Path(tempfile.gettempdir()) / f"vllm-engine-{pid}.log"
+    assert f"the end of its log (all of it: {kept})" in str(error.value) and kept.stat().st_size > 0
+    kept.unlink()
 
 
 @needs_vllm

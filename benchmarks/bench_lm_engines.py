@@ -1,0 +1,129 @@
+"""The causal-LM policy's two generation engines side by side (``generation_engine``: vllm, hf), in this process.
+
+    python benchmarks/bench_lm_engines.py --out runs/bench/lm_engines.json                 # SmolLM2-135M, fp32
+    python benchmarks/bench_lm_engines.py --model tiny --dtypes fp32 bf16 --out runs/bench/lm_engines_tiny.json
+
+Per model and dtype, the same batch (``--prompts`` arithmetic questions, sampled at T 1.0, ``--tokens`` new tokens
+each: min = max, so both engines generate equal lengths) through ``CausalLMActorCritic.act``:
+
+* ``<dtype>_<engine>_tokens_per_sec``: generated tokens / wall seconds, the best of ``--repeats`` batches after a
+  warm-up; ``<dtype>_vllm_over_hf`` their ratio;
+* ``<dtype>_vllm_start_s``: the engine's start-up (its process, imports, weights, compilation), in the first batch;
+* ``<dtype>_logp_max_abs_diff`` / ``_mean_abs_diff``: the log-probs vLLM recorded against the policy's
+  recomputation (``evaluate``, what the trainer computes before an update) on the same tokens, from a batch
+  without ``min_new_tokens`` (a suppressed eos changes the sampled distribution, which training does not know).
+
+``--model tiny`` is a random Llama (2 layers, hidden 128) with SmolLM2's tokenizer. Threads: ``--threads`` for both
+engines (torch's and vLLM's OpenMP). Figures are wall-clock: the machine's load and CPU are written with them.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine, parser, report
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def tiny_llama(folder: Path, tokenizer_source: str) -> str:
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_source)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=512, tie_word_embeddings=True,
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return str(folder)
+
+
+def measure(model_path: str, dtype: str, prompts: int, tokens: int, repeats: int) -> dict[str, float]:
+    import torch
+
+    from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
+    from async_rl.policies.nets import cast_parameters
+    from envs.arithmetic import heldout_problems
+
+    figures: dict[str, float] = {}
+    kwargs = prepare_causal_lm({"text": True}, 1, model_path, {"max_prompt_tokens": 64, "max_new_tokens": tokens,
+                                                               "temperature": 1.0, "generation_engine": "vllm"})
+    preprocess = ChatPreprocessor({"text": True}, **kwargs)
+    obs = torch.stack([preprocess({"prompt": p["prompt"]}) for p in heldout_problems(prompts, 2)])
+    sampled = torch.zeros(prompts, dtype=torch.bool)
+    torch.manual_seed(0)
+    policy = cast_parameters(CausalLMActorCritic({"text": True}, 1, **kwargs).eval(), getattr(torch, DTYPES[dtype]))
+    with torch.inference_mode():
+        # Log-probs with eos allowed (min_new_tokens 0): a suppressed eos renormalises the sampled distribution, which
+        # training does not know of (causal_lm's min_new_tokens), in either engine.
+        start = time.perf_counter()
+        out = policy.act(obs, sampled)
+        figures["vllm_start_s"] = time.perf_counter() - start  # the first batch: the engine's start and one batch
+        recomputed, _, _ = policy.evaluate(obs, out["response"])
+        real = policy.action_mask(out["response"])
+        diff = (recomputed - out["logp"])[real].abs()
+        figures.update(logp_max_abs_diff=float(diff.max()), logp_mean_abs_diff=float(diff.mean()),
+                       logp_tokens=int(real.sum()))
+        if repeats == 0:
+            policy.close_engine()
+            return figures
+        policy.min_new_tokens = tokens  # speed at equal lengths
+        for engine in ("vllm", "hf"):
+            policy.generation_engine = engine
+            policy.act(obs, sampled)  # warm-up
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                out = policy.act(obs, sampled)
+                best = min(best, time.perf_counter() - start)
+            figures[f"{engine}_tokens_per_sec"] = int(policy.action_mask(out["response"]).sum()) / best
+    policy.close_engine()
+    figures["vllm_over_hf"] = figures["vllm_tokens_per_sec"] / figures["hf_tokens_per_sec"]
+    return figures
+
+
+def cpu_model() -> str:
+    """The CPU's name (bf16 speed differs much between the machine kinds: AMX on the Intel kind)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, "one timed batch per engine, not three")
+    ap.add_argument("--model", default="smollm2", help="smollm2 (the default model), tiny, or a model folder")
+    ap.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["fp32"])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3, help="timed batches per engine; 0: the log-probs only")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    import torch
+
+    from async_rl.policies.lm_loading import resolve_lm_path
+
+    torch.set_num_threads(args.threads)
+    smollm2 = str(resolve_lm_path(None))
+    figures: dict[str, Any] = {"model": args.model, "prompts": args.prompts, "tokens": args.tokens,
+                               "threads": args.threads, "cpu": cpu_model(), "load_avg_1min_start": machine()["load_avg_1min"]}
+    with tempfile.TemporaryDirectory() as scratch:
+        model = {"smollm2": smollm2, "tiny": None}.get(args.model, args.model) or tiny_llama(Path(scratch), smollm2)
+        for dtype in args.dtypes:
+            measured = measure(model, dtype, args.prompts, args.tokens, 1 if args.quick else args.repeats)
+            figures.update({f"{dtype}_{key}": value for key, value in measured.items()})
+    figures["load_avg_1min_end"] = machine()["load_avg_1min"]
+    report(figures, args)
+    return 0
+
+
+if __name__ == "__main__":  # guarded: a spawned process re-imports this module
+    sys.exit(main())
