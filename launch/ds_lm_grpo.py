@@ -58,7 +58,7 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
-    from async_rl.driver import main as run_main  # noqa: PLC0415  (Ray and torch: after the flags are split)
+    from async_rl.driver import main as run_main  # Ray and torch: after the flags are split
 
     try:
         rest = expand_shorthands(sys.argv[1:] if argv is None else argv)
@@ -70,7 +70,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
 def usage() -> str:
     """This file's docstring with the built-in rewards as the registry has them (one list: the registry's)."""
-    from async_rl.rewards import builtin_rewards  # noqa: PLC0415
+    from async_rl.rewards import builtin_rewards
 
     return (__doc__ or "").replace("{builtin_rewards}", ", ".join(builtin_rewards()))
 
