@@ -58,13 +58,13 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
-    from async_rl.driver import main as run_main  # Ray and torch: after the flags are split
-
     try:
         rest = expand_shorthands(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:  # the driver's convention for bad input: one line, exit code 2
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    from async_rl.driver import main as run_main  # Ray and torch: after this launch's own flags are checked
+
     return run_main(str(CONFIG), usage(), rest)
 
 
