@@ -327,14 +327,14 @@ class ModelPolicy(_Proposals):
         self.model = model.eval()
 
     def actions(self, obs: Any, n: int, deterministic: bool) -> list[list[int]]:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 (as in _batch)
 
         with torch.no_grad():
             out = self.model.act(self._batch(obs, n), torch.full((n,), bool(deterministic)))
         return [self.passes_of(a) for a in out["env_action"].cpu().numpy()]
 
     def pass_scores(self, obs: Any, prefix: Sequence[int]) -> np.ndarray:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 (as in _batch)
 
         p = self.num_passes
         if self.per_step:
