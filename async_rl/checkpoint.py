@@ -269,7 +269,7 @@ def save_adapter(module: torch.nn.Module, adapter: Path) -> None:
     (``hf_model_attr``): ``PeftModel.from_pretrained(AutoModel....from_pretrained(base), adapter)`` loads every
     tensor, and ``base_model_name_or_path`` names that base. Tensors outside that model (a value head) and
     tensors trained whole are not adapters: they stay in model.safetensors only."""
-    from peft import get_peft_model_state_dict  # noqa: PLC0415
+    from peft import get_peft_model_state_dict  # noqa: PLC0415 (peft imports transformers: only LoRA runs save adapters)
 
     root = getattr(module, "hf_model_attr", "")
     prefix = f"{root}." if root else ""

@@ -11,6 +11,11 @@ import json
 import os
 from typing import Optional
 
+from ray._private import ray_constants
+from ray._private.authentication.authentication_utils import is_token_auth_enabled
+from ray._private.utils import check_version_info, compute_version_info
+from ray.core.generated import gcs_service_pb2
+
 PROBE_TIMEOUT_S = 5.0
 
 
@@ -23,8 +28,7 @@ def _split(address: str) -> tuple[str, int]:
 
 def _auth_metadata() -> tuple[tuple[str, str], ...]:
     """The token header this process would send (none unless RAY_AUTH_MODE=token)."""
-    from ray._private.authentication.authentication_utils import is_token_auth_enabled  # noqa: PLC0415
-    from ray._private.authentication.grpc_authentication_client_interceptor import (  # noqa: PLC0415
+    from ray._private.authentication.grpc_authentication_client_interceptor import (  # noqa: PLC0415 (grpc: as below)
         _get_authentication_metadata_tuple,
     )
 
@@ -41,10 +45,11 @@ def probe_cluster(address: Optional[str], timeout_s: float = PROBE_TIMEOUT_S) ->
         host, port = _split(address)
     except ValueError as exc:
         return str(exc)
-    import grpc  # noqa: PLC0415  (Ray's own dependency)
-    from ray._common.usage.usage_constants import CLUSTER_METADATA_KEY  # noqa: PLC0415
-    from ray._private import ray_constants  # noqa: PLC0415
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc  # noqa: PLC0415
+    # What the probe needs beyond what `import ray` loads (grpc: ~20 modules, a C extension) loads only where an
+    # address is probed, not with the driver module (the launch scripts' --help imports it).
+    import grpc  # noqa: PLC0415 (see above)
+    from ray._common.usage.usage_constants import CLUSTER_METADATA_KEY  # noqa: PLC0415 (see above)
+    from ray.core.generated import gcs_service_pb2_grpc  # noqa: PLC0415 (see above)
 
     fix_address = (f"--ray-address {address}: no Ray cluster answers there; start one with "
                    f"`ray start --head --port={port}` on {host}, or pass the address `ray start --head` printed")
@@ -76,8 +81,6 @@ def probe_cluster(address: Optional[str], timeout_s: float = PROBE_TIMEOUT_S) ->
 def version_mismatch(address: str, cluster_metadata: dict) -> Optional[str]:
     """The line to print when the cluster's Ray or Python (its GCS metadata) differs from this
     process's, judged as ``ray.init`` judges it; None when they match."""
-    from ray._private.utils import check_version_info, compute_version_info  # noqa: PLC0415
-
     try:
         check_version_info(cluster_metadata, "this machine")  # Ray's own rule (Python's patch level included)
     except RuntimeError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import ray
+from ray._private import ray_constants
 from rich.console import Console
 
 import envs
@@ -266,8 +267,6 @@ def init_ray(cfg: RunConfig) -> None:
         return
     # Ray resolves 127.0.0.1 to the machine's address unless told this node is not part of a
     # cluster; then every Ray server (GCS, raylet, workers, agents) listens on loopback only.
-    from ray._private import ray_constants  # noqa: PLC0415
-
     # Set only while Ray starts its processes (they read it then): a `ray start` this process runs
     # later, e.g. to join or make a real cluster, must not inherit it.
     old, old_constant = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray_constants.ENABLE_RAY_CLUSTER

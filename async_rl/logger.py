@@ -70,7 +70,7 @@ class MetricsLogger:
         self.tb.add_custom_scalars(TB_LAYOUT)
         self._swanlab = None
         if swanlab_mode != "disabled":
-            import swanlab  # noqa: PLC0415
+            import swanlab  # noqa: PLC0415 (optional: only runs that log to SwanLab)
 
             self._swanlab = swanlab.init(project=project, mode=swanlab_mode, logdir=str(self.log_dir / "swanlab"),
                                          config=dict(config or {}))

@@ -74,7 +74,7 @@ class RunData:
 
 def load_run(run_dir: str | Path) -> RunData:
     """Every scalar of ``run_dir``'s event files, its wall time, and the newest checkpoint's config."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415 (only to report)
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -108,7 +108,7 @@ def plot_figures(runs: Sequence[RunData], out: Path) -> list[Path]:
     import matplotlib  # noqa: PLC0415  (imported here: a run that never reports does not pay for it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (after matplotlib.use)
 
     out.mkdir(parents=True, exist_ok=True)
     titles = {stem: title for stem, title, _ in FIGURES}
@@ -230,7 +230,7 @@ def report_at_end(log_dir: str, console: Any) -> None:
     """The driver's call at the end of a run: a report that cannot be written is one yellow line, never a failure."""
     try:
         console.print(f"report: {write_report([log_dir])}", markup=False, soft_wrap=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 (a report that cannot be written must not fail the run)
         console.print(f"no report written for {log_dir}: {exc!r}", style="yellow", markup=False, soft_wrap=True)
 
 

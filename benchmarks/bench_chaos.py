@@ -260,7 +260,10 @@ def analyse(result: dict[str, Any], log_dir: Path, launch_args: Optional[list[st
     from async_rl.config import load_config
 
     cfg = load_config(list(launch_args or []), str(common.ROOT / "configs" / "metaworld_mt1_ppo.yaml"))
-    last = lambda tag: (common.scalars(log_dir, tag) or [(0.0, 0.0)])[-1][1]  # noqa: E731
+
+    def last(tag: str) -> float:  # the scalar's last value in the run's log (0.0: never logged)
+        return (common.scalars(log_dir, tag) or [(0.0, 0.0)])[-1][1]
+
     versions = common.scalars(log_dir, "sync/policy_version")
     kills: list[Kill] = result["kills"]
     per_role: dict[str, int] = {}

@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # run as a script: make `envs` / `async_rl` importable
     sys.path.insert(0, str(_ROOT))
 
-import numpy as np  # noqa: E402
-
-from async_rl.errors import OneLineArgumentParser  # noqa: E402
+from async_rl.errors import OneLineArgumentParser  # noqa: E402 (after the path set-up above)
 
 MODES = {
     "default": {"fast_render": False},

@@ -17,8 +17,8 @@ from pathlib import Path
 from common import ROOT, parser, rate, report, scalars, training_steps  # common puts the checkout on sys.path
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
-from multinode_cluster import TwoNodeCluster, namespaces_unavailable  # noqa: E402
-from test_multinode import launch_flags, run_launch  # noqa: E402
+from multinode_cluster import TwoNodeCluster, namespaces_unavailable  # noqa: E402 (after the path set-up above)
+from test_multinode import launch_flags, run_launch  # noqa: E402 (as above)
 
 
 def one_layout(cpus_a: int, cpus_b: int, epochs: int, work: Path) -> dict[str, float]:

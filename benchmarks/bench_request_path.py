@@ -115,7 +115,7 @@ def compiled_call_ms(method: Any, wire: Any, reps: int) -> tuple[float | None, s
         return None, _reason(exc)
     try:
         return median_call_ms(lambda: ray.get(compiled.execute(wire), timeout=30), reps), "ok"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - record why this Ray cannot run it
         return None, _reason(exc)
     finally:
         compiled.teardown()

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `async_rl` / `envs` / `benchmarks` importable
     sys.path.insert(0, str(ROOT))
 
-from async_rl.errors import OneLineArgumentParser  # noqa: E402
+from async_rl.errors import OneLineArgumentParser  # noqa: E402 (after the path set-up above)
 
 if TYPE_CHECKING:
     from async_rl.config.schema import RunConfig

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from async_rl.errors import OneLineArgumentParser  # noqa: E402
+from async_rl.errors import OneLineArgumentParser  # noqa: E402 (after the path set-up above)
 
 TRAIN_PROMPTS = 20_000  # more than 15 minutes can use: no prompt is seen twice
 

@@ -62,7 +62,7 @@ def cpu_seconds(procs: list[Any]) -> dict[int, float]:
         try:
             t = p.cpu_times()
             out[p.pid] = t.user + t.system + t.children_user + t.children_system
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the process ended
             pass
     return out
 

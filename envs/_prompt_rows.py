@@ -136,7 +136,7 @@ def _jsonl(p: Path, flag: str) -> list[tuple[int, Any]]:
 
 
 def _parquet(p: Path) -> list[dict]:
-    import pyarrow.parquet as pq  # noqa: PLC0415  (heavy; only Parquet files need it)
+    import pyarrow.parquet as pq  # heavy; only Parquet files need it
 
     try:
         return pq.read_table(p).to_pylist()
@@ -145,7 +145,7 @@ def _parquet(p: Path) -> list[dict]:
 
 
 def _saved_dataset(p: Path, split: Optional[str]) -> list[dict]:
-    import datasets  # noqa: PLC0415  (heavy; only save_to_disk folders need it)
+    import datasets  # heavy; only save_to_disk folders need it
 
     try:
         data = datasets.load_from_disk(str(p))

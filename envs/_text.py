@@ -58,7 +58,7 @@ def check_split(split: str, env: str) -> str:
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(path: str) -> Any:
     """The tokenizer of a Hugging Face folder or a ``.gguf`` file, loaded once per process."""
-    from transformers import AutoTokenizer  # noqa: PLC0415  (heavy; only envs that decode ids need it)
+    from transformers import AutoTokenizer  # heavy; only envs that decode ids need it
 
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":

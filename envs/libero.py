@@ -306,7 +306,7 @@ class LiberoTaskSet:
 def load_init_states(path: Union[str, Path]) -> np.ndarray:
     """A LIBERO init-state file (a torch pickle of one float64 array [n, state_dim]), loaded with
     ``torch.load(weights_only=True)``: only numpy's array reconstruction is allow-listed."""
-    import torch  # noqa: PLC0415
+    import torch
 
     allowed = [(np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
                np.ndarray, np.dtype, np.dtypes.Float64DType]

@@ -59,7 +59,7 @@ def _config_dir() -> Path:
 def ensure_libero_config() -> Path:
     """Point ``LIBERO_CONFIG_PATH`` at a complete config.yaml so that ``import libero.libero``
     never prompts. A user's own ``LIBERO_CONFIG_PATH`` holding a config.yaml is kept."""
-    import yaml  # noqa: PLC0415
+    import yaml
 
     root = libero_package_dir()
     user_dir = os.environ.get("LIBERO_CONFIG_PATH")
@@ -120,7 +120,7 @@ def configure_rendering(backend: str) -> str:
 
 def gl_renderer_name(render_context: Any) -> str:
     """GL_RENDERER of a robosuite render context, e.g. 'llvmpipe (LLVM 15.0.6, 256 bits)' or a GPU's name."""
-    from OpenGL import GL  # noqa: PLC0415
+    from OpenGL import GL
 
     render_context.gl_ctx.make_current()
     name = GL.glGetString(GL.GL_RENDERER)
@@ -129,7 +129,7 @@ def gl_renderer_name(render_context: Any) -> str:
 
 def switch_to_fast_render(sim: Any, render_context: Any) -> None:
     """MSAA off (a new MjrContext reads ``offsamples``), no shadows, no reflections."""
-    import mujoco  # noqa: PLC0415
+    import mujoco
 
     render_context.gl_ctx.make_current()
     sim.model._model.vis.quality.offsamples = 0
@@ -141,7 +141,7 @@ def switch_to_fast_render(sim: Any, render_context: Any) -> None:
 
 def fast_render_settings(sim: Any, render_context: Any) -> dict[str, Any]:
     """The live values that ``switch_to_fast_render`` changes."""
-    import mujoco  # noqa: PLC0415
+    import mujoco
 
     return {
         "offsamples": int(sim.model._model.vis.quality.offsamples),

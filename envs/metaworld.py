@@ -37,7 +37,7 @@ def _import_metaworld() -> Any:
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     try:
-        import metaworld  # noqa: PLC0415  (optional dependency, imported lazily on purpose)
+        import metaworld  # optional dependency, imported lazily on purpose
     except ImportError as exc:
         raise ConfigError(f"MetaWorld is not installed ({exc}); {_INSTALL_HINT}") from None
     return metaworld
@@ -139,7 +139,7 @@ class MetaWorldTaskEnv:
         reward_scale: float = 1.0,
     ) -> None:
         metaworld = _import_metaworld()
-        from metaworld.types import Task  # noqa: PLC0415
+        from metaworld.types import Task
 
         self.task_name = task_name
         self.max_episode_steps = int(max_episode_steps)
@@ -160,7 +160,7 @@ class MetaWorldTaskEnv:
     def render_frame(self, size: int = 128) -> np.ndarray:
         """The scene from the 'corner2' camera as uint8 [size, size, 3] (episode videos). The renderer
         is made on first use with MSAA, shadows and reflections off: ~10 ms a frame on llvmpipe."""
-        import mujoco  # noqa: PLC0415
+        import mujoco
 
         if self._renderer is None:
             self._env.model.vis.quality.offsamples = 0

@@ -365,7 +365,7 @@ def heldout_evaluation(task_set: PromptTaskSet, act: Any, preprocess: Any, seed:
     """The final evaluation: every held-out row answered greedily by the final weights, in batches. Reports the
     mean reward (``eval/heldout_reward``), each reward's mean (``eval/heldout_reward/<name>``) and the fraction
     solved (``eval/heldout_success``); per-row results in ``eval_problems.json``."""
-    import torch  # noqa: PLC0415  (the evaluation stacks the policy's inputs)
+    import torch  # the evaluation stacks the policy's inputs
 
     heldout = replace(task_set, split="heldout")
     count = task_set.heldout_count()

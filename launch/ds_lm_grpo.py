@@ -58,19 +58,19 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
-    from async_rl.driver import main as run_main  # noqa: PLC0415  (Ray and torch: after the flags are split)
-
     try:
         rest = expand_shorthands(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:  # the driver's convention for bad input: one line, exit code 2
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    from async_rl.driver import main as run_main  # Ray and torch: after this launch's own flags are checked
+
     return run_main(str(CONFIG), usage(), rest)
 
 
 def usage() -> str:
     """This file's docstring with the built-in rewards as the registry has them (one list: the registry's)."""
-    from async_rl.rewards import builtin_rewards  # noqa: PLC0415
+    from async_rl.rewards import builtin_rewards
 
     return (__doc__ or "").replace("{builtin_rewards}", ", ".join(builtin_rewards()))
 

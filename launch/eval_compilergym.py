@@ -23,14 +23,19 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
+
 from async_rl import checkpoint as ckpt
 from async_rl.checkpoint import resolve_checkpoint
 from async_rl.errors import ConfigError, OneLineArgumentParser
-from envs.compiler_gym.client import CompilerGymServerError
-from envs.compiler_gym.evaluation import format_search_table, search_programs
-from envs.compiler_gym.options import parse_search
-from envs.compiler_gym.programs import program_folder, program_uris
-from envs.compiler_gym.search import ModelPolicy, SearchSpec
+from async_rl.policies import build_policy, build_preprocessor
+from async_rl.policies.lora import apply_lora
+from envs import make_task_set
+from envs.compilergym.client import CompilerGymServerError
+from envs.compilergym.evaluation import format_search_table, search_programs
+from envs.compilergym.options import parse_search
+from envs.compilergym.programs import program_folder, program_uris
+from envs.compilergym.search import ModelPolicy, SearchSpec
 
 # Options of the saved run that pick its programs: the evaluation picks its own.
 _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_search", "eval_search_budget")
@@ -38,7 +43,7 @@ _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_sea
 
 def read_run_config(checkpoint: Path) -> dict[str, Any]:
     """The config the checkpoint was trained with; ConfigError unless it is a CompilerGym run with weights."""
-    return ckpt.trained_config(checkpoint, "env", "compiler_gym")
+    return ckpt.trained_config(checkpoint, "env", "compilergym")
 
 
 def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSpec, list[str]]:
@@ -63,18 +68,15 @@ def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSp
 def load_policy(checkpoint: Path, config: dict[str, Any], benchmark_dir: Optional[str]) -> tuple[Any, Any, Any]:
     """(task set with ``benchmark_dir`` held out, or the run's own held-out programs if None; the
     trained model; its preprocessor), in this process."""
-    from async_rl.policies import build_policy, build_preprocessor  # noqa: PLC0415
-    from envs import make_task_set  # noqa: PLC0415
 
     env_kwargs = dict(config.get("env_kwargs") or {})
     if benchmark_dir is not None:
         env_kwargs = {k: v for k, v in env_kwargs.items() if k not in _PROGRAM_OPTIONS}
         env_kwargs["eval_benchmark_dir"] = benchmark_dir
-    task_set = make_task_set("compiler_gym", **env_kwargs)
+    task_set = make_task_set("compilergym", **env_kwargs)
     obs_spec, kwargs = dict(task_set.obs_spec), dict(config.get("policy_kwargs") or {})
     model = build_policy(config["policy"], obs_spec, task_set.action_dim, **kwargs)
     if config.get("lora_rank"):
-        from async_rl.policies.lora import apply_lora  # noqa: PLC0415
 
         model = apply_lora(model, config["lora_rank"], config.get("lora_alpha", 16.0), 0.0,
                            config.get("lora_target_modules"), config.get("lora_trainable") or ())
@@ -89,7 +91,6 @@ def load_policy(checkpoint: Path, config: dict[str, Any], benchmark_dir: Optiona
 def evaluate(checkpoint: Path, config: dict[str, Any], spec: SearchSpec, budget: int, benchmark_dir: str,
              seed: int = 0) -> dict[str, Any]:
     """The search (and random search at its budget) with the checkpoint's policy on every program."""
-    import torch  # noqa: PLC0415
 
     torch.manual_seed(seed)
     task_set, model, preprocess = load_policy(checkpoint, config, benchmark_dir)

@@ -52,10 +52,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def write_heldout(path: str) -> int:
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.ctrl.cases import write_cases  # noqa: PLC0415
-    from async_rl.ctrl.env import heldout_set  # noqa: PLC0415
-    from async_rl.driver import prepare  # noqa: PLC0415
+    from async_rl.config import load_config
+    from async_rl.ctrl.cases import write_cases
+    from async_rl.ctrl.env import heldout_set
+    from async_rl.driver import prepare
 
     cfg = load_config(["--swanlab-mode", "disabled"], str(ROOT / "configs" / "ctrl_humaneval.yaml"))
     cases = heldout_set(prepare(cfg))
@@ -65,10 +65,10 @@ def write_heldout(path: str) -> int:
 
 
 def evaluate_critic(args: argparse.Namespace, cases: list[dict[str, Any]]) -> dict[str, Any]:
-    from async_rl.ctrl.evaluate import evaluate, with_critic  # noqa: PLC0415
-    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
-    from async_rl.ctrl.reward import ResultCache  # noqa: PLC0415
-    from async_rl.sandbox import SandboxPool  # noqa: PLC0415
+    from async_rl.ctrl.evaluate import evaluate, with_critic
+    from async_rl.ctrl.reviser import load_writer
+    from async_rl.ctrl.reward import ResultCache
+    from async_rl.sandbox import SandboxPool
 
     trained = args.checkpoint or args.init_from
     tokens = args.critique_tokens if args.critique_tokens or trained else 96
@@ -97,24 +97,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         if min(args.revision_tokens, args.batch, args.threads, args.critique_tokens if args.critique_tokens is not None else 1) < 1 or not args.timeout_s > 0:
             raise ConfigError("--critique-tokens, --revision-tokens, --batch and --threads must be positive integers, "
                               "--timeout-s positive")
-        from async_rl.ctrl.cases import read_cases  # noqa: PLC0415
+        from async_rl.ctrl.cases import read_cases
 
         cases = read_cases(args.problems)
         if args.checkpoint:
-            from async_rl import checkpoint as ckpt  # noqa: PLC0415
-            from async_rl.policies.lm_checkpoint import run_config  # noqa: PLC0415
+            from async_rl import checkpoint as ckpt
+            from async_rl.policies.lm_checkpoint import run_config
 
             run_config(ckpt.resolve_checkpoint(args.checkpoint))  # a bad checkpoint is one line, before any model loads
         if args.init_from:
-            from async_rl.policies.initial_weights import read_export_meta, resolve_export  # noqa: PLC0415
+            from async_rl.policies.initial_weights import read_export_meta, resolve_export
 
             read_export_meta(resolve_export(args.init_from))
         if args.model_path is not None:
-            from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+            from async_rl.policies.lm_loading import resolve_lm_path
 
             resolve_lm_path(args.model_path)
         if args.reviser_model_path is not None:
-            from async_rl.ctrl.reviser import check_reviser_path  # noqa: PLC0415
+            from async_rl.ctrl.reviser import check_reviser_path
 
             check_reviser_path(args.reviser_model_path)
         torch.set_num_threads(args.threads)

@@ -137,8 +137,8 @@ def load_problems(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[
 
 def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], labels: list[str], kind: str,
              rewards: RewardSet) -> dict[str, Any]:
-    from async_rl.policies.causal_lm import load_tokenizer  # noqa: PLC0415
-    from async_rl.policies.lm_checkpoint import answer, load_lm_policy  # noqa: PLC0415
+    from async_rl.policies.causal_lm import load_tokenizer
+    from async_rl.policies.lm_checkpoint import answer, load_lm_policy
 
     overrides, options_from = generation_options(args, kind)
     policy, preprocess, source = load_lm_policy(args.checkpoint, args.model_path, overrides)
@@ -190,9 +190,9 @@ def generation_options(args: argparse.Namespace, kind: str) -> tuple[dict[str, A
     """The policy options that shape the answers (``GENERATION_OPTIONS``) and where they come from: --options-from's
     run, else --checkpoint's, else the launch config that trains problems of ``kind`` (the base model answers as a
     run of it does); --max-new-tokens over them. ConfigError for a bad --options-from, before anything loads."""
-    from async_rl.checkpoint import resolve_checkpoint  # noqa: PLC0415
-    from async_rl.config import read_config_file  # noqa: PLC0415
-    from async_rl.policies.lm_checkpoint import run_config  # noqa: PLC0415
+    from async_rl.checkpoint import resolve_checkpoint
+    from async_rl.config import read_config_file
+    from async_rl.policies.lm_checkpoint import run_config
 
     run, flag = (args.options_from, "--options-from") if args.options_from is not None else (args.checkpoint, "--checkpoint")
     if run is not None:

@@ -28,7 +28,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="a run's log dir (its newest checkpoint), its checkpoints/ dir or one epoch-* dir")
     parser.add_argument("--out", required=True, help="the new model folder (must not exist)")
     args = parser.parse_args(argv)
-    from async_rl.policies.lm_export import export_merged_lm  # noqa: PLC0415  (imports torch and transformers)
+    from async_rl.policies.lm_export import export_merged_lm  # imports torch and transformers
 
     try:
         base = export_merged_lm(args.checkpoint, Path(args.out))

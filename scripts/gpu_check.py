@@ -77,7 +77,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def gpu_name() -> Optional[str]:
     """The first CUDA device's name, or None where torch sees no GPU (or is not installed)."""
     try:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 (optional: the check also runs where torch is not installed)
     except ImportError:
         return None
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

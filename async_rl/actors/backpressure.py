@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
+from async_rl.algo import advantage_estimator
 from async_rl.errors import ActorTimeoutError
 
 if TYPE_CHECKING:
@@ -28,8 +29,6 @@ def untrained_bound(cfg: RunConfig) -> Optional[int]:
     under one super-batch per trainer (the trainers must be able to draw); for step and segment
     estimators (PPO / V-trace on MetaWorld, LIBERO) none: their workers run ahead by design, FIFO eviction
     keeps the newest steps, and replay/evicted_untrained shows what it costs."""
-    from async_rl.algo import advantage_estimator  # noqa: PLC0415
-
     if cfg.sync or cfg.replay_sampling != "consume" or cfg.max_untrained_items == 0:
         return None
     if cfg.max_untrained_items is not None:
@@ -43,8 +42,6 @@ def untrained_bound(cfg: RunConfig) -> Optional[int]:
 def push_items(cfg: RunConfig) -> int:
     """The most replay items one push of a worker can add: a segment per env; GAE's pieces of up to
     ``rollout_steps`` rounds of every env; with groups, the whole groups its episodes complete."""
-    from async_rl.algo import advantage_estimator  # noqa: PLC0415
-
     estimator = advantage_estimator(cfg.advantage)
     if estimator.unit == "segment":
         return cfg.envs_per_worker

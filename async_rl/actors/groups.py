@@ -239,7 +239,7 @@ class GroupPool:
     REPORTED = ("groups_completed", "groups_dropped")
 
     def __init__(self, spec: GroupSpec, seed: int, id_base: int = 0) -> None:
-        from async_rl.algo import advantage_estimator  # noqa: PLC0415
+        from async_rl.algo import advantage_estimator  # noqa: PLC0415 (a replay actor loads them only for group runs)
 
         estimator = advantage_estimator(spec.advantage)
         self.assembler = GroupAssembler(spec.group_size, spec.max_spread, spec.num_workers,

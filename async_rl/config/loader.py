@@ -19,6 +19,7 @@ import yaml
 
 import envs
 from async_rl.algo import load_clip_config
+from async_rl.checkpoint import check_resumable, resolve_resume
 from async_rl.config.schema import SECTIONS, RunConfig
 from async_rl.config.trl_names import dash_spelling_hint, trl_flag_hint
 from async_rl.errors import ConfigError, OneLineArgumentParser, unknown_key_message
@@ -296,8 +297,6 @@ def format_config(cfg: RunConfig) -> str:
 
 def _check_paths(cfg: RunConfig) -> None:
     if cfg.resume is not None:
-        from async_rl.checkpoint import check_resumable, resolve_resume  # noqa: PLC0415
-
         cfg.resume = str(resolve_resume(cfg.resume))  # pinned: a newer checkpoint written later does not change it
         check_resumable(Path(cfg.resume), cfg)
     log_dir = Path(cfg.log_dir)

@@ -9,6 +9,7 @@ import copy
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 import pydantic
+import torch
 
 from async_rl.algo import (
     advantage_estimator,
@@ -22,7 +23,8 @@ from async_rl.algo import (
 from async_rl.algo.losses import PolicyLoss
 from async_rl.config.supervised import SupervisedSection
 from async_rl.errors import ConfigError, unknown_key_message
-from async_rl.process_setup import is_device_id
+from async_rl.policies import POLICIES
+from async_rl.process_setup import deepspeed_cpu_supports_fp16, is_device_id
 from async_rl.renamed_keys import renamed_run_keys
 from async_rl.validation import ConfigSection
 
@@ -354,8 +356,6 @@ def _check_sampler_reference(policy: str, lora_rank: int, lora_sync: str, lora_t
     if lora_rank == 0 or lora_sync != "adapters":
         raise ConfigError("reference_logp_on sampler needs LoRA with --lora-sync adapters (the inference actor then holds "
                           "the frozen base, the reference); pass --lora-rank N --lora-sync adapters or --reference-logp-on trainer")
-    from async_rl.policies import POLICIES  # noqa: PLC0415  (policy discovery only where this key is set)
-
     free = tuple(getattr(POLICIES.entry(policy).obj, "logp_free_prefixes", ()))
     read = [prefix for prefix in lora_trainable if not prefix.startswith(free)]
     if read:
@@ -429,8 +429,6 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
         # device auto on a driver without a GPU counts as CPU unless a cluster address is given.
         if self.precision == "fp16" and (self.device == "cpu" or (
                 self.device == "auto" and not self.ray_address and not _cuda_visible())):
-            from async_rl.process_setup import deepspeed_cpu_supports_fp16  # noqa: PLC0415  (imports DeepSpeed)
-
             if not deepspeed_cpu_supports_fp16():
                 raise ValueError("precision fp16 needs a CUDA device here (DeepSpeed's CPU accelerator has no fp16 on "
                                  "this CPU); use --precision bf16 on CPU, or --device cuda on a GPU machine")
@@ -459,6 +457,4 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
 
 
 def _cuda_visible() -> bool:
-    import torch  # noqa: PLC0415  (only an fp16 config asks)
-
     return torch.cuda.is_available()

@@ -88,10 +88,10 @@ def sampled_cases(problems: Sequence[dict[str, Any]], samples: int, model_path: 
                   pool: SandboxPool, timeout_s: float, max_new_tokens: int = 256) -> list[dict[str, Any]]:
     """``samples`` answers of the model per problem (its code block; answers without one are skipped),
     labelled by the sandbox."""
-    import torch  # noqa: PLC0415  (heavy; only sampling needs the model)
+    import torch  # noqa: PLC0415 (env discovery imports this module: torch and the model only where cases are sampled)
 
-    from async_rl.policies.causal_lm import load_tokenizer  # noqa: PLC0415
-    from async_rl.policies.lm_checkpoint import answer, load_lm_policy  # noqa: PLC0415
+    from async_rl.policies.causal_lm import load_tokenizer  # noqa: PLC0415 (as torch above)
+    from async_rl.policies.lm_checkpoint import answer, load_lm_policy  # noqa: PLC0415 (as torch above)
 
     torch.manual_seed(seed)
     policy, preprocess, _ = load_lm_policy(model_path=model_path, overrides={
@@ -110,7 +110,7 @@ def sampled_cases(problems: Sequence[dict[str, Any]], samples: int, model_path: 
 def build_cases(split: str, seed: int = 0, mutations: int = 2, samples: int = 0, sample_model_path: Optional[str] = None,
                 timeout_s: float = 3.0, task_ids: Optional[Iterable[str]] = None, use_disk: bool = True) -> list[dict[str, Any]]:
     """The cases of a split (see the module docstring), from the disk cache when built before."""
-    from envs.humaneval import _data_file, humaneval_problems  # noqa: PLC0415  (envs import this package)
+    from envs.humaneval import _data_file, humaneval_problems  # noqa: PLC0415 (the envs and pydantic load where problems are read, not for --help)
 
     problems = humaneval_problems(split)
     if task_ids is not None:
@@ -195,7 +195,7 @@ def _problem_error(case: Any) -> str:
 def reference_solutions(split: str) -> dict[str, str]:
     """Each problem's reference solution of a split, as the canonical cases hold it (the oracle critique of a
     mutant names the reference's line in place of the changed one)."""
-    from envs.humaneval import humaneval_problems  # noqa: PLC0415  (envs import this package)
+    from envs.humaneval import humaneval_problems  # noqa: PLC0415 (as in build_cases)
 
     return {p["task_id"]: solution_source(p["code_prompt"], p["canonical_solution"], p["entry_point"])
             for p in humaneval_problems(split)}

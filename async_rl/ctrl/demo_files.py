@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from async_rl.errors import OneLineArgumentParser
+from async_rl.errors import ConfigError, OneLineArgumentParser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,9 +25,8 @@ def demonstrations_main(prog: str, doc: str, make: Callable[[Any, int], Sequence
     ap.add_argument("--out", required=True, help="the JSONL file to write")
     ap.add_argument("--seed", type=int, default=0, help="which cases balance the set")
     args = ap.parse_args(argv)
-    import envs  # noqa: PLC0415
-    from async_rl.config import load_config  # noqa: PLC0415
-    from async_rl.errors import ConfigError  # noqa: PLC0415
+    import envs  # noqa: PLC0415 (after the flags: --help answers before the envs load)
+    from async_rl.config import load_config  # noqa: PLC0415 (and before the config loads torch)
 
     try:
         cfg = load_config(["--config", args.config, "--swanlab-mode", "disabled"], args.config)

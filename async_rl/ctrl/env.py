@@ -93,9 +93,9 @@ def remote_reviser(task_set: "CTRLTaskSet") -> TextFn:
     """Revisions by the run's ReviserActor (created by the first env that asks), bounded by
     ``reviser_timeout_s``. The actor shares the fate of the worker that created it: when that worker died
     (and Ray restarted it), the first call fails and the next caller creates the reviser again."""
-    import ray  # noqa: PLC0415
+    import ray
 
-    from async_rl.ctrl.reviser import reviser_handle  # noqa: PLC0415
+    from async_rl.ctrl.reviser import reviser_handle
 
     def handle() -> Any:
         return reviser_handle(task_set.reviser_name, *task_set.reviser_args())
@@ -122,14 +122,14 @@ def remote_reviser(task_set: "CTRLTaskSet") -> TextFn:
 
 def local_reviser(task_set: "CTRLTaskSet") -> TextFn:
     """Revisions in this process (no Ray: unit tests, evaluation scripts)."""
-    from async_rl.ctrl.reviser import load_writer  # noqa: PLC0415
+    from async_rl.ctrl.reviser import load_writer
 
     return load_writer(None, *task_set.reviser_args()).write
 
 
 def revision_queue(task_set: "CTRLTaskSet") -> RevisionQueue:
     if task_set.reviser_name not in _QUEUES:
-        import ray  # noqa: PLC0415
+        import ray
 
         remote = ray.is_initialized()
         _QUEUES[task_set.reviser_name] = RevisionQueue(remote_reviser(task_set) if remote else local_reviser(task_set),
@@ -145,7 +145,7 @@ def heldout_set(task_set: "CTRLTaskSet") -> list[dict[str, Any]]:
 
 def ctrl_final_evaluation(task_set: "CTRLTaskSet", act: Any, preprocess: Any, seed: int) -> dict[str, Any]:
     """The final weights critique a balanced set of held-out cases greedily; the reviser revises."""
-    import torch  # noqa: PLC0415
+    import torch
 
     cases = heldout_set(task_set)
 
@@ -215,11 +215,11 @@ class CTRLOptions(TextEnvOptions):
 @register_env("ctrl_humaneval", options=CTRLOptions, final_evaluation=ctrl_final_evaluation)
 def ctrl_humaneval_task_set(options: CTRLOptions) -> "CTRLTaskSet":
     """CTRL critique training on HumanEval: the cases of both splits, built before Ray starts."""
-    from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
+    from async_rl.policies.lm_loading import resolve_lm_path
 
     reviser_model_path = options.reviser_model_path
     if reviser_model_path is not None:  # a bad path is one line here, before Ray starts
-        from async_rl.ctrl.reviser import check_reviser_path  # noqa: PLC0415
+        from async_rl.ctrl.reviser import check_reviser_path
 
         reviser_model_path = check_reviser_path(reviser_model_path)
     sample_model = None

@@ -24,6 +24,10 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.errors import ConfigError
+from async_rl.policies.causal_lm import load_tokenizer
+from async_rl.policies.initial_weights import META, read_export_meta, resolve_export
+from async_rl.policies.lm_checkpoint import load_lm_policy
+from async_rl.policies.lm_loading import resolve_lm_path
 
 
 class GreedyWriter:
@@ -32,8 +36,6 @@ class GreedyWriter:
     (its answer is empty, which scores ``no_code``) and counted in ``too_long``."""
 
     def __init__(self, policy: Any, preprocess: Any, batch_size: int = 8) -> None:
-        from async_rl.policies.causal_lm import load_tokenizer  # noqa: PLC0415
-
         self.policy, self.preprocess, self.batch_size = policy, preprocess, batch_size
         self.tokenizer = load_tokenizer(preprocess.model_path)
         self.too_long = 0
@@ -64,8 +66,6 @@ def load_writer(checkpoint: Optional[str] = None, model_path: Optional[str] = No
                 max_prompt_tokens: int = 1536, batch_size: int = 8, init_from: Optional[str] = None) -> GreedyWriter:
     """A GreedyWriter over a run's checkpoint, a supervised export (``init_from``) or a model (None: the
     default model); ``max_new_tokens`` None keeps the checkpoint's or export's own."""
-    from async_rl.policies.lm_checkpoint import load_lm_policy  # noqa: PLC0415
-
     if model_path is not None and init_from is None and is_policy_export(model_path):
         model_path, init_from = None, model_path  # a supervised reviser (async_rl.ctrl.revision_sft)
     overrides: dict[str, Any] = {"max_prompt_tokens": max_prompt_tokens}
@@ -78,17 +78,12 @@ def load_writer(checkpoint: Optional[str] = None, model_path: Optional[str] = No
 
 def is_policy_export(path: str) -> bool:
     """Whether ``path`` is a policy export of ``launch/sft.py`` (a folder with its ``policy.json``)."""
-    from async_rl.policies.initial_weights import META, resolve_export  # noqa: PLC0415
-
     return (resolve_export(str(path)) / META).is_file()
 
 
 def check_reviser_path(path: str) -> str:
     """``--reviser-model-path`` checked before Ray starts: a causal-LM policy export (a reviser fine-tuned by
     ``launch/sft.py``) or a model (a Hugging Face folder or a .gguf file, converted); one-line ConfigErrors."""
-    from async_rl.policies.initial_weights import read_export_meta, resolve_export  # noqa: PLC0415
-    from async_rl.policies.lm_loading import resolve_lm_path  # noqa: PLC0415
-
     if is_policy_export(path):
         meta = read_export_meta(resolve_export(str(path)))
         if meta.get("policy") != "causal_lm":
@@ -101,7 +96,7 @@ def check_reviser_path(path: str) -> str:
 
 
 def _remote_class() -> Any:
-    import ray  # noqa: PLC0415
+    import ray  # noqa: PLC0415 (launch/eval_ctrl.py loads the reviser without Ray)
 
     @ray.remote
     class ReviserActor:

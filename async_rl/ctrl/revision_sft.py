@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from async_rl.ctrl.cases import balanced
+from async_rl.ctrl.cases import balanced, reference_solutions
 from async_rl.ctrl.critique import critic_prompt, revision_prompt
 from async_rl.ctrl.demo_files import demonstrations_main
 from async_rl.ctrl.headroom import UNLOCATED, oracle_critiques
@@ -39,8 +39,6 @@ def revision_demonstrations(cases: Sequence[dict[str, Any]], references: Mapping
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from async_rl.ctrl.cases import reference_solutions  # noqa: PLC0415
-
     code, _ = demonstrations_main("python -m async_rl.ctrl.revision_sft", __doc__, lambda task_set, seed:
                                      revision_demonstrations(task_set.train, reference_solutions("train"), seed), argv)
     return code

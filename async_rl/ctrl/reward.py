@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from async_rl.code_blocks import extract_code
 from async_rl.ctrl.critique import parse_judgment
-from async_rl.sandbox import SandboxPool, SandboxResult
+from async_rl.sandbox import SandboxPool, SandboxResult, run_tests
 
 REWARD_MODES = ("all_pass", "pass_rate")
 
@@ -86,8 +86,6 @@ def _run(pool: Optional[SandboxPool], code: str, prefix: str, tests: list[str],
     # prompt, so a revision that redefines one (HumanEval/38's encode_cyclic) changes only its own calls.
     if pool is not None:
         return pool.submit(code, tests, timeout_s=timeout_s, prefix=prefix, entry_point=entry_point)
-    from async_rl.sandbox import run_tests  # noqa: PLC0415
-
     future: Future = Future()
     future.set_result(run_tests(code, tests, timeout_s=timeout_s, prefix=prefix, entry_point=entry_point))
     return future

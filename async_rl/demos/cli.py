@@ -68,7 +68,7 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
 
 def _env_kwargs(args: argparse.Namespace, cameras: list[str], image_size: Optional[int]) -> dict[str, Any]:
     """What the task set is built from (and what the manifest records), checked by building it."""
-    import envs  # noqa: PLC0415
+    import envs  # noqa: PLC0415 (after the flags: --help and bad input answer before the envs load)
 
     kwargs: dict[str, Any] = {"suite": args.suite, "tasks": list(args.tasks), "cameras": cameras,
                               "init_states": args.init_states}
@@ -82,7 +82,7 @@ def _env_kwargs(args: argparse.Namespace, cameras: list[str], image_size: Option
 
 
 def _record(args: argparse.Namespace) -> int:
-    from async_rl.demos.recording import clear_recording, record_demos  # noqa: PLC0415
+    from async_rl.demos.recording import clear_recording, record_demos  # noqa: PLC0415 (as in _env_kwargs)
 
     _check_common(args)
     if args.episodes < 1:
@@ -108,7 +108,7 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from async_rl.demos.recording import evaluate_expert  # noqa: PLC0415
+    from async_rl.demos.recording import evaluate_expert  # noqa: PLC0415 (as in _env_kwargs)
 
     _check_common(args)
     if args.json is not None and args.json.is_dir():

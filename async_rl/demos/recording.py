@@ -6,6 +6,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from tqdm import tqdm
+
 import envs
 from async_rl.demos.expert_episodes import ExpertWorker, episode_seed, run_jobs
 from async_rl.demos.storage import FORMAT, MANIFEST, episode_file, write_episode, write_manifest
@@ -13,8 +15,6 @@ from envs.libero_expert import ExpertSettings
 
 
 def _progress(total: int, description: str, quiet: bool) -> Any:
-    from tqdm import tqdm  # noqa: PLC0415
-
     return tqdm(total=total, desc=description, unit="ep", disable=quiet, dynamic_ncols=True)
 
 

@@ -36,7 +36,7 @@ def _replace_atomically(path: Path, write: Any) -> None:
 
 def write_episode(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, Any]) -> None:
     """One episode's safetensors file; ``metadata`` (JSON-able values) goes in its header too."""
-    from safetensors.numpy import save_file  # noqa: PLC0415
+    from safetensors.numpy import save_file  # noqa: PLC0415 (the demos CLI answers --help without it)
 
     header = {k: json.dumps(v) for k, v in metadata.items()}
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
@@ -68,7 +68,7 @@ class DemoEpisode:
     def _tensors(self, prefix: str) -> dict[str, np.ndarray]:
         """The file's tensors whose names start with ``prefix`` (read once, without the others)."""
         if prefix not in self._read_prefixes:
-            from safetensors import safe_open  # noqa: PLC0415
+            from safetensors import safe_open  # noqa: PLC0415 (as in write_episode)
 
             with safe_open(str(self.path), framework="np") as f:
                 for key in f.keys():

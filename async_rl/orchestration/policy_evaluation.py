@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from async_rl import checkpoint as ckpt
+from async_rl.actors.trainer_setup import training_model
+from async_rl.algo import advantage_estimator
 from async_rl.errors import ConfigError
 from async_rl.orchestration.runtime import critic_free, obs_spec_of
 from async_rl.policies import build_policy, build_preprocessor
@@ -36,12 +40,6 @@ def checkpoint_policy(path: str, obs_spec: Any, action_dim: int, init_from: Opti
     """An RL run's trained policy from its checkpoint (its LoRA adapters, if any, stay on). The weights
     under the adapters come from the export the run started from: the run's ``init_from`` (an absolute
     path when it ran), or ``init_from`` here where that export has moved."""
-    from types import SimpleNamespace  # noqa: PLC0415
-
-    from async_rl import checkpoint as ckpt  # noqa: PLC0415
-    from async_rl.actors.trainer_setup import training_model  # noqa: PLC0415
-    from async_rl.algo import advantage_estimator  # noqa: PLC0415
-
     directory = ckpt.resolve_checkpoint(path)
     config = ckpt.read_meta(directory)["config"]
     base = init_from or config.get("init_from")

@@ -113,10 +113,11 @@ class Runtime:
     def start(self) -> None:
         cfg, timeout = self.cfg, self.cfg.actor_timeout_s
         self.stats = StatsActor.options(num_cpus=0, name=self.named("stats"), **on_driver_node()).remote()
-        count = lambda counter: self.stats.record_health.remote(counter)  # noqa: E731
-        self.replay_supervisor = ReplaySupervisor(cfg, self.named("replay"),
-                                                  lambda key, n: self.stats.record_health.remote(key, n),
-                                                  self.named("stats"))
+
+        def count(counter: str, n: int = 1) -> None:  # restarts and lost items, counted by the stats actor
+            self.stats.record_health.remote(counter, n)
+
+        self.replay_supervisor = ReplaySupervisor(cfg, self.named("replay"), count, self.named("stats"))
         self.replay = self.replay_supervisor.actor
         self.placement = Placement(cfg)
         # Ray restarts a killed worker or inference actor (the runtime re-joins / re-runs it);

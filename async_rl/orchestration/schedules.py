@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from async_rl.algo import advantage_estimator
 from async_rl.errors import ActorTimeoutError
 
 if TYPE_CHECKING:
@@ -15,8 +16,6 @@ if TYPE_CHECKING:
 
 def items_are_segments(cfg: ObjectiveSection) -> bool:
     """Whether a replay item is a segment of ``rollout_steps`` steps (else one step)."""
-    from async_rl.algo import advantage_estimator  # noqa: PLC0415
-
     return advantage_estimator(cfg.advantage).unit == "segment"
 
 

@@ -46,8 +46,8 @@ def check_demos(cfg: RunConfig) -> Any:
     if not cfg.demos:
         raise ConfigError("no demonstrations: pass --demos DIR (recorded with python -m async_rl.demos record) "
                           "or --demos FILE.jsonl (text)")
-    from async_rl.demos import load_demos  # noqa: PLC0415
-    from async_rl.demos.text import is_text_demos, load_text_demos  # noqa: PLC0415
+    from async_rl.demos import load_demos  # noqa: PLC0415 (launch/sft.py's --help answers without the demos package)
+    from async_rl.demos.text import is_text_demos, load_text_demos  # noqa: PLC0415 (as above)
 
     if is_text_demos(cfg.demos):
         return load_text_demos(cfg.demos)
@@ -72,7 +72,7 @@ def check_demos(cfg: RunConfig) -> Any:
 def supervised_frames(cfg: PolicySection, task_set: TaskSet, demos: Any) -> TensorDict:
     """The demonstrations as the trainers learn from them (driver-side, before Ray: a demonstration the
     policy cannot take is one ConfigError)."""
-    from async_rl.demos.text import TextDemos  # noqa: PLC0415
+    from async_rl.demos.text import TextDemos  # noqa: PLC0415 (as in check_demos)
 
     preprocess = build_preprocessor(cfg.policy, obs_spec_of(task_set), **cfg.policy_kwargs)
     if isinstance(demos, TextDemos):

@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from async_rl.errors import ConfigError
+from async_rl.policies.lora import merged_named_tensors
 
 ObsSpec = Mapping[str, Any]  # e.g. {"state_dim": 39}; what the env tells the policy about observations
 
@@ -91,8 +92,6 @@ class ActorCritic(torch.nn.Module):
         with LoRA, the adapters are merged into the base weights under the plain names, or with
         ``sync_adapters_only`` only the trained tensors (adapters, parameters trained whole) are
         sent. Without a critic the value head's tensors are left out."""
-        from async_rl.policies.lora import merged_named_tensors  # noqa: PLC0415
-
         if self.sync_adapters_only:  # the frozen critic's tensors are not trainable either
             if self.synced_names is None:
                 return [(n, p) for n, p in self.named_parameters() if p.requires_grad]

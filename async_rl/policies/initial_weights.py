@@ -17,8 +17,10 @@ from typing import Any, Callable, Literal, Mapping
 
 import pydantic
 import torch
+from safetensors.torch import load_file, save_file
 
 from async_rl.errors import ConfigError
+from async_rl.policies.lora import merged_named_tensors
 from async_rl.user_cache import user_cache_dir
 from async_rl.validation import checked_folder
 
@@ -31,10 +33,6 @@ FORMAT = "async_rl.policy/1"
 def export_policy(module: torch.nn.Module, directory: Path, meta: Mapping[str, Any]) -> Path:
     """Write ``module``'s weights (LoRA merged, plain names) and ``meta`` to ``directory``; files are
     renamed into place, the meta last, so a half-written export has no ``policy.json``."""
-    from safetensors.torch import save_file  # noqa: PLC0415
-
-    from async_rl.policies.lora import merged_named_tensors  # noqa: PLC0415
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / META).unlink(missing_ok=True)
@@ -136,8 +134,6 @@ def check_export_made_for(meta: Mapping[str, Any], what: str, **wanted: str) -> 
 
 def load_initial_weights(policy: torch.nn.Module, path: str | Path) -> torch.nn.Module:
     """Copy an export's tensors into a freshly built plain policy (no LoRA yet); returns it."""
-    from safetensors.torch import load_file  # noqa: PLC0415
-
     saved = load_file(str(Path(path) / WEIGHTS))
     own = policy.state_dict()
     missing = sorted(set(own) - set(saved))

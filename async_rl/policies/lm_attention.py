@@ -44,7 +44,7 @@ def self_attending_pad_mask(config: Any, mask: torch.Tensor, dtype: torch.dtype)
     layer type when ``config`` lists ``layer_types``), or ``mask`` itself when no position is padding or the
     attention implementation takes the 2D mask (flash attention). ``dtype``: the model's compute dtype (eager's
     additive mask is made in it)."""
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask  # noqa: PLC0415
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     layer_types = getattr(config, "layer_types", None)
     if (bool(mask.bool().all()) or config._attn_implementation not in DENSE_MASK_IMPLEMENTATIONS

@@ -23,7 +23,7 @@ def export_merged_lm(checkpoint: str, out: Path) -> str:
         raise ConfigError(f"--out {out}: already exists; name a new folder (nothing is overwritten)")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: its parent folder does not exist")
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415  (seconds to import)
+    from transformers import AutoModelForCausalLM  # seconds to import
 
     policy, _, _ = load_lm_policy(checkpoint=checkpoint)
     base = policy.lm.name_or_path

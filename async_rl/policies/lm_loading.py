@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from async_rl.errors import ConfigError
 from async_rl.policies.model_folder import check_model_folder
 from async_rl.user_cache import user_cache_dir
@@ -65,11 +67,10 @@ def convert_gguf(gguf: Path) -> Path:
     target = user_cache_dir("lm") / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
-    import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        import gguf as _gguf  # noqa: F401, PLC0415  transformers reads GGUF files with it
+        import gguf as _gguf  # noqa: F401 (transformers reads GGUF files with it)
     except ImportError:
         raise ConfigError(f"--model-path {gguf} is a GGUF file, which needs the gguf package: "
                           "pip install gguf==0.19.0") from None

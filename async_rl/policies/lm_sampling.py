@@ -46,7 +46,7 @@ class SamplingParams:
 def neutral_generation_config(model_config: Any) -> Any:
     """A ``GenerationConfig`` with only the token ids of ``model_config`` (the model's own generation
     config): what ``generate`` may fill an unset field from, so that it fills nothing else."""
-    from transformers import GenerationConfig  # noqa: PLC0415
+    from transformers import GenerationConfig
 
     return GenerationConfig(**{name: getattr(model_config, name, None) for name in TOKEN_ID_FIELDS})
 
@@ -55,7 +55,7 @@ def explicit_generation_config(greedy: bool, max_new_tokens: int, min_new_tokens
                                stop_ids: list[int]) -> Any:
     """Every field that makes a logits processor, set: off (the warpers we want are passed as processors,
     ahead of the recorder), so nothing runs after the recorder and nothing comes from the model's files."""
-    from transformers import GenerationConfig  # noqa: PLC0415
+    from transformers import GenerationConfig
 
     # Sampling-only fields only when sampling (greedy decoding warns about them at every call); either way the
     # neutral model config leaves nothing else to fill them from.
@@ -95,7 +95,7 @@ class SampledLogProbs:
 def sampling_processors(params: SamplingParams, greedy: bool, recorder: SampledLogProbs) -> Any:
     """The processors of one ``generate`` call: temperature, then (sampling only) top-k, top-p, min-p
     (``generate``'s own order), then the recorder."""
-    from transformers import (  # noqa: PLC0415
+    from transformers import (
         LogitsProcessorList,
         MinPLogitsWarper,
         TemperatureLogitsWarper,

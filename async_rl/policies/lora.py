@@ -23,7 +23,7 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float =
     Only adapter weights and parameters whose name starts with one of ``trainable`` stay
     trainable (e.g. a value head that has no pretrained weights).
     """
-    from peft import LoraConfig, inject_adapter_in_model  # noqa: PLC0415
+    from peft import LoraConfig, inject_adapter_in_model  # noqa: PLC0415 (peft: see the module's docstring)
 
     if target_modules is None:
         target_modules = [name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]

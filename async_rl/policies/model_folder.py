@@ -19,8 +19,8 @@ def check_model_folder(model_path: str | Path, *, family: str, auto_class_mappin
     config maps ``remote_auto_class`` to its own code (OpenVLA); and one of ``tokenizer_files``. Otherwise a
     ConfigError naming the flag, the folder, what is wrong and ``fix`` (``unreadable_hint`` added when
     transformers cannot read the config)."""
-    from transformers import AutoConfig  # noqa: PLC0415
-    from transformers.models.auto import modeling_auto  # noqa: PLC0415
+    from transformers import AutoConfig
+    from transformers.models.auto import modeling_auto
 
     what = f"--model-path {model_path}"
     path = checked_folder(model_path, what, fix, holds=("config.json",))

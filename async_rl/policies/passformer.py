@@ -75,7 +75,7 @@ class PassformerPreprocessor:
 
 def tiny_bart_config(vocab_size: int, max_positions: int, d_model: int = 64, layers: int = 2, heads: int = 4,
                      ffn_dim: int = 128) -> Any:
-    from transformers import BartConfig  # noqa: PLC0415  (heavy; only where a Passformer is built)
+    from transformers import BartConfig  # heavy; only where a Passformer is built
 
     return BartConfig(
         vocab_size=vocab_size, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
@@ -104,7 +104,7 @@ class PassformerActorCritic(ActorCritic):
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: Optional[str] = None, d_model: int = 64,
                  layers: int = 2, heads: int = 4, ffn_dim: int = 128, temperature: float = 1.0) -> None:
         super().__init__()
-        from transformers import BartForConditionalGeneration  # noqa: PLC0415
+        from transformers import BartForConditionalGeneration
 
         self.num_pass_tokens = len(obs_spec["action_vocab"])
         self.seq_len = int(action_dim)

@@ -288,7 +288,7 @@ class VLAActorCritic(ActorCritic):
     def _decode_tokens(self, ids, mask, pixels, det):
         """Autoregressive decoding of one token per action dimension, as OpenVLA generates,
         restricted to the action tokens; the KV cache carries the prompt."""
-        from transformers import DynamicCache  # noqa: PLC0415
+        from transformers import DynamicCache
 
         past = DynamicCache()
         out = self._run(ids, mask, pixels, past=past, hidden=True)

@@ -66,15 +66,15 @@ def load_backbone(model_path: str | Path, dtype: str = "auto", trust_remote_code
     longer has that auto class, so the mapped class is loaded directly, with
     ``trust_remote_code``); any other VLM goes through ``AutoModelForImageTextToText``.
     """
-    from transformers import AutoConfig, AutoModelForImageTextToText  # noqa: PLC0415
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per actor clutters the run's output
     torch_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     auto_map = getattr(config, "auto_map", None) or {}
     if trust_remote_code and "AutoModelForVision2Seq" in auto_map:
-        from transformers.dynamic_module_utils import get_class_from_dynamic_module  # noqa: PLC0415
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
         cls = get_class_from_dynamic_module(auto_map["AutoModelForVision2Seq"], str(model_path))
         return cls.from_pretrained(model_path, dtype=torch_dtype, trust_remote_code=True)
@@ -83,7 +83,7 @@ def load_backbone(model_path: str | Path, dtype: str = "auto", trust_remote_code
 
 def load_processor(model_path: str | Path, trust_remote_code: bool = False) -> Any:
     """The checkpoint's processor (tokenizer and image processor)."""
-    from transformers import AutoProcessor  # noqa: PLC0415
+    from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
 

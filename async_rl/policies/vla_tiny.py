@@ -59,8 +59,8 @@ IDEFICS3_TOKENS = ["<fake_token_around_image>", "<global-img>", "<end_of_utteran
 def _tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = (), sentencepiece: bool = False) -> Any:
     """A BPE tokenizer trained offline; its last NUM_BINS ids are action tokens. Byte-level, or
     with ``sentencepiece`` Llama-style ("▁" marks a word start and is a token of its own)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<s>", "</s>", "<unk>", "<image>", *extra_specials]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -108,7 +108,7 @@ def tiny_vla_spec(image_size: int = 64, action_dim: int = 7, hidden_size: int = 
 
 def _text_config(s: dict[str, Any], tokenizer: Any, tie: bool = True) -> Any:
     """The tiny Llama language model's config (vocabulary: the tokenizer's, added tokens included)."""
-    from transformers import LlamaConfig  # noqa: PLC0415
+    from transformers import LlamaConfig
 
     return LlamaConfig(hidden_size=s["hidden_size"], intermediate_size=2 * s["hidden_size"],
                        num_hidden_layers=s["num_layers"], num_attention_heads=4, num_key_value_heads=2,
@@ -117,7 +117,7 @@ def _text_config(s: dict[str, Any], tokenizer: Any, tie: bool = True) -> Any:
 
 
 def _llava(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
-    from transformers import (  # noqa: PLC0415
+    from transformers import (
         CLIPImageProcessorPil,
         CLIPVisionConfig,
         LlavaConfig,
@@ -142,13 +142,13 @@ def _llava(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
 
 def _idefics3(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
     """SmolVLM's class: one global image per camera (no image splitting), pixel shuffle by 2."""
-    from transformers import (  # noqa: PLC0415
+    from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
         Idefics3ImageProcessorPil,
         Idefics3Processor,
     )
-    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig  # noqa: PLC0415
+    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
 
     tokenizer = _tiny_tokenizer(s["vocab_size"], tuple(IDEFICS3_TOKENS))
     scale = 2
@@ -167,7 +167,7 @@ def _idefics3(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
 def _prismatic(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
     """OpenVLA's layout as remote code (``_vla_prismatic_remote``), with a Llama-style tokenizer
     and a plain processor (the prompt holds no image tokens: the model inserts the patches)."""
-    from transformers import CLIPImageProcessorPil, CLIPProcessor  # noqa: PLC0415
+    from transformers import CLIPImageProcessorPil, CLIPProcessor
 
     remote = _remote_module()
     tokenizer = _tiny_tokenizer(s["vocab_size"], sentencepiece=True)
@@ -182,7 +182,7 @@ def _prismatic(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
 
 
 def _remote_module() -> Any:
-    from async_rl.policies import _vla_prismatic_remote  # noqa: PLC0415
+    from async_rl.policies import _vla_prismatic_remote
 
     return _vla_prismatic_remote
 
@@ -207,7 +207,7 @@ def tiny_vla_components(seed: int = 0, **spec: Any) -> tuple[nn.Module, Any, dic
 def build_tiny_vla(directory: str | Path, seed: int = 0, **spec: Any) -> Path:
     """Build a tiny VLA (``tiny_vla_components``) and ``save_pretrained`` it (model, processor
     and ``dataset_statistics.json``) into ``directory``; no download. Returns the path."""
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+    from transformers.utils import logging as hf_logging
 
     # save_pretrained's "Writing model shards" bar goes to stderr: a launch that builds a tiny VLA on first use and
     # then refuses its input must still print one line
@@ -227,7 +227,7 @@ def build_tiny_vla(directory: str | Path, seed: int = 0, **spec: Any) -> Path:
 def tiny_vla_path(**spec: Any) -> Path:
     """The cached tiny VLA for ``spec`` (built on first use; concurrent builders are safe)."""
     s = tiny_vla_spec(**spec)
-    import transformers  # noqa: PLC0415
+    import transformers
 
     key = hashlib.sha256(json.dumps({**s, "transformers": transformers.__version__}, sort_keys=True).encode()).hexdigest()[:16]
     target = _cache_root() / key

@@ -46,7 +46,7 @@ def gold_answer(answer: Any) -> list:
 
 def answer_matches(text: str, answer: Any) -> tuple[bool, bool]:
     """(an answer was found in ``text``, it equals ``answer``)."""
-    from math_verify import parse, verify  # noqa: PLC0415
+    from math_verify import parse, verify  # noqa: PLC0415 (sympy: as above)
 
     found = parse(normalise_signs(text), parsing_timeout=_timeout())
     if not found or (len(found) > 1 and _UNEVALUATED.match(str(found[-1]).strip())):

@@ -159,7 +159,7 @@ def _raising_row(fn: Any, arguments: dict[str, Any], count: int) -> Optional[int
     for i in range(count):
         try:
             call_reward(fn, {k: v if k == "trainer_state" else [v[i]] for k, v in arguments.items()})
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 (any error of the user's function marks the row)
             return i
     return None
 

@@ -18,12 +18,21 @@ the tests nor what they expect), then:
 
 Only the standard library: it runs without site-packages.
 """
+import builtins
 import ctypes
+import io
 import json
 import os
 import resource
+import select
 import struct
 import sys
+import time
+
+TYPE_CHECKING = False  # typing's own flag, without importing typing into every candidate's start
+if TYPE_CHECKING:  # these names are defined by the texts run before this file's (sandbox/run.py)
+    from async_rl.sandbox.seccomp import install_filter
+    from async_rl.sandbox.wire import NotPlain, dump_line, from_plain, to_plain
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -127,8 +136,6 @@ def _reap(child, lifeline, wall_s):
     ends the run, killing the candidate, when the caller is gone (``lifeline``, a pipe whose only write
     end the caller holds, reads EOF: a SIGKILLed caller cannot clean up) or after ``wall_s`` seconds (a
     backstop past the caller's own deadline). Its exit kills every process left in the namespace."""
-    import select  # noqa: PLC0415
-    import time  # noqa: PLC0415
     deadline = time.monotonic() + wall_s
     try:
         watched = [lifeline, os.pidfd_open(child)]  # readable when the candidate ends
@@ -179,8 +186,7 @@ def _drop_privileges(uid):
 def _weaken_python():
     """Without namespaces: make the obvious escapes fail in Python (a courtesy, not a boundary: ctypes
     or a C extension gets past it). Sockets, shell-outs and writes outside the work directory."""
-    import builtins  # noqa: PLC0415
-    import socket  # noqa: PLC0415
+    import socket  # noqa: PLC0415 (weak mode only: ~10 ms of every candidate's start otherwise)
 
     def refuse(*_args, **_kwargs):
         raise PermissionError("not allowed in the sandbox")
@@ -226,7 +232,6 @@ def _weaken_python():
         return real_os_open(path, flags, *args, **kwargs)
 
     builtins.open, os.open = guarded_open, guarded_os_open
-    import io  # noqa: PLC0415
     io.open = guarded_open
 
 
@@ -252,7 +257,7 @@ def _confine(orders, workdir, isolated):
     if isolated:
         _drop_privileges(orders["uid"])
     try:
-        filtered = install_filter(own_group=isolated)  # noqa: F821 (sandbox/seccomp.py's text runs first)
+        filtered = install_filter(own_group=isolated)
     except OSError as exc:
         _fail(str(exc))
     if not filtered:
@@ -265,7 +270,6 @@ def _serve(code, send, requests):
     """Run the code, then answer the judge's requests (``get`` a name, ``call`` a function with plain
     arguments) with plain data until the judge closes its end. Nothing here decides a verdict: the
     judge checks every answer, so what the candidate does to this loop only changes its own answers."""
-    import builtins  # noqa: PLC0415
     run, build = exec, compile  # captured before the candidate can replace builtins.exec / compile
     send({"start": os.getpid()})
     try:
@@ -292,11 +296,11 @@ def _serve(code, send, requests):
                 answer["callable"] = True
             else:
                 if request["op"] == "call":
-                    args = from_plain(request["args"])  # noqa: F821 (sandbox/wire.py's text runs first)
-                    kwargs = {k: from_plain(v) for k, v in request["kwargs"].items()}  # noqa: F821
+                    args = from_plain(request["args"])
+                    kwargs = {k: from_plain(v) for k, v in request["kwargs"].items()}
                     target = target(*args, **kwargs)
-                answer["value"] = to_plain(target)  # noqa: F821
-        except NotPlain as exc:  # noqa: F821
+                answer["value"] = to_plain(target)
+        except NotPlain as exc:
             answer["not_plain"] = str(exc)[:200]
         except BaseException as exc:  # noqa: BLE001 (SystemExit, KeyboardInterrupt included: an answer, not an exit)
             answer["raised"] = type(exc).__name__
@@ -326,7 +330,7 @@ def main():
     os.close(null)
     answer_fd, write = orders["answer_fd"], os.write
 
-    def send(message, _write=write, _fd=answer_fd, _dump=dump_line):  # noqa: F821
+    def send(message, _write=write, _fd=answer_fd, _dump=dump_line):
         data = _dump(message)
         while data:
             data = data[_write(_fd, data):]

@@ -26,13 +26,22 @@ data; the caller starts judges from one thread that lives as long as the caller)
 caller's pid it was given, and a thread that exits once the caller's end of the socket is closed. An
 internal failure exits with ``JUDGE_FAILED``, which the caller reports as ``error``.
 """
+import _thread
 import ast
 import builtins
+import ctypes
+import json
 import os
 import resource
+import select
+import signal
 import socket
 import struct
 import sys
+
+TYPE_CHECKING = False  # typing's own flag, without importing typing into the judge
+if TYPE_CHECKING:  # these names are defined by sandbox/wire.py's text, run before this file's (sandbox/run.py)
+    from async_rl.sandbox.wire import NotPlain, dump_line, from_plain, parse_line, to_plain
 
 JUDGE_MEMORY_MB = 2048  # its address space: what a candidate's (capped) answers can make it build
 JUDGE_FAILED = 70  # the exit status of a judge that failed itself (not a test's os._exit): reason "error"
@@ -83,15 +92,15 @@ class Channel:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         try:
-            return parse_line(line)  # noqa: F821 (sandbox/wire.py's text runs before this file's)
-        except NotPlain:  # noqa: F821
+            return parse_line(line)
+        except NotPlain:
             self._break("malformed")
 
     def ask(self, message):
         if self.broken:
             raise ChannelBroken(self.broken)
         self.next_id += 1
-        data = dump_line(dict(message, id=self.next_id))  # noqa: F821
+        data = dump_line(dict(message, id=self.next_id))
         try:
             while data:
                 data = data[os.write(self.request_fd, data):]
@@ -107,8 +116,8 @@ def _value(answer, channel):
     """What a ``call`` answered: its plain value, or the exception it raised."""
     if "value" in answer:
         try:
-            return from_plain(answer["value"])  # noqa: F821
-        except NotPlain:  # noqa: F821
+            return from_plain(answer["value"])
+        except NotPlain:
             channel.not_plain = True
             raise NotPlainResult() from None
     if "raised" in answer and type(answer["raised"]) is str:
@@ -124,9 +133,9 @@ def proxy(name, channel):
     comes back as plain data (an argument that is not plain data is a TypeError here)."""
     def call(*args, **kwargs):
         try:
-            message = {"op": "call", "name": name, "args": to_plain(list(args)),  # noqa: F821
-                       "kwargs": {str(k): to_plain(v) for k, v in kwargs.items()}}  # noqa: F821
-        except NotPlain as exc:  # noqa: F821
+            message = {"op": "call", "name": name, "args": to_plain(list(args)),
+                       "kwargs": {str(k): to_plain(v) for k, v in kwargs.items()}}
+        except NotPlain as exc:
             raise TypeError(f"an argument to {name} is not plain data: {exc}") from None
         return _value(channel.ask(message), channel)
     call.__name__ = call.__qualname__ = name
@@ -235,7 +244,7 @@ def _receive(sock):
         if not chunk:
             return None
         data += chunk
-    return json.loads(data.decode()), fds  # noqa: F821 (json: imported by sandbox/wire.py, whose text runs first)
+    return json.loads(data.decode()), fds
 
 
 def _die_with_caller(sock, caller):
@@ -244,11 +253,6 @@ def _die_with_caller(sock, caller):
     whatever the judge is doing. A caller that died before the prctl is seen as a changed parent pid.
     Besides, a thread exits the judge once the caller's end of ``sock`` is closed (POLLRDHUP, not
     POLLIN: the next run's orders do not wake it)."""
-    import _thread  # noqa: PLC0415
-    import ctypes  # noqa: PLC0415
-    import select  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-
     libc = ctypes.CDLL(None)
     if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0 or os.getppid() != caller:  # PR_SET_PDEATHSIG
         os._exit(0)

@@ -1,6 +1,6 @@
 """CompilerGym server: runs in the Python 3.10 interpreter of ``.venv-compilergym``.
 
-compiler_gym 0.2.5 cannot be installed in the project's Python 3.11, so ``envs/compiler_gym/client.py``
+compiler_gym 0.2.5 cannot be installed in the project's Python 3.11, so ``envs/compilergym/client.py``
 starts this file as a subprocess and talks to it with one JSON object per line: requests on
 stdin, answers on the original stdout (CompilerGym's own prints are sent to stderr so they
 never corrupt the protocol). It imports nothing from the project.
@@ -19,6 +19,7 @@ CompilerGym turns a URI into a program on every reset (csmith + clang for genera
 0.15-0.8 s on a 2-core machine), while a reset from a kept ``Benchmark`` object costs 2-8 ms;
 the -O0/-Oz counts are fixed per program and kept too. ``reuse: false`` rebuilds each time.
 """
+import itertools
 import json
 import os
 import sys
@@ -46,8 +47,9 @@ def _observe(env, ir):
 
 class Server:
     def __init__(self):
-        import compiler_gym  # noqa: F401, PLC0415  (registers the llvm-v0 env)
-        import gym  # noqa: PLC0415
+        # Imported here, in Server(): main() answers a failed import to the client as a failed start.
+        import compiler_gym  # noqa: F401, PLC0415 (registers the llvm-v0 env)
+        import gym  # noqa: PLC0415 (as above)
 
         self.env = gym.make("llvm-v0", benchmark="generator://csmith-v0/0")
         self.saved = None
@@ -88,8 +90,6 @@ class Server:
         return answer
 
     def dataset_uris(self, req):
-        import itertools  # noqa: PLC0415
-
         dataset = self.env.datasets[req["name"]]
         dataset.install()  # named datasets are downloaded: this needs the internet
         return {"uris": [str(u) for u in itertools.islice(dataset.benchmark_uris(), int(req["limit"]))]}
@@ -153,7 +153,7 @@ def main():
 
     try:
         server = Server()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 (any failure to start is answered to the client)
         send({"ok": False, "error": f"CompilerGym failed to start: {type(exc).__name__}: {exc}"})
         return 1
     send({"ok": True, "ready": True})
