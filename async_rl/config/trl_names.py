@@ -43,7 +43,7 @@ TRL_NAMES: tuple[TrlName, ...] = (
     TrlName("reward_funcs", "--reward", "launch/ds_lm_grpo.py: a built-in or module:function, repeated for several"),
     TrlName("reward_weights", "--reward", "NAME=WEIGHT, one weight per --reward"),
     TrlName("dataset_train_split", "--env.train-split", "the split of a saved DatasetDict folder"),
-    TrlName("use_vllm", "--policy.generation-engine", "vllm: each inference actor's own engine; auto, the default, takes it where installed and adapters sync"),
+    TrlName("use_vllm", "--policy.generation-engine", "vllm: each inference actor's own engine, by name; auto, the default, takes hf on CPU"),
     TrlName("sync_ref_model", None, "the reference is fixed: the model with LoRA adapters off, or the initial weights"),
     TrlName("lr_scheduler_type", None, "always linear warm-up then cosine decay: --warmup-steps, --lr-decay-steps, --min-lr-ratio"),
     TrlName("warmup_ratio", "--warmup-steps", "in optimiser steps"),

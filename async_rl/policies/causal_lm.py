@@ -62,7 +62,7 @@ TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in 
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token_id is None:  # many causal LMs ship none; eos is masked out anyway
@@ -137,7 +137,7 @@ def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
 
 def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # stands in for a decoder's forward
     """What a decoder returns, holding the hidden states it is handed (``CausalLMActorCritic._head_logits``)."""
-    from transformers.modeling_outputs import BaseModelOutputWithPast  # noqa: PLC0415
+    from transformers.modeling_outputs import BaseModelOutputWithPast
 
     return BaseModelOutputWithPast(last_hidden_state=inputs_embeds)
 
@@ -166,7 +166,7 @@ class CausalLMActorCritic(ActorCritic):
         with vLLM where it can (installed, the architecture, LoRA adapters the only weights that change), decided
         on the first batch, and with ``generate`` from the first batch the engine cannot serve."""
         super().__init__()
-        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(model_path)
         if disable_dropout:
@@ -222,6 +222,11 @@ class CausalLMActorCritic(ActorCritic):
         if reason is None and self.generation_engine == "auto" and not named_lora_layers(self.lm):
             # Without adapters every weight a trainer sends is a base weight, which the engine cannot follow.
             reason = "the model holds no LoRA adapters (the engine follows training through them; --lora-sync adapters)"
+        if reason is None and self.generation_engine == "auto":
+            # Measured (benchmarks/results/lm_engines.md): vLLM's CPU build applies LoRA adapters at ~0.3-0.4x the
+            # speed of transformers' generate with them; without adapters it is ~3x faster but cannot follow training.
+            reason = ("on CPU vLLM generates with LoRA adapters slower than generate (benchmarks/results/lm_engines.md); "
+                      "--policy.generation-engine vllm asks for it")
         if reason is None:
             try:
                 self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())

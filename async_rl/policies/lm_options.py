@@ -36,7 +36,8 @@ class CausalLMOptions(ConfigSection):
     """every dropout of the model off, so that the trainer computes what the sampler computed"""
     generation_engine: Literal["auto", "vllm", "hf"] = "auto"
     """what generates responses: vllm (its own process; LoRA adapters follow the trainers), hf (transformers'
-    generate); auto = vllm where scripts/setup_vllm.sh installed it and the model and its weight sync suit it"""
+    generate); auto = hf for now: the installed vLLM is its CPU build, which generates with LoRA adapters slower
+    than generate does (benchmarks/results/lm_engines.md)"""
 
     @pydantic.model_validator(mode="after")
     def _lengths_ordered(self) -> "CausalLMOptions":

@@ -91,7 +91,7 @@ class VLLMGeneration:
 
     def _check_base_is_the_folders(self) -> None:
         """The engine loads the folder's weights: the policy's base must be exactly those (in its own dtype)."""
-        from safetensors import safe_open  # noqa: PLC0415
+        from safetensors import safe_open
 
         saved: dict[str, torch.Tensor] = {}
         for file in sorted(Path(self.model_path).glob("*.safetensors")):
@@ -115,7 +115,7 @@ class VLLMGeneration:
             return None
         versions = self._versions(self.lora)
         if versions != self._lora_seen:
-            from async_rl.checkpoint import save_adapter  # noqa: PLC0415  (peft; only where there are adapters)
+            from async_rl.checkpoint import save_adapter  # peft; only where there are adapters
 
             number = 1 + (self._adapter["id"] if self._adapter else 0)
             folder = self._folders / f"adapter-{number}"
@@ -129,7 +129,7 @@ class VLLMGeneration:
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Responses and their log-probs ``[rows, max_new_tokens]`` (``PAD_ACTION`` / 0 after the end) for the
         left-padded prompts ``ids`` / ``mask``; ``greedy[row]``: decoded greedily."""
-        from async_rl.policies.causal_lm import PAD_ACTION  # noqa: PLC0415  (that module imports this one)
+        from async_rl.policies.causal_lm import PAD_ACTION  # that module imports this one
 
         adapter = self._current_adapter()
         rows, width = ids.shape[0], self.policy.max_new_tokens

@@ -42,7 +42,7 @@ def exit_with_parent(scratch: str) -> None:
 
 
 def build_engine(spec: dict[str, Any]) -> Any:
-    from vllm import LLM  # noqa: PLC0415  (inside: the entry point must be guarded, the engine core spawns)
+    from vllm import LLM  # inside: the entry point must be guarded, the engine core spawns
 
     lora = {"enable_lora": True, "max_lora_rank": spec["max_lora_rank"], "max_loras": 1} if spec["max_lora_rank"] else {}
     return LLM(model=spec["model"], dtype=spec["dtype"], seed=spec["seed"], max_model_len=spec["max_model_len"],
@@ -54,7 +54,7 @@ def build_engine(spec: dict[str, Any]) -> Any:
 
 
 def sampling_params(sampling: dict[str, Any], greedy: bool, n: int) -> Any:
-    from vllm import SamplingParams  # noqa: PLC0415
+    from vllm import SamplingParams
 
     shared = dict(n=n, max_tokens=sampling["max_new_tokens"], min_tokens=sampling["min_new_tokens"],
                   stop_token_ids=sampling["stop_ids"], logprobs=0, detokenize=False, skip_special_tokens=False,
@@ -68,8 +68,8 @@ def sampling_params(sampling: dict[str, Any], greedy: bool, n: int) -> Any:
 def generate(llm: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """Every request ``{"prompt": ids, "n": k, "greedy": bool}`` answered with its k completions, each the token
     ids and the log-prob each was sampled with (vLLM's processed log-probs: after temperature, top-k/p, min-p)."""
-    from vllm.inputs import TokensPrompt  # noqa: PLC0415
-    from vllm.lora.request import LoRARequest  # noqa: PLC0415
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     adapter = msg.get("adapter")
     lora = LoRARequest(adapter["name"], adapter["id"], adapter["path"]) if adapter else None

