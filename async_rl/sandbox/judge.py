@@ -28,11 +28,16 @@ internal failure exits with ``JUDGE_FAILED``, which the caller reports as ``erro
 """
 import ast
 import builtins
+import json
 import os
 import resource
 import socket
 import struct
 import sys
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
+
+if TYPE_CHECKING:  # at run time sandbox/wire.py's text runs before this file's and defines them
+    from async_rl.sandbox.wire import NotPlain, dump_line, from_plain, parse_line, to_plain
 
 JUDGE_MEMORY_MB = 2048  # its address space: what a candidate's (capped) answers can make it build
 JUDGE_FAILED = 70  # the exit status of a judge that failed itself (not a test's os._exit): reason "error"
@@ -60,16 +65,17 @@ class NotPlainResult(BaseException):
 class Channel:
     """Requests to the candidate's process and its answers, one JSON line each, every answer checked."""
 
-    def __init__(self, request_fd, answer_fd, limit):
+    def __init__(self, request_fd: int, answer_fd: int, limit: int) -> None:
         self.request_fd, self.answer_fd, self.limit = request_fd, answer_fd, limit
         self.buffer, self.received, self.next_id = b"", 0, 0
-        self.broken = None  # over_cap | malformed | eof
+        self.broken: str | None = None  # over_cap | malformed | eof
+        self.not_plain = False  # the current test got an answer that is not plain data
 
-    def _break(self, why):
+    def _break(self, why: str) -> NoReturn:
         self.broken = self.broken or why
         raise ChannelBroken(why)
 
-    def read_message(self):
+    def read_message(self) -> dict[str, Any]:
         while b"\n" not in self.buffer:
             try:
                 chunk = os.read(self.answer_fd, 65536)
@@ -83,15 +89,15 @@ class Channel:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         try:
-            return parse_line(line)  # noqa: F821 (sandbox/wire.py's text runs before this file's)
-        except NotPlain:  # noqa: F821
+            return parse_line(line)
+        except NotPlain:
             self._break("malformed")
 
-    def ask(self, message):
+    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.broken:
             raise ChannelBroken(self.broken)
         self.next_id += 1
-        data = dump_line(dict(message, id=self.next_id))  # noqa: F821
+        data = dump_line(dict(message, id=self.next_id))
         try:
             while data:
                 data = data[os.write(self.request_fd, data):]
@@ -103,12 +109,12 @@ class Channel:
         return answer
 
 
-def _value(answer, channel):
+def _value(answer: dict[str, Any], channel: Channel) -> Any:
     """What a ``call`` answered: its plain value, or the exception it raised."""
     if "value" in answer:
         try:
-            return from_plain(answer["value"])  # noqa: F821
-        except NotPlain:  # noqa: F821
+            return from_plain(answer["value"])
+        except NotPlain:
             channel.not_plain = True
             raise NotPlainResult() from None
     if "raised" in answer and type(answer["raised"]) is str:
@@ -119,23 +125,23 @@ def _value(answer, channel):
     raise NotPlainResult()
 
 
-def proxy(name, channel):
+def proxy(name: str, channel: Channel) -> Callable[..., Any]:
     """A stand-in for the candidate's function ``name``: arguments go out as plain data, the answer
     comes back as plain data (an argument that is not plain data is a TypeError here)."""
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            message = {"op": "call", "name": name, "args": to_plain(list(args)),  # noqa: F821
-                       "kwargs": {str(k): to_plain(v) for k, v in kwargs.items()}}  # noqa: F821
-        except NotPlain as exc:  # noqa: F821
+            message = {"op": "call", "name": name, "args": to_plain(list(args)),
+                       "kwargs": {str(k): to_plain(v) for k, v in kwargs.items()}}
+        except NotPlain as exc:
             raise TypeError(f"an argument to {name} is not plain data: {exc}") from None
         return _value(channel.ask(message), channel)
     call.__name__ = call.__qualname__ = name
     return call
 
 
-def _bound_names(tree):
+def _bound_names(tree: ast.AST) -> set[str]:
     """Names a piece of code binds (assignments, imports, defs, loop and with targets, ...)."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             names.add(node.id)
@@ -148,10 +154,10 @@ def _bound_names(tree):
     return names
 
 
-def _candidate_names(trees, trusted, entry_point):
+def _candidate_names(trees: list[ast.Module | None], trusted: set[str], entry_point: str) -> list[list[str]]:
     """Per test: the names it reads that only the candidate can define (not the prompt's, not a
     builtin, not bound by any test); the entry point whenever a test reads it."""
-    bound = set().union(*(_bound_names(t) for t in trees if t is not None)) if trees else set()
+    bound: set[str] = set().union(*(_bound_names(t) for t in trees if t is not None)) if trees else set()
     out = []
     for tree in trees:
         read = set() if tree is None else {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
@@ -163,17 +169,17 @@ def _candidate_names(trees, trusted, entry_point):
     return out
 
 
-def judge_run(orders, request_fd, answer_fd, say):
+def judge_run(orders: dict[str, Any], request_fd: int, answer_fd: int, say: Callable[..., None]) -> None:
     """Judge one candidate: its tests in a fresh namespace, every verdict said as it is decided."""
     channel = Channel(request_fd, answer_fd, orders["result_limit"])
-    channel.not_plain = False
-    env = {"__name__": "__judge__", "__builtins__": builtins}
+    env: dict[str, Any] = {"__name__": "__judge__", "__builtins__": builtins}
     try:  # the prompt's helpers: the same text the candidate's process ran before its code
         exec(compile(orders["prefix"], "<prompt>", "exec"), env)
     except BaseException:  # noqa: BLE001 (a prompt whose helpers fail still has its tests judged)
         pass
     trusted = set(env) - {orders["entry_point"]}
-    trees, codes = [], []
+    trees: list[ast.Module | None] = []
+    codes: list[Any] = []  # compiled code objects, None for a test that does not compile
     for i, test in enumerate(orders["tests"]):
         try:
             tree = ast.parse(test)
@@ -189,7 +195,7 @@ def judge_run(orders, request_fd, answer_fd, say):
         say("start")
         status = channel.read_message().get("code")
         say("code", status if status in ("ok", "crash", "syntax", "memory") else "crash")
-        proxies = {}  # a name once callable keeps its stand-in: each call looks the name up anew over there
+        proxies: dict[str, Callable[..., Any]] = {}  # a name once callable keeps its stand-in: each call looks the name up anew over there
         for i, code in enumerate(codes):
             outcome = "0"
             channel.not_plain = False
@@ -221,7 +227,7 @@ def judge_run(orders, request_fd, answer_fd, say):
         say("channel", channel.broken or "malformed")
 
 
-def _receive(sock):
+def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """The next run's orders and its three pipe ends; None when the caller closed the socket."""
     header, fds, _, _ = socket.recv_fds(sock, 8, 3)
     while header and len(header) < 8:
@@ -235,10 +241,10 @@ def _receive(sock):
         if not chunk:
             return None
         data += chunk
-    return json.loads(data.decode()), fds  # noqa: F821 (json: imported by sandbox/wire.py, whose text runs first)
+    return json.loads(data.decode()), fds
 
 
-def _die_with_caller(sock, caller):
+def _die_with_caller(sock: socket.socket, caller: int) -> None:
     """End the judge with its caller: the kernel SIGKILLs it when the caller's thread that started it
     ends (``PR_SET_PDEATHSIG``; the caller starts judges from a thread that lives as long as it does),
     whatever the judge is doing. A caller that died before the prctl is seen as a changed parent pid.
@@ -254,7 +260,7 @@ def _die_with_caller(sock, caller):
         os._exit(0)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: a process of the same user (weak mode) cannot open its /proc files
 
-    def watch():
+    def watch() -> None:
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLRDHUP)
         while True:
@@ -265,7 +271,7 @@ def _die_with_caller(sock, caller):
     _thread.start_new_thread(watch, ())
 
 
-def _limit_cpu(seconds):
+def _limit_cpu(seconds: float) -> None:
     """At most ``seconds`` more of CPU from now: the soft RLIMIT_CPU (SIGXCPU, whose default action ends
     the judge), raised again at the next run's start."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -274,7 +280,7 @@ def _limit_cpu(seconds):
     resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
-def _serve(sock):
+def _serve(sock: socket.socket) -> None:
     """Judge runs until the caller closes the socket."""
     while True:
         received = _receive(sock)
@@ -284,7 +290,7 @@ def _serve(sock):
         _limit_cpu(orders["cpu_s"])
         tag = f"{int(orders['run'])} {orders['nonce']}"
 
-        def say(*parts, _tag=tag, _fd=verdict_fd):
+        def say(*parts: str, _tag: str = tag, _fd: int = verdict_fd) -> None:
             data = (" ".join((_tag,) + parts) + "\n").encode()
             while data:
                 data = data[os.write(_fd, data):]
@@ -302,7 +308,7 @@ def _serve(sock):
             os.close(verdict_fd)  # the end of this run's verdicts: the caller reads EOF
 
 
-def main():
+def main() -> None:
     for limit, value in ((resource.RLIMIT_AS, JUDGE_MEMORY_MB << 20), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(limit, (value, value))
     sock = socket.socket(fileno=int(sys.argv[1]))
