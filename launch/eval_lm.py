@@ -170,7 +170,7 @@ def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], labels: l
     for i, item in enumerate(problems):
         scores = totals[i * k:(i + 1) * k]
         per_reward = {name: v[i * k:(i + 1) * k] for name, v in values.items()}
-        row = {**{c: item[c] for c in ("prompt", "answer", "tests") if c in item}, "responses": responses[i * k:(i + 1) * k],
+        row: dict[str, Any] = {**{c: item[c] for c in ("prompt", "answer", "tests") if c in item}, "responses": responses[i * k:(i + 1) * k],
                "scores": scores, "score": sum(scores) / k, "rewards": per_reward}
         if kind == "tests":
             row["solved"] = sum(v is not None and v >= 1.0 for v in per_reward["code_tests"]) / k  # every test passed

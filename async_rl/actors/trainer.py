@@ -71,7 +71,7 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
         self.next_version = 0  # the policy version the next train_epoch will be called with
 
     # ---- training -----------------------------------------------------------------------
-    async def train_epoch(self, policy_version: int) -> dict[str, float]:
+    async def train_epoch(self, policy_version: int) -> dict[str, Any]:
         """One epoch on the super-batch ``ready_batch`` took (taken now if none is held); returns mean
         metrics of this rank."""
         if self._ready is None:
@@ -81,7 +81,7 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
         metrics.update(data_waits=self.data_waits, data_wait_seconds=self.data_wait_seconds)
         return metrics
 
-    def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, float]:
+    def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, Any]:
         start = time.perf_counter()
         lag = (policy_version - policy_versions(batch)).float()
         batch = self.estimator.prepare(batch.to(self.device), self.cfg)
@@ -106,7 +106,7 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
                     inputs.step_counts = step_counts[k // self.cfg.accumulation_steps]
                 rows.append(self._loss_and_step(inputs, critic_only))
         self._publish(policy_version + 1)  # the weights are now this version, whole
-        metrics = mean_metrics(rows)
+        metrics: dict[str, Any] = mean_metrics(rows)  # and the lags of every item, a list
         self.skipped_updates = self.engine.skipped_steps
         metrics.update({
             "policy_lag_values": lag.long().tolist(),

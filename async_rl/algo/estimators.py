@@ -24,7 +24,7 @@ any others, except for a loss that compares a group's members inside a minibatch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, TypedDict
 
 import torch
 from tensordict import TensorDict
@@ -48,15 +48,22 @@ class AdvantageOptions(Protocol):
     gae_lambda: float
     rollout_steps: int
     normalize_advantages: bool
-    normalize_advantages_per: str
     normalize_group_advantages: bool
     grpo_scale_by_std: bool
     vtrace_clip_rho: Optional[float]
     vtrace_clip_c: Optional[float]
     vtrace_clip_pg_rho: Optional[float]
-    kl_ref_as: str
     kl_ref_coef: float
-    kl_ref_estimator: str
+
+    # Read-only, so that a config whose keys are Literal types of these strings is one.
+    @property
+    def normalize_advantages_per(self) -> str: ...
+
+    @property
+    def kl_ref_as(self) -> str: ...
+
+    @property
+    def kl_ref_estimator(self) -> str: ...
 
 
 class Segmenter(Protocol):
@@ -79,7 +86,16 @@ class TrainModel:
     action_mask: Optional[Callable[[Tensor], Optional[Tensor]]] = None  # action -> its real elements (variable length)
 
 
-def batch_fields(steps: TensorDict, model: TrainModel) -> dict[str, Optional[Tensor]]:
+class BatchFields(TypedDict):
+    """The optional ``LossInputs`` a minibatch carries (``batch_fields``)."""
+
+    logp_ref: Optional[Tensor]
+    group_id: Optional[Tensor]
+    success: Optional[Tensor]
+    mask: Optional[Tensor]
+
+
+def batch_fields(steps: TensorDict, model: TrainModel) -> BatchFields:
     """The optional ``LossInputs`` of step records: the reference log-probs (when the model has a
     reference), the group fields (``group_id``, ``success``) where the records carry them, and the
     mask of variable-length actions (a response's tokens) where the policy has one."""
@@ -233,7 +249,7 @@ def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, tra
 # ---- gae ----------------------------------------------------------------------------------------
 def with_gae(steps: list[TensorDict], bootstrap_value: float, gamma: float, lam: float) -> TensorDict:
     """Stack a trajectory piece and add ``advantage`` and ``value_target``."""
-    traj = torch.stack(steps)
+    traj: TensorDict = TensorDict.stack(steps)
     bootstrap = torch.tensor(bootstrap_value, dtype=traj["value"].dtype)
     traj["advantage"], traj["value_target"] = gae(traj["reward"], traj["value"], traj["done"], bootstrap, gamma, lam)
     return traj
@@ -317,16 +333,24 @@ class Vtrace(AdvantageEstimator):
         fields = batch_fields(flat, model)
         rewards = flat["reward"]
         if cfg.kl_ref_coef > 0 and cfg.kl_ref_as == "reward":  # r_t - coef * KL_t(behaviour || reference)
+            if fields["logp_ref"] is None:
+                raise ValueError("kl_ref_as 'reward': the minibatch has no logp_ref (the model has no reference)")
             rewards = kl_reward_penalty(rewards, flat["logp"], fields["logp_ref"], cfg.kl_ref_coef, cfg.kl_ref_estimator)
         with torch.no_grad():
             bootstrap = model.value(mb["bootstrap_obs"]).float()
         # Targets and advantages in float32 whatever the model's precision (vtrace computes in the values' dtype).
-        time_major = lambda x: x.reshape(b, t).transpose(0, 1).float()  # noqa: E731
+
+        def time_major(x: Tensor) -> Tensor:
+            return x.reshape(b, t).transpose(0, 1).float()
+
         log_rhos = time_major((logp.detach().float() - flat["logp"]).sum(-1))
         discounts = cfg.gamma * (1.0 - time_major(flat["done"]))
         vs, pg_adv = vtrace(log_rhos, discounts, time_major(rewards), time_major(value.detach()), bootstrap,
                             cfg.vtrace_clip_rho, cfg.vtrace_clip_c, cfg.vtrace_clip_pg_rho)
-        flat_major = lambda x: x.transpose(0, 1).reshape(b * t)  # noqa: E731
+
+        def flat_major(x: Tensor) -> Tensor:
+            return x.transpose(0, 1).reshape(b * t)
+
         adv = flat_major(pg_adv)
         if cfg.normalize_advantages:  # a collective: every rank calls it once per minibatch
             adv = whiten(adv, flat, cfg)
@@ -351,7 +375,7 @@ class EpisodeSegmenter:
     def take(self) -> Optional[TensorDict]:
         """The finished episode's steps ``[T]`` (None if it has none); the next episode starts empty."""
         steps, self.steps = self.steps, []
-        return torch.stack(steps) if steps else None
+        return TensorDict.stack(steps) if steps else None
 
 
 class GroupEstimator(AdvantageEstimator):
@@ -373,7 +397,7 @@ class GroupEstimator(AdvantageEstimator):
         return bool(cfg.normalize_group_advantages)
 
     @staticmethod
-    def group_advantages(returns: Tensor) -> Tensor:
+    def group_advantages(returns: Tensor, /) -> Tensor:
         """Returns ``[G, n]`` (G groups of n rollouts) -> advantages ``[G, n]``."""
         raise NotImplementedError
 

@@ -34,7 +34,7 @@ def _given_or(name: str, fallback: str) -> property:
 
     def value(self: Any) -> float:
         given = getattr(self, name)
-        return getattr(self, fallback) if given is None else given
+        return float(getattr(self, fallback) if given is None else given)
 
     return property(value)
 
@@ -78,7 +78,8 @@ class PolicyLossParams(pydantic.BaseModel):
     @pydantic.field_validator("*", mode="before")
     @classmethod
     def _int_to_float(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and float in _types(cls.model_fields[info.field_name]):
+        if isinstance(value, int) and not isinstance(value, bool) and info.field_name is not None \
+                and float in _types(cls.model_fields[info.field_name]):
             return float(value)
         return value
 
@@ -104,8 +105,8 @@ class PolicyInputs:
     adv: Tensor
     mask: Optional[Tensor]
     logp: Tensor
-    element_mask: Optional[Tensor] = None
-    log_ratio: Optional[Tensor] = None  # log of ``ratio`` (its level), with gradient: log pi - log pi_behaviour
+    element_mask: Optional[Tensor]
+    log_ratio: Tensor  # log of ``ratio`` (its level), with gradient: log pi - log pi_behaviour
     logp_ref: Optional[Tensor] = None
     group_id: Optional[Tensor] = None
     success: Optional[Tensor] = None
@@ -334,6 +335,7 @@ def _pacs_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
         raise ValueError("clip mode 'pacs' needs group_id and success in the batch (group rollouts) and, with "
                          "score log_ratio and score_against reference, the reference log-probs")
     if p.score == "log_ratio" and against_reference:
+        assert x.logp_ref is not None  # checked above
         score = p.beta * per_action(x.logp - x.logp_ref.detach(), x.element_mask, "sum")
     elif p.score == "log_ratio":  # the ratio is at the sequence level (per_action): log_ratio is the summed one
         score = p.beta * x.log_ratio
@@ -392,7 +394,7 @@ class PolicyLoss:
         log_ratio = logp - logp_old.detach()
         adv = advantages.detach().to(log_ratio.dtype)
         try:
-            shape = torch.broadcast_shapes(log_ratio.shape, adv.shape)
+            shape = torch.broadcast_shapes(log_ratio.shape, adv.shape)  # type: ignore[no-untyped-call]  # torch declares no types for it
         except RuntimeError:
             shape = None
         if shape != log_ratio.shape:
@@ -424,7 +426,10 @@ def _diagnostics(ratio: Tensor, log_ratio: Tensor, terms: LossTerms, mask: Optio
         n = valid.sum().clamp_min(1).to(torch.float64)
         r64 = torch.where(valid, r.to(torch.float64), 0.0)
         lr64 = torch.where(valid, log_ratio.detach().to(torch.float64), 0.0)
-        frac = lambda b: (b & valid).sum().to(torch.float64) / n  # noqa: E731
+
+        def frac(b: Tensor) -> Tensor:
+            return (b & valid).sum().to(torch.float64) / n
+
         stats = {
             "clip_frac": frac(terms.clipped),
             "dead_grad_frac": frac(terms.dead_grad),
@@ -449,15 +454,19 @@ def compute_policy_loss(
     advantages: Tensor,
     mask: Optional[Tensor] = None,
     params: Mapping[str, Any] | PolicyLossParams | None = None,
-    **batch: Optional[Tensor],
+    *,
+    logp_ref: Optional[Tensor] = None,
+    group_id: Optional[Tensor] = None,
+    success: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Policy loss of ``clip_mode`` and its diagnostics (validates ``params`` on every call: a loop
     builds a ``PolicyLoss`` once instead).
 
     ``logp``/``logp_old``: log-probs of the taken actions (any shape; ``[B, A]`` for a ratio level
     other than token); ``advantages`` broadcasts to that shape; ``mask`` (shape of ``logp``) marks
-    valid elements. ``batch``: ``logp_ref`` (shape of ``logp``), ``group_id`` and ``success`` ``[B]``
+    valid elements. ``logp_ref`` (shape of ``logp``), ``group_id`` and ``success`` ``[B]``
     for the modes that read them (pacs). Gradients flow through ``logp`` only. Returns the masked
     mean loss and a dict of floats.
     """
-    return PolicyLoss(clip_mode, params)(logp, logp_old, advantages, mask, **batch)
+    return PolicyLoss(clip_mode, params)(logp, logp_old, advantages, mask, logp_ref=logp_ref, group_id=group_id,
+                                         success=success)

@@ -58,16 +58,25 @@ class ObjectiveOptions(Protocol):
     one such object)."""
 
     clip_mode: str
-    clip_params: Mapping[str, Any]
     value_coef: float
     value_clip_eps: Optional[float]
     entropy_coef: float
     kl_coef: float
     ratio_threshold: Optional[float]
     kl_ref_coef: float
-    kl_ref_estimator: str
-    kl_ref_as: str
-    loss_agg: str
+
+    # Read-only, so that the config's own types (a dict, Literal types of these strings) are these.
+    @property
+    def clip_params(self) -> Mapping[str, Any]: ...
+
+    @property
+    def kl_ref_estimator(self) -> str: ...
+
+    @property
+    def kl_ref_as(self) -> str: ...
+
+    @property
+    def loss_agg(self) -> str: ...
 
 
 class Objective:
@@ -135,6 +144,7 @@ class Objective:
             parts["kl"] = self._per_element(kl_penalty(x.logp, x.logp_old.detach(), "k3"), x.mask, x.step_counts)
             loss = loss + self.kl_coef * parts["kl"]
         if self.kl_ref_coef > 0:  # KL(current || reference) of the whole action, on the behaviour's samples
+            assert x.logp_ref is not None  # needs_reference: checked above
             parts["kl_ref"] = self._per_action(kl_penalty(x.logp, x.logp_ref.detach().to(x.logp.dtype), self.kl_ref_estimator),
                                                x.mask, x.step_counts)
             if self.kl_ref_as == "loss":

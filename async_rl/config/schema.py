@@ -27,7 +27,7 @@ from async_rl.renamed_keys import renamed_run_keys
 from async_rl.validation import ConfigSection
 
 Positive = pydantic.PositiveInt
-Fraction = pydantic.confloat(ge=0.0, le=1.0)
+Fraction = Annotated[float, pydantic.Field(ge=0.0, le=1.0)]
 
 
 def _gpu_id(value: Any) -> Any:

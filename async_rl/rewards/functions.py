@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.rewards import REWARDS
@@ -47,7 +47,8 @@ def parse_reward_specs(rewards: Any, options: Optional[Mapping[str, Mapping[str,
         raise ConfigError(f"no reward given; pass {flag} NAME_OR_PATH (built-ins: {', '.join(REWARDS.names())}, "
                           "or module:function)")
     options = dict(options or {})
-    specs, names = [], {}
+    specs: list[RewardSpec] = []
+    names: dict[str, str] = {}
     for item in items:
         if not isinstance(item, str) or not item.strip():
             raise ConfigError(f"{flag} {item!r}: expected NAME_OR_PATH[=WEIGHT] (e.g. math, math=0.5, my_rewards:exact)")
@@ -150,7 +151,7 @@ def required_columns(fn: Callable[..., Any]) -> list[str]:
             and p.default is p.empty and p.name not in PASSED]
 
 
-def accepted_arguments(fn: Callable[..., Any], arguments: Sequence[str]) -> list[str]:
+def accepted_arguments(fn: Callable[..., Any], arguments: Iterable[str]) -> list[str]:
     """The arguments to pass: all of them to a function with ``**kwargs`` (TRL's convention), else the ones it names."""
     try:
         params = inspect.signature(fn).parameters.values()
