@@ -55,8 +55,8 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
         self.rank, self.world_size, self.cfg = rank, world_size, cfg
         self.name = f"trainer-{rank}"
         self.policy_factory, self.replay = policy_factory, replay
-        self.objective = Objective.from_config(cfg)  # clip params resolved here, once
-        self.whole_groups = draws_whole_groups(cfg.clip_mode, cfg.clip_params, cfg.group_size)  # PACS's batches
+        self.objective = Objective.from_config(cfg)
+        self.whole_groups = draws_whole_groups(cfg.clip, cfg.group_size)  # PACS's batches
         self.estimator = advantage_estimator(cfg.advantage)
         # No critic, nothing to warm up: a config with a warm-up for PPO serves a GRPO comparison unchanged.
         self.critic_warmup_epochs = cfg.critic_warmup_epochs if self.estimator.needs_critic else 0

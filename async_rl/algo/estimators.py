@@ -24,14 +24,14 @@ any others, except for a loss that compares a group's members inside a minibatch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, TypedDict
+from typing import Callable, Optional, Protocol, TypedDict
 
 import torch
 from tensordict import TensorDict
 
 from async_rl.algo.advantages import gae, grpo_advantages, naive_advantages, rloo_advantages, vtrace
 from async_rl.algo.functional import distributed_normalize, distributed_normalize_by, kl_reward_penalty
-from async_rl.algo.losses import PolicyLoss
+from async_rl.algo.losses import ClipMode
 from async_rl.algo.objective import LossInputs
 from async_rl.errors import ConfigError
 from async_rl.experience import segment
@@ -196,13 +196,13 @@ def check_group_capacity(group_size: int, replay_capacity: int, max_episode_step
                           f"--group-size")
 
 
-def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: float, kl_ref_as: str) -> None:
+def check_objective(name: str, clip: ClipMode, kl_ref_coef: float, kl_ref_as: str) -> None:
     """The estimator ``name`` gives what the objective reads (the clip mode's batch fields; a
     KL-to-reference reward penalty needs rewards on the trainer); else a one-line ConfigError."""
     estimator = advantage_estimator(name)
-    if {"group_id", "success"} & PolicyLoss(clip_mode, clip_params).reads and not estimator.needs_group_rollouts:
+    if {"group_id", "success"} & clip.reads and not estimator.needs_group_rollouts:
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_group_rollouts)
-        raise ConfigError(f"clip mode '{clip_mode}' compares the episodes of a group (group_id, success): choose a "
+        raise ConfigError(f"clip mode '{clip.name}' compares the episodes of a group (group_id, success): choose a "
                           f"group estimator ({kinds}) with --group-size 2 or more, not advantage '{name}'")
     if kl_ref_coef > 0 and kl_ref_as == "reward" and not estimator.rewards_on_trainer:
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).rewards_on_trainer)
@@ -219,29 +219,25 @@ def check_recompute_logp(name: str, recompute_logp: bool) -> None:
                           "behaviour policy's own log-probs; drop --recompute-logp")
 
 
-def draws_whole_groups(clip_mode: str, clip_params: Any, group_size: int) -> bool:
+def draws_whole_groups(clip: ClipMode, group_size: int) -> bool:
     """Whether batches must be drawn by whole groups: only for a loss that compares the members of a
     group inside a minibatch (PACS). The group estimators' advantages are on every step already (the
     group assembler puts them there), so their batches are drawn step by step, uniformly: a draw of
     equal steps per member would strand a long episode's steps once its group's shortest member is used up."""
-    return group_size > 1 and _compares_group_members(clip_mode, clip_params)
+    return group_size > 1 and clip.compares_group_members
 
 
-def _compares_group_members(clip_mode: str, clip_params: Any) -> bool:
-    return "group_id" in PolicyLoss(clip_mode, clip_params).reads
-
-
-def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, train_batch_size: int) -> None:
+def check_group_minibatch(clip: ClipMode, group_size: int, train_batch_size: int) -> None:
     """A loss that compares the members of a group inside a minibatch (PACS) needs groups of 2 or more,
     whole in every minibatch: ``train_batch_size`` a multiple of ``group_size``; else a one-line ConfigError."""
-    if not _compares_group_members(clip_mode, clip_params):
+    if not clip.compares_group_members:
         return
     if group_size < 2:
-        raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group: pass --group-size 2 or more "
+        raise ConfigError(f"clip mode '{clip.name}' compares the members of a group: pass --group-size 2 or more "
                           f"(e.g. --group-size 8), got {group_size}")
     if train_batch_size % group_size:
         lower = train_batch_size // group_size * group_size
-        raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group within a minibatch: "
+        raise ConfigError(f"clip mode '{clip.name}' compares the members of a group within a minibatch: "
                           f"train_batch_size {train_batch_size} must be a multiple of group_size {group_size} "
                           f"(e.g. {max(lower, group_size)} or {lower + group_size}; scale super_batch_size with it)")
 

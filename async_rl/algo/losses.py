@@ -210,6 +210,30 @@ def resolve_policy_loss_params(
     return resolved
 
 
+@dataclass(frozen=True)
+class ClipMode:
+    """A clip mode resolved once (``resolve_clip_mode``): its name, its checked params, its loss and the batch
+    fields it reads. A run's is ``RunConfig.clip``, resolved when the config is checked; every user takes it there."""
+
+    name: str
+    params: PolicyLossParams
+    fn: LossFn
+    per_action: bool  # one loss per action: its ratio at the sequence level whatever ratio_level says
+    reads: frozenset[str]  # batch fields besides log-probs and advantages (logp_ref, group_id, success)
+
+    @property
+    def compares_group_members(self) -> bool:
+        """Whether the loss compares the members of a group inside a minibatch (PACS)."""
+        return "group_id" in self.reads
+
+
+def resolve_clip_mode(name: str, params: Mapping[str, Any] | PolicyLossParams | None = None) -> ClipMode:
+    """Clip mode ``name`` with ``params`` checked (``resolve_policy_loss_params``); a one-line ConfigError else."""
+    spec = _mode_spec(name)
+    resolved = resolve_policy_loss_params(name, params)
+    return ClipMode(name, resolved, spec.fn, spec.per_action, spec.reads(resolved))
+
+
 def load_clip_config(path: str | Path | None) -> dict[str, Any]:
     """Read a ``--clip-config`` file (YAML or JSON; JSON is valid YAML) into a dict."""
     if path is None:
@@ -370,20 +394,22 @@ def _class_weights(positive: Tensor, group_id: Tensor, valid: Tensor, mode: str)
 
 
 class PolicyLoss:
-    """A clip mode with its params resolved once (at construction); calling it is the loss and its
-    diagnostics of one minibatch."""
+    """A resolved clip mode; calling it is the loss and its diagnostics of one minibatch."""
 
-    def __init__(self, clip_mode: str, params: Mapping[str, Any] | PolicyLossParams | None = None,
+    def __init__(self, clip: ClipMode | str, params: Mapping[str, Any] | PolicyLossParams | None = None,
                  agg: str = "minibatch-token-mean") -> None:
-        """``agg``: how the masked per-element losses become one (``functional.aggregate``)."""
-        self.clip_mode, self.agg = clip_mode, loss_aggregation(agg)
-        self._spec = _mode_spec(clip_mode)
-        self.params = resolve_policy_loss_params(clip_mode, params)
+        """``clip``: a resolved clip mode (a run's ``RunConfig.clip``), or a mode's name resolved here with
+        ``params`` (a loss built by hand); ``agg``: how the masked per-element losses become one
+        (``functional.aggregate``)."""
+        if isinstance(clip, ClipMode) and params is not None:
+            raise TypeError("PolicyLoss: a resolved ClipMode carries its params; pass none beside it")
+        self.clip = clip if isinstance(clip, ClipMode) else resolve_clip_mode(clip, params)
+        self.params, self.agg = self.clip.params, loss_aggregation(agg)
 
     @property
     def reads(self) -> frozenset[str]:
         """Batch fields the mode needs besides log-probs and advantages (``logp_ref``, ``group_id``, ``success``)."""
-        return self._spec.reads(self.params)
+        return self.clip.reads
 
     def __call__(
         self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Optional[Tensor] = None, *,
@@ -401,7 +427,7 @@ class PolicyLoss:
             raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(log_ratio.shape)}")
         if mask is not None and mask.shape != log_ratio.shape:
             raise ValueError(f"mask of shape {tuple(mask.shape)} must have logp's shape {tuple(log_ratio.shape)}")
-        level = "sequence" if self._spec.per_action else self.params.ratio_level
+        level = "sequence" if self.clip.per_action else self.params.ratio_level
         element_mask = mask
         if level != "token":  # one ratio per action: the joint (sum of log-ratios) or geometric (mean) one
             if log_ratio.dim() < 2 or (adv.dim() > 0 and adv.shape[-1] != 1):
@@ -412,7 +438,7 @@ class PolicyLoss:
             shape = log_ratio.shape
         ratio = torch.exp(log_ratio)
         inputs = PolicyInputs(ratio, adv.expand(shape), mask, logp, element_mask, log_ratio, logp_ref, group_id, success)
-        terms = self._spec.fn(inputs, self.params)
+        terms = self.clip.fn(inputs, self.params)
         # A term per token is divided by the step's tokens, a term per action by its actions.
         divisor = None if counts is None else counts.tokens if level == "token" else counts.actions
         return aggregate(terms.loss, mask, self.agg, divisor), _diagnostics(ratio, log_ratio, terms, mask)
