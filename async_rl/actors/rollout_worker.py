@@ -273,8 +273,7 @@ class RolloutWorker:
         """One stats call for a round: the env steps it pushed and the episodes that ended in it."""
         if self._pushed_steps or self._ended:
             self.stats.record_collected.remote(f"worker-{self.index}", self._pushed_steps, self._ended)
-            self._pushed_steps = 0
-        self._ended = []
+            self._pushed_steps, self._ended = 0, []
         waits, seconds = self._gate.take_counts()
         if waits:
             self.stats.record_health.remote("backpressure_waits", waits)
