@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, Optional, TypeVar
 
 from async_rl.errors import ConfigError, unknown_key_message
 
@@ -36,12 +36,13 @@ class Registry(Generic[T]):
     """Name -> object, discovered from ``package`` on the first miss; unknown names are one-line ConfigErrors."""
 
     def __init__(self, kind: str, package: Optional[str] = None, skip: Iterable[str] = (),
-                 plugins: Iterable[str] = ()) -> None:
+                 plugins: Iterable[str] = (), renamed: Optional[Mapping[str, str]] = None) -> None:
         self.kind = kind  # what the names are, for error messages ("environment", "policy", ...)
         self.package, self.skip, self.plugins = package, set(skip), tuple(plugins)
         self._entries: dict[str, Entry[T]] = {}
         self._discovered = package is None
         self.broken_modules: dict[str, str] = {}  # module's file -> import error, reported with unknown names
+        self.renamed = dict(renamed or {})  # old name -> today's, refused with today's spelling
 
     def register(self, name: str, **meta: Any) -> Callable[[T], T]:
         """Decorator: register the decorated object under ``name`` with ``meta``."""
@@ -77,6 +78,9 @@ class Registry(Generic[T]):
         """The entry of ``name``; ConfigError naming the valid names if there is none."""
         if name not in self._entries:
             self.discover()
+        if name not in self._entries and name in self.renamed:
+            raise ConfigError(f"{self.kind} '{name}' is now '{self.renamed[name]}' (the same {self.kind}); "
+                              f"write '{self.renamed[name]}'")
         if name not in self._entries:
             msg = unknown_key_message(name, self._entries, self.kind)
             if self.broken_modules:

@@ -8,7 +8,10 @@ from typing import Any, Optional
 # Run config key: old -> new (same meaning, same value).
 RUN_KEYS: dict[str, str] = {"rollout_local_buf": "rollout_steps"}
 # Options of one env (env_kwargs): env -> {old -> new}; the env's options model refuses the old spelling itself.
-ENV_OPTION_KEYS: dict[str, dict[str, str]] = {"compiler_gym": {"baseline_thre": "leaky_above"}}
+ENV_OPTION_KEYS: dict[str, dict[str, str]] = {"compilergym": {"baseline_thre": "leaky_above"}}
+# Env names: old -> new (the same env). A config naming the old one is refused with the new name; a checkpoint
+# saved under it reads as the new one.
+ENV_NAMES: dict[str, str] = {"compiler_gym": "compilergym"}
 
 
 def renamed_run_keys() -> dict[str, str]:
@@ -39,6 +42,8 @@ def saved_config_now(config: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's saved config under today's keys: renamed keys and env options take their new names, and a key
     added since gets the value that the older version behaved as."""
     out = {RUN_KEYS.get(key, key): value for key, value in config.items()}
+    if isinstance(out.get("env"), str):
+        out["env"] = ENV_NAMES.get(out["env"], out["env"])
     env_renames = ENV_OPTION_KEYS.get(out.get("env", ""), {})
     if env_renames and isinstance(out.get("env_kwargs"), dict):
         out["env_kwargs"] = {env_renames.get(key, key): value for key, value in out["env_kwargs"].items()}

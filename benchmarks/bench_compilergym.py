@@ -7,7 +7,7 @@ held-out programs, against -Oz and random search at the same compilation budget.
     python benchmarks/bench_compilergym.py --quick        # 1 minute of training per policy, 2 + 3 programs
 
 Per policy and program set (held-out csmith programs, seeds 1000000...; the real C programs bundled
-in envs/programs), three searches with the trained policy in process (envs/compiler_gym/search.py):
+in envs/programs), three searches with the trained policy in process (envs/compilergym/search.py):
 greedy, best-of-16 sampling and a policy-guided beam, each with a budget of ``--budget``
 compilations (pass applications; default 16 x the policy's episode length, what best-of-16 uses)
 per program, and random search with as many compilations as each search used. A beam probe keeps
@@ -35,11 +35,11 @@ from async_rl.config import load_config
 from async_rl.driver import prepare, run
 from async_rl.errors import ConfigError
 from benchmarks import common
-from envs.compiler_gym.client import compiler_gym_unavailable_reason
-from envs.compiler_gym.evaluation import format_search_table, search_horizon, search_programs
-from envs.compiler_gym.options import parse_search
-from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_uris
-from envs.compiler_gym.search import ModelPolicy
+from envs.compilergym.client import compilergym_unavailable_reason
+from envs.compilergym.evaluation import format_search_table, search_horizon, search_programs
+from envs.compilergym.options import parse_search
+from envs.compilergym.programs import BUNDLED_PROGRAMS, program_uris
+from envs.compilergym.search import ModelPolicy
 from launch.eval_compilergym import load_policy, read_run_config
 
 QUICK_BUNDLED = ("crc32", "quicksort", "strings")  # a bit-twiddling loop, a sort, string handling
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: --searches entry '{search}' is {exc}", file=sys.stderr)
             return 2
-    reason = compiler_gym_unavailable_reason()
+    reason = compilergym_unavailable_reason()
     if reason:
         print(f"error: CompilerGym is not available: {reason}", file=sys.stderr)
         return 2

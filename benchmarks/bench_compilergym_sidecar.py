@@ -3,7 +3,7 @@ program's start state saves at reset.
 
     python benchmarks/bench_compilergym_sidecar.py [--quick] [--programs 6] [--rounds 3] [--out sidecar.json]
 
-One env (``envs/compiler_gym/env.py``: this process, its Python 3.10 server and CompilerGym's service,
+One env (``envs/compilergym/env.py``: this process, its Python 3.10 server and CompilerGym's service,
 which take turns, so together they use about one core) on csmith programs:
 
 - ``passes``: random passes one per env step, as the per-step policy applies them; passes per
@@ -32,7 +32,7 @@ import psutil
 
 from benchmarks import common
 from envs import make_task_set
-from envs.compiler_gym.client import compiler_gym_unavailable_reason
+from envs.compilergym.client import compilergym_unavailable_reason
 
 FIRST_SEED = 1_000_000  # small held-out csmith programs (seeds whose -Oz is below -O0 are used)
 EPISODE = 45
@@ -166,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.programs, args.rounds, args.passes, args.episodes = 3, 2, 60, 4
-    reason = compiler_gym_unavailable_reason()
+    reason = compilergym_unavailable_reason()
     if reason:
         print(f"error: CompilerGym is not available: {reason}", file=sys.stderr)
         return 2
-    task_set = make_task_set("compiler_gym", mode="per_step", max_steps=10**6, train_seeds=(0, 1), eval_seeds=(FIRST_SEED, 1))
+    task_set = make_task_set("compilergym", mode="per_step", max_steps=10**6, train_seeds=(0, 1), eval_seeds=(FIRST_SEED, 1))
     env = task_set.make_env(0, seed=0, benchmarks=[f"generator://csmith-v0/{FIRST_SEED}"])
     try:
         uris = _programs(env, args.programs)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from async_rl.registry import Registry
+from async_rl.renamed_keys import ENV_NAMES
 from async_rl.validation import ConfigSection, validate_model
 from envs.base import TaskEnv, TaskSet
 
@@ -37,7 +38,7 @@ FinalEvaluation = Callable[[Any, Callable[[Any, bool], np.ndarray], Callable[...
 DOMAIN_ENV_MODULES = ("async_rl.ctrl.env",)
 
 ENVS: Registry[Callable[[Any], TaskSet]] = Registry("environment", package=__name__, skip=("base",),
-                                                     plugins=DOMAIN_ENV_MODULES)
+                                                     plugins=DOMAIN_ENV_MODULES, renamed=ENV_NAMES)
 
 
 def register_env(name: str, *, options: type[ConfigSection], final_evaluation: Optional[FinalEvaluation] = None

@@ -26,11 +26,11 @@ if __package__ in (None, ""):  # run as a script
 from async_rl import checkpoint as ckpt
 from async_rl.checkpoint import resolve_checkpoint
 from async_rl.errors import ConfigError, OneLineArgumentParser
-from envs.compiler_gym.client import CompilerGymServerError
-from envs.compiler_gym.evaluation import format_search_table, search_programs
-from envs.compiler_gym.options import parse_search
-from envs.compiler_gym.programs import program_folder, program_uris
-from envs.compiler_gym.search import ModelPolicy, SearchSpec
+from envs.compilergym.client import CompilerGymServerError
+from envs.compilergym.evaluation import format_search_table, search_programs
+from envs.compilergym.options import parse_search
+from envs.compilergym.programs import program_folder, program_uris
+from envs.compilergym.search import ModelPolicy, SearchSpec
 
 # Options of the saved run that pick its programs: the evaluation picks its own.
 _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_search", "eval_search_budget")
@@ -38,7 +38,7 @@ _PROGRAM_OPTIONS = ("benchmark_dir", "datasets", "eval_benchmark_dir", "eval_sea
 
 def read_run_config(checkpoint: Path) -> dict[str, Any]:
     """The config the checkpoint was trained with; ConfigError unless it is a CompilerGym run with weights."""
-    return ckpt.trained_config(checkpoint, "env", "compiler_gym")
+    return ckpt.trained_config(checkpoint, "env", "compilergym")
 
 
 def check_args(args: argparse.Namespace) -> tuple[Path, dict[str, Any], SearchSpec, list[str]]:
@@ -70,7 +70,7 @@ def load_policy(checkpoint: Path, config: dict[str, Any], benchmark_dir: Optiona
     if benchmark_dir is not None:
         env_kwargs = {k: v for k, v in env_kwargs.items() if k not in _PROGRAM_OPTIONS}
         env_kwargs["eval_benchmark_dir"] = benchmark_dir
-    task_set = make_task_set("compiler_gym", **env_kwargs)
+    task_set = make_task_set("compilergym", **env_kwargs)
     obs_spec, kwargs = dict(task_set.obs_spec), dict(config.get("policy_kwargs") or {})  # type: ignore[attr-defined]  # CompilerGym's has one
     model = build_policy(config["policy"], obs_spec, task_set.action_dim, **kwargs)
     if config.get("lora_rank"):

@@ -2,7 +2,7 @@
 # CompilerGym set-up (called by scripts/setup.sh; may also run alone).
 #
 # compiler_gym 0.2.5 only runs on Python 3.9/3.10 with old pins, so it gets its own venv,
-# .venv-compilergym, driven from the project's Python 3.11 over a pipe (envs/compiler_gym/client.py).
+# .venv-compilergym, driven from the project's Python 3.11 over a pipe (envs/compilergym/client.py).
 # CompilerGym downloads an LLVM data pack on first use unless $COMPILER_GYM_SITE_DATA/llvm-v0
 # is unpacked: we build a stand-in from Debian's LLVM 14 tools under .venv-compilergym/site-data.
 #

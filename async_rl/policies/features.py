@@ -2,7 +2,7 @@
 
 - ``StatePreprocessor``: a flat float32 state vector (MetaWorld).
 - ``compiler_features`` / ``AutophasePreprocessor``: CompilerGym's feature vector (normalised
-  Autophase, sizes, steps left, action history; built by the env, ``envs/compiler_gym/features.py``),
+  Autophase, sizes, steps left, action history; built by the env, ``envs/compilergym/features.py``),
   read by the categorical MLP and by the Passformer's feature token.
 """
 from __future__ import annotations

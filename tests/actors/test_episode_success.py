@@ -62,7 +62,7 @@ def test_the_rule_decides_which_steps_count_and_the_envs_declare_theirs():
     assert success_rule(PeakTasks()) == "any" and success_rule(PeakTasks("final")) == "final"
     with pytest.raises(ValueError, match="success_rule"):
         success_rule(PeakTasks("last"))
-    from envs.compiler_gym.env import CompilerGymTaskSet
+    from envs.compilergym.env import CompilerGymTaskSet
     from envs.libero import LiberoTaskSet
     from envs.metaworld import MetaWorldTaskSet
 

@@ -154,10 +154,10 @@ def test_the_run_seed_alone_decides_the_groups_and_their_starts_in_any_process()
     assert starts[0] != starts[1]  # the seed does decide
 
 
-def _compiler_gym_env(builds: set[str], skipped: set[str]):
+def _compilergym_env(builds: set[str], skipped: set[str]):
     """A CompilerGym env without a server: ``reset_to`` builds the programs in ``builds`` and skips
     (and remembers) the others, as the real one does; ``skipped``: what this env skipped before."""
-    from envs.compiler_gym.env import CompilerGymTaskEnv
+    from envs.compilergym.env import CompilerGymTaskEnv
 
     env = CompilerGymTaskEnv.__new__(CompilerGymTaskEnv)
     env.benchmarks = [f"program-{i}" for i in range(5)]
@@ -178,10 +178,10 @@ def test_every_member_of_a_group_plays_its_start_or_none_whatever_it_skipped_bef
 
     everything = {f"program-{i}" for i in range(5)}
     # Worker A once failed to build program-1 (a transient failure); worker B never tried it.
-    a, b = _compiler_gym_env(everything, {"program-1"}), _compiler_gym_env(everything, set())
+    a, b = _compilergym_env(everything, {"program-1"}), _compilergym_env(everything, set())
     assert a.reset(start=6) == b.reset(start=6) == {"program": "program-1"}  # 6 % 5: both play program-1
     # Where the group's program does not build, the member plays no other program: it says so.
-    c = _compiler_gym_env(everything - {"program-1"}, set())
+    c = _compilergym_env(everything - {"program-1"}, set())
     with pytest.raises(StartUnavailable, match="program-1"):
         c.reset(start=6)
     assert c.played == []
@@ -260,15 +260,15 @@ def test_metaworld_resets_with_the_same_start_give_the_same_first_observation():
         b.close()
 
 
-def test_compiler_gym_resets_with_the_same_start_give_the_same_program():
+def test_compilergym_resets_with_the_same_start_give_the_same_program():
     from contextlib import closing
 
     from envs import make_task_set
-    from envs.compiler_gym.client import compiler_gym_unavailable_reason
+    from envs.compilergym.client import compilergym_unavailable_reason
 
-    if compiler_gym_unavailable_reason() is not None:
-        pytest.skip(str(compiler_gym_unavailable_reason()))
-    task_set = make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[1000002, 1000004],
+    if compilergym_unavailable_reason() is not None:
+        pytest.skip(str(compilergym_unavailable_reason()))
+    task_set = make_task_set("compilergym", mode="per_step", max_steps=3, train_seeds=[1000002, 1000004],
                              eval_seeds=[0, 1], ir_tokens=64, call_timeout_s=60)
     with closing(task_set.make_env(0, seed=1)) as env:  # the program is chosen by index: the env seed plays no part
         first = env.reset(start=11)

@@ -8,7 +8,7 @@ def test_env_counters_add_up_survive_a_checkpoint_and_are_logged_under_env():
     stats = StatsAggregator()
     stats.record_env_counters({"skipped_oz_above_o0": 0, "unknown_passes": 2})
     stats.record_env_counters({"unknown_passes": 3})
-    stats.record_episode("compiler_gym", 1.5, 1, True, 0.1)
+    stats.record_episode("compilergym", 1.5, 1, True, 0.1)
     snap = stats.snapshot()
     assert snap["env_counters"] == {"skipped_oz_above_o0": 0, "unknown_passes": 5}
 

@@ -100,14 +100,18 @@ def test_a_checkpoint_saved_under_renamed_keys_resumes_and_old_spellings_are_ref
         load_config(["--config", str(old_file)], DEFAULT)
 
 
-def test_a_compiler_gym_checkpoint_saved_with_baseline_thre_reads_as_leaky_above(tmp_path):
+def test_a_compilergym_checkpoint_saved_with_baseline_thre_reads_as_leaky_above(tmp_path):
+    """Saved under the env's old name (compiler_gym) and an option's old key: read under today's names."""
     saved = {"env": "compiler_gym", "env_kwargs": {"baseline_thre": 0.5, "max_steps": 10}, "rollout_local_buf": 16}
     path = ckpt.commit(ckpt.staging_dir(tmp_path / "checkpoints", 1), {"format": ckpt.FORMAT, "epoch": 1, "config": saved}, keep=1)
     config = ckpt.read_meta(path)["config"]
+    assert config["env"] == "compilergym"
     assert config["env_kwargs"] == {"leaky_above": 0.5, "max_steps": 10} and config["rollout_steps"] == 16
     assert config["normalize_advantages_per"] == "batch"  # a key added since: what the old version did
     with pytest.raises(ConfigError, match=r"^flag --env.baseline-thre is now --env.leaky-above \(same meaning"):
-        load_config(["--env", "compiler_gym", "--env.baseline-thre", "0.5"], DEFAULT)
+        load_config(["--env", "compilergym", "--env.baseline-thre", "0.5"], DEFAULT)
+    with pytest.raises(ConfigError, match=r"environment 'compiler_gym' is now 'compilergym' \(the same environment\)"):
+        load_config(["--env", "compiler_gym"], DEFAULT)
 
 
 def _cfg(log_dir, *extra):

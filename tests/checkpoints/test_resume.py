@@ -17,7 +17,7 @@ from async_rl.config import load_config
 from async_rl.driver import prepare, run
 from async_rl.errors import ConfigError
 from async_rl.experience import policy_versions
-from envs.compiler_gym.client import compiler_gym_unavailable_reason
+from envs.compilergym.client import compilergym_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHES = {  # launch script -> its config and flags
@@ -35,8 +35,8 @@ def _saved_by_a_run(tmp_path, config: str, flags: list[str]) -> Path:
     cfg = load_config([*flags, "--log-dir", str(tmp_path / "first")], str(ROOT / "configs" / config))
     if cfg.env == "libero":
         pytest.importorskip("libero", reason="LIBERO is not installed (make setup installs it)")
-    if cfg.env == "compiler_gym" and compiler_gym_unavailable_reason():
-        pytest.skip(str(compiler_gym_unavailable_reason()))
+    if cfg.env == "compilergym" and compilergym_unavailable_reason():
+        pytest.skip(str(compilergym_unavailable_reason()))
     prepare(cfg)  # as run() does before its first checkpoint
     staging = ckpt.staging_dir(ckpt.checkpoint_root(cfg.log_dir), 3)
     meta = {"format": ckpt.FORMAT, "epoch": 3, "policy_version": 3, "config": cfg.model_dump(mode="json")}

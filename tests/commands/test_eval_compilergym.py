@@ -10,20 +10,20 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envs.compiler_gym.client import compiler_gym_unavailable_reason
-from envs.compiler_gym.programs import BUNDLED_PROGRAMS
+from envs.compilergym.client import compilergym_unavailable_reason
+from envs.compilergym.programs import BUNDLED_PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "eval_compilergym.py"
-UNAVAILABLE = compiler_gym_unavailable_reason()
+UNAVAILABLE = compilergym_unavailable_reason()
 ENV_KWARGS = {"mode": "per_step", "max_steps": 4, "train_seeds": [0, 1], "eval_seeds": [1000000, 1]}
 
 
 def _servers() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["cmdline"]) if any("_compiler_gym_server" in a for a in p.info["cmdline"] or [])}
+    return {p.pid for p in psutil.process_iter(["cmdline"]) if any("_compilergym_server" in a for a in p.info["cmdline"] or [])}
 
 
-def _write_checkpoint(run_dir: Path, env: str = "compiler_gym", model=None) -> Path:
+def _write_checkpoint(run_dir: Path, env: str = "compilergym", model=None) -> Path:
     """<run_dir>/checkpoints/epoch-000003 with meta.json (the run's config) and model.safetensors."""
     from async_rl import checkpoint as ckpt
 
@@ -60,7 +60,7 @@ def test_bad_input_is_one_line_and_exit_code_2_before_anything_starts(tmp_path, 
     cases = [
         (swap("--checkpoint", str(tmp_path / "missing")), "--checkpoint .*missing: no such directory"),
         (swap("--checkpoint", str(empty)), "no checkpoint there"),
-        (swap("--checkpoint", str(tmp_path / "metaworld_run")), "env 'metaworld', not compiler_gym"),
+        (swap("--checkpoint", str(tmp_path / "metaworld_run")), "env 'metaworld', not compilergym"),
         (swap("--benchmark-dir", str(empty)), "--benchmark-dir .*empty: holds no .c/.cpp/.bc files \\(nor .cc/.ll\\); pass a folder of them"),
         (swap("--benchmark-dir", str(tmp_path / "nope")), "--benchmark-dir .*nope: no such directory"),
         (swap("--search", "beam"), "--search 'beam' is not a search; valid: greedy, best-of-K or beam-K"),
@@ -96,7 +96,7 @@ def test_the_benchmarks_searches_are_checked_by_the_same_validator_one_line_exit
 
 def test_a_server_failure_during_the_search_is_one_line_exit_1_and_nothing_written(tmp_path, capsys, monkeypatch):
     import launch.eval_compilergym as cli
-    from envs.compiler_gym.client import CompilerGymServerError
+    from envs.compilergym.client import CompilerGymServerError
 
     def server_dies(*args, **kwargs):
         raise CompilerGymServerError("the CompilerGym server exited (code -9) while applying -sroa")
@@ -119,7 +119,7 @@ def test_a_checkpoint_is_searched_with_on_a_folder_and_the_results_written(tmp_p
     from async_rl.policies import build_policy
     from envs import make_task_set
 
-    task_set = make_task_set("compiler_gym", **ENV_KWARGS)
+    task_set = make_task_set("compilergym", **ENV_KWARGS)
     torch.manual_seed(0)
     model = build_policy("mlp", dict(task_set.obs_spec), task_set.action_dim, hidden_sizes=[16])
     with torch.no_grad():  # weights far from a fresh build's, so loading them is visible in the actions

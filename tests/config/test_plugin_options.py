@@ -34,7 +34,7 @@ PLUGINS = [("env", n) for n in ENVS] + [("policy", n) for n in POLICIES]
 
 
 def test_every_plugin_is_registered_with_options():
-    assert {"libero", "metaworld", "compiler_gym", "prompts", "arithmetic", "humaneval", "ctrl_humaneval"} <= set(ENVS)
+    assert {"libero", "metaworld", "compilergym", "prompts", "arithmetic", "humaneval", "ctrl_humaneval"} <= set(ENVS)
     assert {"mlp", "categorical_mlp", "passformer", "vla", "vla_discrete", "causal_lm"} <= set(POLICIES)
 
 

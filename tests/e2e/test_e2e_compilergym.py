@@ -20,15 +20,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from async_rl.config import load_config
 from async_rl.driver import run
-from envs.compiler_gym.client import compiler_gym_unavailable_reason
+from envs.compilergym.client import compilergym_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
-UNAVAILABLE = compiler_gym_unavailable_reason()
+UNAVAILABLE = compilergym_unavailable_reason()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
 
 def _servers() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["cmdline"]) if any("_compiler_gym_server" in a for a in p.info["cmdline"] or [])}
+    return {p.pid for p in psutil.process_iter(["cmdline"]) if any("_compilergym_server" in a for a in p.info["cmdline"] or [])}
 
 
 def _inspect(runtime):

@@ -6,10 +6,10 @@ import pytest
 
 from async_rl.errors import ConfigError
 from envs import make_task_set
-from envs.compiler_gym.client import compiler_gym_unavailable_reason
-from envs.compiler_gym.programs import BUNDLED_PROGRAMS as ROOT_PROGRAMS
+from envs.compilergym.client import compilergym_unavailable_reason
+from envs.compilergym.programs import BUNDLED_PROGRAMS as ROOT_PROGRAMS
 
-UNAVAILABLE = compiler_gym_unavailable_reason()
+UNAVAILABLE = compilergym_unavailable_reason()
 needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
 
@@ -21,7 +21,7 @@ needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABL
     ({"success_vs_oz": 0}, "option 'success_vs_oz' = 0: Input should be greater than 0")])
 def test_bad_time_limit_or_noop_penalty_is_one_config_error(bad, match):
     with pytest.raises(ConfigError) as err:
-        make_task_set("compiler_gym", **bad)
+        make_task_set("compilergym", **bad)
     assert match in str(err.value) and "\n" not in str(err.value)
 
 
@@ -29,7 +29,7 @@ def test_bad_time_limit_or_noop_penalty_is_one_config_error(bad, match):
 def test_truncate_mode_and_noop_penalty():
     """``time_limit: truncate`` reports the budget as a cut (bootstrapped by the worker); a pass that
     leaves the count unchanged costs ``noop_penalty``, and the return still sums the step rewards."""
-    ts = make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[1000002, 1], eval_seeds=[0, 1],
+    ts = make_task_set("compilergym", mode="per_step", max_steps=3, train_seeds=[1000002, 1], eval_seeds=[0, 1],
                        time_limit="truncate", noop_penalty=0.05, success_vs_oz=0.5)
     mem2reg, instcombine = ts.flags.index("-mem2reg"), ts.flags.index("-instcombine")
     with closing(ts.make_env(0, seed=0)) as env:
@@ -55,7 +55,7 @@ def test_mask_noops_rules_out_passes_that_did_nothing_and_the_policy_never_picks
 
     from async_rl.policies import build_policy, build_preprocessor
 
-    ts = make_task_set("compiler_gym", mode="per_step", max_steps=4, train_seeds=[1000002, 1], eval_seeds=[0, 1],
+    ts = make_task_set("compilergym", mode="per_step", max_steps=4, train_seeds=[1000002, 1], eval_seeds=[0, 1],
                        mask_noops=True)
     assert ts.obs_spec["action_mask"] is True
     mem2reg, instcombine = ts.flags.index("-mem2reg"), ts.flags.index("-instcombine")
@@ -68,7 +68,7 @@ def test_mask_noops_rules_out_passes_that_did_nothing_and_the_policy_never_picks
         assert not info["noop"] and obs["action_mask"].all()
         obs, *_, info = env.step(np.array([mem2reg]))  # again: does nothing, so it is ruled out
         assert info["noop"] and not obs["action_mask"][mem2reg] and obs["action_mask"].sum() == len(ts.flags) - 1
-        x = torch.stack([preprocess(obs, "compiler_gym")] * 64)
+        x = torch.stack([preprocess(obs, "compilergym")] * 64)
         # Push the policy towards the ruled-out pass: it still never samples nor picks it.
         with torch.no_grad():
             model.policy_net[-1].bias[mem2reg] = 50.0
@@ -93,7 +93,7 @@ def test_eval_command_mask_noops_moves_greedy_past_a_pass_that_did_nothing(tmp_p
     from launch.eval_compilergym import main
 
     env_kwargs = {"mode": "per_step", "max_steps": 4, "train_seeds": [0, 1], "eval_seeds": [1000000, 1]}
-    ts = make_task_set("compiler_gym", **env_kwargs)
+    ts = make_task_set("compilergym", **env_kwargs)
     model = build_policy("mlp", ts.obs_spec, ts.action_dim, hidden_sizes=[16])
     with torch.no_grad():
         model.policy_net[-1].bias[ts.flags.index("-constmerge")] = 50.0  # nothing to merge in -O0 code
@@ -101,7 +101,7 @@ def test_eval_command_mask_noops_moves_greedy_past_a_pass_that_did_nothing(tmp_p
     path = tmp_path / "run" / "checkpoints" / "epoch-000001"
     path.mkdir(parents=True)
     ckpt.save_model(model, path)
-    config = {"env": "compiler_gym", "env_kwargs": env_kwargs, "policy": "mlp", "policy_kwargs": {"hidden_sizes": [16]}}
+    config = {"env": "compilergym", "env_kwargs": env_kwargs, "policy": "mlp", "policy_kwargs": {"hidden_sizes": [16]}}
     (path / ckpt.META).write_text(json.dumps({"format": ckpt.FORMAT, "epoch": 1, "config": config}))
     progs = tmp_path / "progs"
     progs.mkdir()

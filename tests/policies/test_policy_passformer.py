@@ -7,8 +7,8 @@ from tensordict import TensorDict
 from async_rl.errors import ConfigError
 from async_rl.policies import build_policy, build_preprocessor
 from async_rl.policies.passformer import BOS_ID, EOS_ID, PAD_ID, sequence_mask
-from envs.compiler_gym.features import feature_dim
-from envs.compiler_gym.tokens import PassVocab
+from envs.compilergym.features import feature_dim
+from envs.compilergym.tokens import PassVocab
 
 FLAGS = [f"-pass{i}" for i in range(12)]
 SEQ_LEN = 6
@@ -30,7 +30,7 @@ def _obs(rng, n):
 
 def _batch(policy_name, spec, n=5, seed=0):
     pre = build_preprocessor(policy_name, spec)
-    return torch.stack([pre(o, "compiler_gym") for o in _obs(np.random.default_rng(seed), n)])
+    return torch.stack([pre(o, "compilergym") for o in _obs(np.random.default_rng(seed), n)])
 
 
 def test_sequence_mask_ends_after_the_first_eos():

@@ -12,13 +12,13 @@ import pytest
 from async_rl.errors import ConfigError
 from async_rl.tokens import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from envs import make_task_set
-from envs.compiler_gym.client import CompilerGymServerError, compiler_gym_unavailable_reason
-from envs.compiler_gym.evaluation import held_out_evaluation
-from envs.compiler_gym.features import AUTOPHASE_DIM, feature_dim, observation_features
-from envs.compiler_gym.reward import RewardConfig
-from envs.compiler_gym.tokens import PassVocab, tokenize_ir
+from envs.compilergym.client import CompilerGymServerError, compilergym_unavailable_reason
+from envs.compilergym.evaluation import held_out_evaluation
+from envs.compilergym.features import AUTOPHASE_DIM, feature_dim, observation_features
+from envs.compilergym.reward import RewardConfig
+from envs.compilergym.tokens import PassVocab, tokenize_ir
 
-UNAVAILABLE = compiler_gym_unavailable_reason()
+UNAVAILABLE = compilergym_unavailable_reason()
 needs_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 SMALL_PROGRAM = "generator://csmith-v0/1000002"  # ~900 instructions at -O0, -Oz below it
 
@@ -89,32 +89,32 @@ def test_ir_tokens_are_deterministic_and_ignore_value_numbering():
     assert (tokenize_ir(ir_a * 20, 512, 32) > 0).all()  # truncated to the configured length
 
 
-def test_compiler_gym_registers_its_final_evaluation():
+def test_compilergym_registers_its_final_evaluation():
     from envs import final_evaluation_for
 
-    assert final_evaluation_for("compiler_gym") is held_out_evaluation
+    assert final_evaluation_for("compilergym") is held_out_evaluation
     with pytest.raises(ConfigError, match="unknown environment 'compiler_gim'"):
         final_evaluation_for("compiler_gim")
 
 
 def test_bad_options_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="overlap"):
-        make_task_set("compiler_gym", train_seeds=[0, 100], eval_seeds=[50, 10])
+        make_task_set("compilergym", train_seeds=[0, 100], eval_seeds=[50, 10])
     with pytest.raises(ConfigError, match="mode"):
-        make_task_set("compiler_gym", mode="whole_program")
+        make_task_set("compilergym", mode="whole_program")
     with pytest.raises(ConfigError, match="option 'benchmark_dir' = .*: no such directory"):
-        make_task_set("compiler_gym", benchmark_dir=str(tmp_path / "missing"))
+        make_task_set("compilergym", benchmark_dir=str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="option 'benchmark_dir' = .*: holds no .c/.cpp/.bc files"):
-        make_task_set("compiler_gym", benchmark_dir=str(tmp_path))
+        make_task_set("compilergym", benchmark_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"option 'eval_fraction' = 1.0: Input should be less than 1"):
-        make_task_set("compiler_gym", eval_fraction=1.0)
+        make_task_set("compilergym", eval_fraction=1.0)
     with pytest.raises(ConfigError) as exc:  # the option's name before it said what it is
-        make_task_set("compiler_gym", baseline_thre=1.2)
-    assert str(exc.value) == "compiler_gym env option 'baseline_thre' is now 'leaky_above' (same meaning, same value)"
+        make_task_set("compilergym", baseline_thre=1.2)
+    assert str(exc.value) == "compilergym env option 'baseline_thre' is now 'leaky_above' (same meaning, same value)"
 
 
 def test_leaky_above_and_leakiness_reach_the_reward():
-    reward = make_task_set("compiler_gym", leaky_above=0.5, leakiness=0.25).reward
+    reward = make_task_set("compilergym", leaky_above=0.5, leakiness=0.25).reward
     assert (reward.leaky_above, reward.leakiness) == (0.5, 0.25)
     assert reward.shaped(0.9, 0) == pytest.approx(0.5 + 0.4 * 0.25)
 
@@ -122,7 +122,7 @@ def test_leaky_above_and_leakiness_reach_the_reward():
 # ---- the real server ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def per_step_set():
-    return make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[1000002, 1],
+    return make_task_set("compilergym", mode="per_step", max_steps=3, train_seeds=[1000002, 1],
                          eval_seeds=[0, 1], ir_tokens=64, call_timeout_s=60)
 
 
@@ -165,7 +165,7 @@ def test_server_starts_offline_and_steps_a_csmith_program(per_step_set):
 
 @needs_server
 def test_sequence_mode_skips_unknown_tokens(per_step_set):
-    ts = make_task_set("compiler_gym", mode="sequence", seq_len=6, train_seeds=[1000002, 1], eval_seeds=[0, 1])
+    ts = make_task_set("compilergym", mode="sequence", seq_len=6, train_seeds=[1000002, 1], eval_seeds=[0, 1])
     vocab = ts.action_vocab
     with closing(ts.make_env(0, seed=0)) as env:
         env.reset()
@@ -188,8 +188,8 @@ def test_fork_and_restore(per_step_set):
 
 @needs_server
 def test_random_baseline_starts_every_sequence_from_the_reset_program(per_step_set):
-    from envs.compiler_gym.env_compiler import EnvCompiler
-    from envs.compiler_gym.search import random_baseline
+    from envs.compilergym.env_compiler import EnvCompiler
+    from envs.compilergym.search import random_baseline
 
     uri = "generator://csmith-v0/1000002"
     with closing(per_step_set.make_env(0, seed=0, benchmarks=[uri])) as env:
@@ -270,7 +270,7 @@ def test_benchmark_dir_of_user_programs(tmp_path):
                                   "int main(){return f(10);}\n")
     (tmp_path / "b.c").write_text("int g(int *p, int n){int s=0; for(int i=0;i<n;i++) s+=p[i]; return s;}\n")
     (tmp_path / "broken.c").write_text("int this is not C;\n")
-    ts = make_task_set("compiler_gym", benchmark_dir=str(tmp_path), eval_fraction=0.34)
+    ts = make_task_set("compilergym", benchmark_dir=str(tmp_path), eval_fraction=0.34)
     assert len(ts.train_benchmarks) == 2 and len(ts.eval_benchmarks) == 1
     with closing(ts.make_env(0, seed=0, benchmarks=ts.train_benchmarks + ts.eval_benchmarks)) as env:
         seen = {env.reset() is not None and env.program["uri"] for _ in range(4)}
@@ -282,7 +282,7 @@ def test_benchmark_dir_of_user_programs(tmp_path):
 def test_named_datasets_need_the_internet_and_say_so():
     # This machine is offline: a named dataset is a clear ConfigError, not a hang.
     try:
-        ts = make_task_set("compiler_gym", datasets=["cbench-v1"], dataset_limit=3, call_timeout_s=60)
+        ts = make_task_set("compilergym", datasets=["cbench-v1"], dataset_limit=3, call_timeout_s=60)
     except ConfigError as exc:
         assert "cbench-v1" in str(exc) and "internet" in str(exc)
     else:  # online: the dataset's programs are split into training and held-out ones
@@ -298,7 +298,7 @@ def test_a_program_that_fails_to_parse_is_skipped_and_counted(per_step_set):
 
 
 def test_benchmark_dir_split_holds_out_a_fraction_and_says_when_it_cannot(capsys):
-    from envs.compiler_gym.programs import split_held_out
+    from envs.compilergym.programs import split_held_out
 
     files = [f"p{i}.c" for i in range(10)]
     train, held_out = split_held_out(files, 0.2)
@@ -314,7 +314,7 @@ def test_held_out_evaluation_reports_greedy_sampled_and_random_search():
     import torch
     from tensordict import TensorDict
 
-    ts = make_task_set("compiler_gym", mode="per_step", max_steps=3, train_seeds=[0, 1], eval_seeds=[1000002, 1])
+    ts = make_task_set("compilergym", mode="per_step", max_steps=3, train_seeds=[0, 1], eval_seeds=[1000002, 1])
     greedy, sampled = ts.flags.index("-mem2reg"), ts.flags.index("-instcombine")
     calls = []
 
@@ -323,7 +323,7 @@ def test_held_out_evaluation_reports_greedy_sampled_and_random_search():
         return np.full((obs.batch_size[0], 1), greedy if deterministic else sampled)
 
     def preprocess(obs, task_name):
-        assert task_name == "compiler_gym"
+        assert task_name == "compilergym"
         return TensorDict({"autophase": torch.as_tensor(obs["autophase"])}, [])
 
     report = held_out_evaluation(ts, act, preprocess, seed=0)
@@ -363,7 +363,7 @@ class ScriptedCompiler:
 def test_random_baseline_for_episodes_judges_each_sequence_by_its_end_and_a_failed_one_as_unchanged():
     # A policy's episode is judged by the program it ends with, and one whose compilation failed
     # leaves nothing optimised; the random baseline beside it is judged alike (every_prefix=False).
-    from envs.compiler_gym.search import random_baseline
+    from envs.compilergym.search import random_baseline
 
     answers = [95, 90, 97, 80, None, 99]  # ends at 97; passes 80, then fails; cut short at 99
     compiler = ScriptedCompiler(answers)
@@ -377,8 +377,8 @@ def test_random_baseline_for_episodes_judges_each_sequence_by_its_end_and_a_fail
 @needs_server
 def test_random_baseline_goes_on_after_a_sequence_kills_the_compiler_service(per_step_set):
     # The real server's answer when a sequence takes CompilerGym's service down (no count, or the call fails).
-    from envs.compiler_gym.env_compiler import EnvCompiler
-    from envs.compiler_gym.search import random_baseline
+    from envs.compilergym.env_compiler import EnvCompiler
+    from envs.compilergym.search import random_baseline
 
     with closing(per_step_set.make_env(0, seed=0, benchmarks=[SMALL_PROGRAM])) as env:
         real, answers = env.apply_passes, []

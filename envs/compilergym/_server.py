@@ -1,6 +1,6 @@
 """CompilerGym server: runs in the Python 3.10 interpreter of ``.venv-compilergym``.
 
-compiler_gym 0.2.5 cannot be installed in the project's Python 3.11, so ``envs/compiler_gym/client.py``
+compiler_gym 0.2.5 cannot be installed in the project's Python 3.11, so ``envs/compilergym/client.py``
 starts this file as a subprocess and talks to it with one JSON object per line: requests on
 stdin, answers on the original stdout (CompilerGym's own prints are sent to stderr so they
 never corrupt the protocol). It imports nothing from the project.

@@ -1,4 +1,4 @@
-"""Searches at inference time (envs/compiler_gym/search.py) against a toy compiler: a small pure
+"""Searches at inference time (envs/compilergym/search.py) against a toy compiler: a small pure
 Python model of IR counts in which the order of passes matters, so that every search's budget,
 bookkeeping and choices are checked exactly, with no CompilerGym; one test runs the real server."""
 from contextlib import closing
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from async_rl.errors import ConfigError
-from envs.compiler_gym.client import compiler_gym_unavailable_reason
-from envs.compiler_gym.options import parse_search
-from envs.compiler_gym.search import (
+from envs.compilergym.client import compilergym_unavailable_reason
+from envs.compilergym.options import parse_search
+from envs.compilergym.search import (
     ActPolicy,
     Budget,
     Counted,
@@ -26,7 +26,7 @@ from envs.compiler_gym.search import (
     run_search,
 )
 
-UNAVAILABLE = compiler_gym_unavailable_reason()
+UNAVAILABLE = compilergym_unavailable_reason()
 # Pass p multiplies the count by SHRINK[p]; right after pass p - 1 it shrinks 10 % more (passes
 # enable each other); running the pass just run again changes nothing.
 SHRINK = (0.97, 0.92, 1.04, 0.99, 0.95)
@@ -316,7 +316,7 @@ def test_model_policy_scores_a_sequence_policy_next_token_after_the_prefix():
         pytest.fail(f"PassformerActorCritic no longer builds from this spec: {exc!r}")
     feature_len = model.feature_proj.in_features
 
-    from envs.compiler_gym.tokens import PassVocab
+    from envs.compilergym.tokens import PassVocab
 
     task_set = SimpleNamespace(mode="sequence", flags=flags, seq_len=6, action_vocab=PassVocab(flags))
 
@@ -342,11 +342,11 @@ def test_searches_on_the_real_compiler_honour_the_budget():
     """Beam and best-of on a bundled C program through the real server: counts agree with a replay
     of the sequence each reports, and the budget is exact."""
     from envs import make_task_set
-    from envs.compiler_gym.env_compiler import EnvCompiler
-    from envs.compiler_gym.evaluation import search_programs
-    from envs.compiler_gym.programs import BUNDLED_PROGRAMS
+    from envs.compilergym.env_compiler import EnvCompiler
+    from envs.compilergym.evaluation import search_programs
+    from envs.compilergym.programs import BUNDLED_PROGRAMS
 
-    ts = make_task_set("compiler_gym", mode="per_step", max_steps=4, eval_benchmark_dir=str(BUNDLED_PROGRAMS),
+    ts = make_task_set("compilergym", mode="per_step", max_steps=4, eval_benchmark_dir=str(BUNDLED_PROGRAMS),
                        train_seeds=[0, 1])
     uri = next(u for u in ts.eval_benchmarks if u.endswith("/gcd_lcm.c"))
 
@@ -383,7 +383,7 @@ def test_searches_on_the_real_compiler_honour_the_budget():
     import torch
     from tensordict import TensorDict
 
-    from envs.compiler_gym.evaluation import held_out_evaluation
+    from envs.compilergym.evaluation import held_out_evaluation
 
     def act(obs, deterministic):
         return np.full((obs.batch_size[0], 1), FirstPasses.mem2reg)
@@ -405,19 +405,19 @@ def test_eval_search_options_are_checked_before_any_server_starts(tmp_path):
     from envs import make_task_set
 
     with pytest.raises(ConfigError) as err:
-        make_task_set("compiler_gym", eval_search="beam")
-    assert str(err.value) == ("compiler_gym env option 'eval_search' = 'beam': not a search; valid: none, greedy, "
+        make_task_set("compilergym", eval_search="beam")
+    assert str(err.value) == ("compilergym env option 'eval_search' = 'beam': not a search; valid: none, greedy, "
                               "best-of-K or beam-K (K >= 1, e.g. best-of-16, beam-4)")
     with pytest.raises(ConfigError, match=r"option 'eval_search_budget' = -5: Input should be greater than or equal to 0"):
-        make_task_set("compiler_gym", eval_search="greedy", eval_search_budget=-5)
-    with pytest.raises(ConfigError, match="compiler_gym env option 'eval_benchmark_dir' = '.*missing': no such directory; pass a folder of .c/"):
-        make_task_set("compiler_gym", eval_benchmark_dir=str(tmp_path / "missing"))
+        make_task_set("compilergym", eval_search="greedy", eval_search_budget=-5)
+    with pytest.raises(ConfigError, match="compilergym env option 'eval_benchmark_dir' = '.*missing': no such directory; pass a folder of .c/"):
+        make_task_set("compilergym", eval_benchmark_dir=str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match=r"option 'eval_benchmark_dir' = .*: holds no .c/.cpp/.bc files \(nor .cc/.ll\); pass a folder of them"):
-        make_task_set("compiler_gym", eval_benchmark_dir=str(tmp_path))
+        make_task_set("compilergym", eval_benchmark_dir=str(tmp_path))
 
 
 def test_bundled_programs_are_real_c_programs_with_names_for_tables():
-    from envs.compiler_gym.programs import BUNDLED_PROGRAMS, program_name, program_uris
+    from envs.compilergym.programs import BUNDLED_PROGRAMS, program_name, program_uris
 
     uris = program_uris(str(BUNDLED_PROGRAMS))
     assert 10 <= len(uris) <= 15 and all(u.startswith("file://") and u.endswith(".c") for u in uris)
@@ -432,9 +432,9 @@ def test_eval_search_flags_reach_the_env_factory_before_ray_starts():
     from async_rl.driver import prepare
 
     config = str(Path(__file__).resolve().parents[2] / "configs" / "compilergym_mlp.yaml")
-    with pytest.raises(ConfigError, match="^compiler_gym env option 'eval_search' = 'beam': not a search; valid: none"):
+    with pytest.raises(ConfigError, match="^compilergym env option 'eval_search' = 'beam': not a search; valid: none"):
         prepare(load_config(["--eval-search", "beam", "--swanlab-mode", "disabled"], config))
-    with pytest.raises(ConfigError, match=r"compiler_gym env option 'eval_search_budget' = -1: Input should be greater than or equal to 0"):
+    with pytest.raises(ConfigError, match=r"compilergym env option 'eval_search_budget' = -1: Input should be greater than or equal to 0"):
         prepare(load_config(["--eval-search", "greedy", "--swanlab-mode", "disabled",
                              "--env-kwargs", "{eval_search_budget: -1}"], config))
     # An env without a final-evaluation search says so.

@@ -9,11 +9,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from envs.compiler_gym.env import CompilerGymTaskSet
-from envs.compiler_gym.env_compiler import EnvCompiler
-from envs.compiler_gym.options import parse_search
-from envs.compiler_gym.programs import program_name
-from envs.compiler_gym.search import ActPolicy, random_baseline, run_search
+from envs.compilergym.env import CompilerGymTaskSet
+from envs.compilergym.env_compiler import EnvCompiler
+from envs.compilergym.options import parse_search
+from envs.compilergym.programs import program_name
+from envs.compilergym.search import ActPolicy, random_baseline, run_search
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -163,7 +163,7 @@ def search_scalars(result: dict[str, Any], prefix: str = "eval/compilergym") -> 
 
 def held_out_evaluation(task_set: CompilerGymTaskSet, act: Any, preprocess: Any, seed: int,
                         random_trials: int = 1) -> dict[str, Any]:
-    """The env's final evaluation (``envs.final_evaluation_for("compiler_gym")``): ``evaluate_programs``
+    """The env's final evaluation (``envs.final_evaluation_for("compilergym")``): ``evaluate_programs``
     with ``act(obs_batch, deterministic) -> env actions``, and with ``eval_search`` set, that search
     (``search_programs``, the policy behind ``act``), as a report: ``scalars`` (eval/ geometric
     means, ``eval/compilergym/<program>/vs_oz`` per program), ``text`` (the tables), ``files``

@@ -1,4 +1,4 @@
-"""The options of env ``compiler_gym`` (``env_kwargs``): the programs, the episode, the reward's shaping, the
+"""The options of env ``compilergym`` (``env_kwargs``): the programs, the episode, the reward's shaping, the
 server's timeouts and the final evaluation's search. Every check that needs no file and no server is here."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pydantic
 
 from async_rl.renamed_keys import renamed_env_option_keys
 from async_rl.validation import ConfigSection
-from envs.compiler_gym.programs import program_folder
-from envs.compiler_gym.search import SearchSpec
+from envs.compilergym.programs import program_folder
+from envs.compilergym.search import SearchSpec
 
 _SPEC = re.compile(r"^(greedy|best-of-(\d+)|beam-(\d+))$")
 SEARCH_FORMS = "none, greedy, best-of-K or beam-K (K >= 1, e.g. best-of-16, beam-4)"
@@ -49,7 +49,7 @@ class CompilerGymOptions(ConfigSection):
     benchmark_dir, or named datasets (online only)."""
 
     # Options of earlier versions: env_kwargs that still use one are refused with the new spelling.
-    renamed_keys: ClassVar[dict[str, str]] = renamed_env_option_keys("compiler_gym")
+    renamed_keys: ClassVar[dict[str, str]] = renamed_env_option_keys("compilergym")
 
     mode: Literal["per_step", "sequence"] = "per_step"
     """per_step: one pass per step, max_steps per episode; sequence: one step applies up to seq_len passes"""
@@ -111,6 +111,6 @@ class CompilerGymOptions(ConfigSection):
         (t0, tn), (e0, en) = self.train_seeds, self.eval_seeds
         uses_seeds = self.benchmark_dir is None and not self.datasets
         if uses_seeds and t0 < e0 + en and e0 < t0 + tn:
-            raise ValueError(f"compiler_gym train_seeds {list(self.train_seeds)} and eval_seeds {list(self.eval_seeds)} "
+            raise ValueError(f"compilergym train_seeds {list(self.train_seeds)} and eval_seeds {list(self.eval_seeds)} "
                              "overlap; give disjoint [first seed, count] ranges")
         return self

@@ -18,7 +18,7 @@ def split_held_out(files: list[str], eval_fraction: float) -> tuple[list[str], l
     """(train, held out): the first ``eval_fraction`` of ``files`` (at least one) are held out. A
     single program is both (tuning one program is a use of its own), and that is said."""
     if len(files) == 1:
-        print(f"compiler_gym: one program ({files[0]}): it is trained on and evaluated on, "
+        print(f"compilergym: one program ({files[0]}): it is trained on and evaluated on, "
               "so the evaluation is not held out", file=sys.stderr)
         return files, files
     n_eval = max(1, int(round(len(files) * eval_fraction)))

@@ -13,7 +13,7 @@ dead server is replaced and its episode ended, so a rollout worker never hangs o
 
 Observation: a dict with the raw values (``autophase``, ``ir_count``, ``o0_count``, ``oz_count``,
 ``step``, ``ir_tokens`` if asked) and ``features``, the float32 vector the policies read
-(``obs_spec["feature_dim"]`` long, envs/compiler_gym/features.py). With ``mask_noops`` (per step)
+(``obs_spec["feature_dim"]`` long, envs/compilergym/features.py). With ``mask_noops`` (per step)
 also ``action_mask`` (bool per pass, True = allowed): the passes run since the instruction count
 last changed did nothing to this program, and LLVM passes are deterministic, so running one of
 them again would do nothing either (up to passes that rewrote the IR without changing its count);
@@ -44,10 +44,10 @@ import numpy as np
 
 from async_rl.tokens import SPECIAL_TOKENS
 from envs.base import StartUnavailable
-from envs.compiler_gym.client import CompilerGymClient, CompilerGymServerError
-from envs.compiler_gym.features import AUTOPHASE_DIM, feature_dim, observation_features
-from envs.compiler_gym.reward import RewardConfig
-from envs.compiler_gym.tokens import PassVocab, tokenize_ir
+from envs.compilergym.client import CompilerGymClient, CompilerGymServerError
+from envs.compilergym.features import AUTOPHASE_DIM, feature_dim, observation_features
+from envs.compilergym.reward import RewardConfig
+from envs.compilergym.tokens import PassVocab, tokenize_ir
 
 # Errors that mean CompilerGym's service (not the program) is in trouble: replace the server.
 _SERVICE_TROUBLE = re.compile(r"Service|Session|did not answer|died|exited|pipe broke")
@@ -71,13 +71,13 @@ class CompilerGymTaskSet:
     call_timeout_s: float = 60.0
     start_timeout_s: float = 120.0
     episodes_per_program: int = 1
-    reuse_programs: bool = True  # keep each program's start state in the server (see compiler_gym/_server.py)
-    eval_search: str = "none"  # search in the final evaluation (envs/compiler_gym/search.py): none, greedy, best-of-K, beam-K
+    reuse_programs: bool = True  # keep each program's start state in the server (see envs/compilergym/_server.py)
+    eval_search: str = "none"  # search in the final evaluation (envs/compilergym/search.py): none, greedy, best-of-K, beam-K
     eval_search_budget: int = 0  # its compilations (pass applications) per program; 0 = 16 x the episode length
     mask_noops: bool = False  # per step: obs["action_mask"] rules out the passes run since the count last changed
     time_limit: str = "terminal"  # max_steps ends the task ("terminal") or is a cut bootstrapped from V ("truncate")
     success_vs_oz: float = 1.0  # a step counts as success when -Oz count / count reaches this (PACS's label)
-    task_names: list[str] = field(default_factory=lambda: ["compiler_gym"])
+    task_names: list[str] = field(default_factory=lambda: ["compilergym"])
     # The program the episode ends with is what is judged: one that reached -Oz and then grew, or whose
     # compilation failed (an early end clears the label), is no success.
     success_rule: ClassVar[str] = "final"
@@ -118,7 +118,7 @@ class CompilerGymTaskSet:
 class CompilerGymTaskEnv:
     """One server process; each reset takes the next program (shuffled) of its list."""
 
-    task_name = "compiler_gym"
+    task_name = "compilergym"
 
     def __init__(self, task_set: CompilerGymTaskSet, benchmarks: list[str], seed: int) -> None:
         self.ts = task_set
@@ -147,7 +147,7 @@ class CompilerGymTaskEnv:
                                         self.ts.start_timeout_s)
 
     def _restart(self, why: Exception) -> None:
-        print(f"[compiler_gym] {why}; starting a new server", file=sys.stderr)
+        print(f"[compilergym] {why}; starting a new server", file=sys.stderr)
         if self.client is not None:
             self.client.close()
         self.server_restarts += 1
@@ -215,7 +215,7 @@ class CompilerGymTaskEnv:
         return self.client.call("reset", benchmark=uri, ir=bool(self.ts.ir_tokens), reuse=self.ts.reuse_programs)
 
     def _skip(self, uri: str, why: Exception) -> None:
-        print(f"[compiler_gym] skipping {uri}: {why}", file=sys.stderr)
+        print(f"[compilergym] skipping {uri}: {why}", file=sys.stderr)
         self.skipped["build_failed"] += 1
         self.skipped_uris.add(uri)
 
@@ -259,7 +259,7 @@ class CompilerGymTaskEnv:
         episode's return back to that of the unchanged program."""
         self.errors[reason] += 1
         self._needs_reset = True
-        print(f"[compiler_gym] episode on {self.program['uri']} ended at step {self._t}: {reason}: {error}",
+        print(f"[compilergym] episode on {self.program['uri']} ended at step {self._t}: {reason}: {error}",
               file=sys.stderr)
         unchanged = self.ts.reward.shaped(0.0, 0)
         reward, self._shaped = unchanged - self._shaped, unchanged

@@ -1,5 +1,5 @@
 """CompilerGym LLVM pass ordering (Passformer RL training, after CompilerDream), registered as
-env ``compiler_gym`` with its final evaluation.
+env ``compilergym`` with its final evaluation.
 
 Programs: ``generator://csmith-v0/<seed>`` over disjoint seed ranges for training and evaluation,
 or every .c/.cpp/.bc file of ``benchmark_dir``, or named CompilerGym datasets (online only).
@@ -14,22 +14,22 @@ from __future__ import annotations
 
 from async_rl.errors import ConfigError
 from envs import register_env
-from envs.compiler_gym.client import (
+from envs.compilergym.client import (
     SETUP_HINT,
     CompilerGymClient,
     CompilerGymServerError,
-    compiler_gym_unavailable_reason,
+    compilergym_unavailable_reason,
     default_python,
     default_site_data,
 )
-from envs.compiler_gym.env import CompilerGymTaskSet
-from envs.compiler_gym.evaluation import held_out_evaluation
-from envs.compiler_gym.options import CompilerGymOptions
-from envs.compiler_gym.programs import csmith_programs, program_uris, split_held_out
-from envs.compiler_gym.reward import RewardConfig
+from envs.compilergym.env import CompilerGymTaskSet
+from envs.compilergym.evaluation import held_out_evaluation
+from envs.compilergym.options import CompilerGymOptions
+from envs.compilergym.programs import csmith_programs, program_uris, split_held_out
+from envs.compilergym.reward import RewardConfig
 
 
-def compiler_gym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:
+def compilergym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:
     """Build the CompilerGym TaskSet: the programs, and the pass flags from one short-lived server (which
     proves the set-up works before Ray starts)."""
     o = options
@@ -43,7 +43,7 @@ def compiler_gym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:
         train, evaluation = csmith_programs(*o.train_seeds), csmith_programs(*o.eval_seeds)
 
     python, site_data = default_python(), default_site_data()
-    reason = compiler_gym_unavailable_reason(python, site_data)
+    reason = compilergym_unavailable_reason(python, site_data)
     if reason:
         raise ConfigError(reason)
     # One short-lived server tells the pass flags (and proves the set-up works) before Ray starts.
@@ -62,10 +62,10 @@ def compiler_gym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:
                 try:
                     uris += client.call("dataset_uris", timeout_s=600, name=str(name), limit=o.dataset_limit)["uris"]
                 except CompilerGymServerError as exc:
-                    raise ConfigError(f"compiler_gym dataset '{name}' is unavailable ({exc}); named datasets need "
+                    raise ConfigError(f"compilergym dataset '{name}' is unavailable ({exc}); named datasets need "
                                       "the internet: use csmith seeds or benchmark_dir offline") from None
             if not uris:
-                raise ConfigError(f"compiler_gym datasets {o.datasets} hold no programs; check the names and dataset_limit")
+                raise ConfigError(f"compilergym datasets {o.datasets} hold no programs; check the names and dataset_limit")
             train, evaluation = split_held_out(uris, o.eval_fraction)
     finally:
         client.close()
@@ -81,4 +81,4 @@ def compiler_gym_task_set(options: CompilerGymOptions) -> CompilerGymTaskSet:
     )
 
 
-register_env("compiler_gym", options=CompilerGymOptions, final_evaluation=held_out_evaluation)(compiler_gym_task_set)
+register_env("compilergym", options=CompilerGymOptions, final_evaluation=held_out_evaluation)(compilergym_task_set)

@@ -18,7 +18,7 @@ uses more, and says how many it used:
 Each returns the smallest IR count among the states it compiled and the pass sequence reaching
 it: any prefix of an applied sequence counts (stopping there is a valid sequence). The searches
 see the compiler through ``Compiler`` and the policy through ``SearchPolicy``, so the same code
-runs on the CompilerGym server (``envs.compiler_gym.env_compiler.EnvCompiler``) and on a small
+runs on the CompilerGym server (``envs.compilergym.env_compiler.EnvCompiler``) and on a small
 deterministic model of IR counts in the tests. This module imports nothing of the env.
 """
 from __future__ import annotations
@@ -32,13 +32,13 @@ import numpy as np
 from async_rl.tokens import PAD_ID, SPECIAL_TOKENS
 
 if TYPE_CHECKING:
-    from envs.compiler_gym.tokens import PassVocab
+    from envs.compilergym.tokens import PassVocab
 
 
 # ---- what to run -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SearchSpec:
-    """A parsed search (``envs.compiler_gym.options.parse_search``): ``kind`` greedy | best-of | beam, ``k``
+    """A parsed search (``envs.compilergym.options.parse_search``): ``kind`` greedy | best-of | beam, ``k``
     samples or width."""
 
     kind: str
@@ -279,7 +279,7 @@ def random_baseline(compiler: Compiler, budget: int, horizon: int, rng: np.rando
 
 # ---- policies ------------------------------------------------------------------------------
 class PassTaskSet(Protocol):
-    """The task set as the policy adapters read it (``envs.compiler_gym.env.CompilerGymTaskSet`` is one)."""
+    """The task set as the policy adapters read it (``envs.compilergym.env.CompilerGymTaskSet`` is one)."""
 
     flags: list[str]  # the pass flags; a pass's index is its place here
     mode: str  # "per_step" (an action is one pass index) or "sequence" (an action is a pass sequence's tokens)
@@ -295,7 +295,7 @@ class _Proposals:
     """What both policy adapters share: batches of one observation, actions -> pass indices."""
 
     def __init__(self, preprocess: Callable[[Any, str], Any], task_set: PassTaskSet,
-                 task_name: str = "compiler_gym") -> None:
+                 task_name: str = "compilergym") -> None:
         self.preprocess, self.task_name = preprocess, task_name
         self.per_step = task_set.mode == "per_step"
         self.num_passes = len(task_set.flags)
@@ -322,7 +322,7 @@ class ModelPolicy(_Proposals):
     log-probs differ by the next token's only)."""
 
     def __init__(self, model: Any, preprocess: Callable[[Any, str], Any], task_set: PassTaskSet,
-                 task_name: str = "compiler_gym") -> None:
+                 task_name: str = "compilergym") -> None:
         super().__init__(preprocess, task_set, task_name)
         self.model = model.eval()
 
@@ -356,7 +356,7 @@ class ActPolicy(_Proposals):
     sampled actions (how often each pass comes next after ``prefix``; the greedy choice first)."""
 
     def __init__(self, act: Callable[[Any, bool], Any], preprocess: Callable[[Any, str], Any],
-                 task_set: PassTaskSet, samples: int = 32, task_name: str = "compiler_gym") -> None:
+                 task_set: PassTaskSet, samples: int = 32, task_name: str = "compilergym") -> None:
         super().__init__(preprocess, task_set, task_name)
         self.act, self.samples = act, int(samples)
 

@@ -1,6 +1,6 @@
 """The CompilerGym server process and how to reach it.
 
-compiler_gym 0.2.5 runs only on Python 3.9/3.10, so each env starts ``envs/compiler_gym/_server.py``
+compiler_gym 0.2.5 runs only on Python 3.9/3.10, so each env starts ``envs/compilergym/_server.py``
 in ``.venv-compilergym`` (built by ``scripts/setup_compilergym.sh``) and talks to it over a pipe,
 one JSON line per call, each with a timeout. A dead or silent server (or a dead CompilerGym
 service) raises ``CompilerGymServerError`` naming what happened.
@@ -25,14 +25,14 @@ class CompilerGymServerError(RuntimeError):
 
 
 def default_python() -> Path:
-    return Path(os.environ.get("COMPILER_GYM_PYTHON", ROOT / ".venv-compilergym" / "bin" / "python"))
+    return Path(os.environ.get("COMPILERGYM_PYTHON", ROOT / ".venv-compilergym" / "bin" / "python"))
 
 
 def default_site_data() -> Path:
     return Path(os.environ.get("COMPILER_GYM_SITE_DATA", ROOT / ".venv-compilergym" / "site-data"))
 
 
-def compiler_gym_unavailable_reason(python: Optional[Path] = None, site_data: Optional[Path] = None) -> Optional[str]:
+def compilergym_unavailable_reason(python: Optional[Path] = None, site_data: Optional[Path] = None) -> Optional[str]:
     """Why the CompilerGym server cannot run here, or None if it can."""
     python, site_data = python or default_python(), site_data or default_site_data()
     if not python.exists():
@@ -50,11 +50,11 @@ class CompilerGymClient:
         env = dict(os.environ, COMPILER_GYM_SITE_DATA=str(site_data))
         env.setdefault("COMPILER_GYM_CACHE", str(site_data.parent / "cache"))
         Path(env["COMPILER_GYM_CACHE"]).mkdir(parents=True, exist_ok=True)
-        # -I (isolated): the script's folder envs/ must not shadow the compiler_gym package.
+        # -I (isolated): nothing of this project's Python 3.11 path (PYTHONPATH, user site) reaches the 3.10 server.
         self.proc = subprocess.Popen(
             [str(python), "-I", "-u", str(SERVER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            # Errors come back in the answers; COMPILER_GYM_SERVER_STDERR=1 also shows the server's log.
-            stderr=None if os.environ.get("COMPILER_GYM_SERVER_STDERR") == "1" else subprocess.DEVNULL,
+            # Errors come back in the answers; COMPILERGYM_SERVER_STDERR=1 also shows the server's log.
+            stderr=None if os.environ.get("COMPILERGYM_SERVER_STDERR") == "1" else subprocess.DEVNULL,
             env=env, text=True, bufsize=1, cwd=env["COMPILER_GYM_CACHE"],  # csmith writes platform.info in its cwd
             # Its own process group, shared with the CompilerGym service it starts: kill() ends both.
             start_new_session=True,

@@ -1,4 +1,4 @@
-"""One program of a CompilerGym env as the ``Compiler`` the searches use (envs/compiler_gym/search.py)."""
+"""One program of a CompilerGym env as the ``Compiler`` the searches use (envs/compilergym/search.py)."""
 from __future__ import annotations
 
 import sys
@@ -6,12 +6,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from envs.compiler_gym.client import CompilerGymServerError
-from envs.compiler_gym.env import CompilerGymTaskEnv
+from envs.compilergym.client import CompilerGymServerError
+from envs.compilergym.env import CompilerGymTaskEnv
 
 
 class EnvCompiler:
-    """One program of a ``CompilerGymTaskEnv`` as a search's ``Compiler`` (envs/compiler_gym/search.py).
+    """One program of a ``CompilerGymTaskEnv`` as a search's ``Compiler`` (envs/compilergym/search.py).
 
     Per-step policies read the observation after every pass (with its action history), so a step
     is ``env.step``; a sequence policy reads only the loaded program, so a step applies the pass
@@ -58,7 +58,7 @@ class EnvCompiler:
 
     def _failed(self, exc: Exception) -> bool:
         """A failed server call: counted; the next reset_to starts a new server if it died."""
-        print(f"[compiler_gym] search on {self.uri}: {exc}", file=sys.stderr)
+        print(f"[compilergym] search on {self.uri}: {exc}", file=sys.stderr)
         self._forked = self._probed = False
         self.failures += 1
         return False
