@@ -14,14 +14,18 @@ lock:
 run: setup
 	$(PY) launch/ds_libero_ppo.py --clip-mode soft_clip
 
-# The linter first (pyproject.toml [tool.ruff]): a finding fails `make test` before any test runs.
+# The linter, then the type checker (pyproject.toml [tool.ruff], [tool.mypy]): a finding fails `make test` before any
+# test runs.
 test: setup
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900
 
-# The linter alone (what `make test` runs first); `.venv/bin/python -m ruff check --fix .` applies its safe fixes.
+# The linter and the type checker alone (what `make test` runs first); `.venv/bin/python -m ruff check --fix .` applies
+# ruff's safe fixes.
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # What `make test` runs, under coverage.py (.coveragerc): line coverage of async_rl/ and envs/, Ray actors and
 # subprocesses included, into tests/coverage.json (tests/README.md, Coverage; per file: runs/coverage/report.txt).

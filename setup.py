@@ -68,6 +68,8 @@ EXTRAS_REQUIRE = {
         "py-spy>=0.3",  # benchmarks/profile_actors.py
         # The linter `make test` runs first (pyproject.toml [tool.ruff]); pinned: a new release adds findings.
         "ruff==0.17.6",
+        # The type checker `make test` runs after ruff (pyproject.toml [tool.mypy]); pinned for the same reason.
+        "mypy==2.4.1",
     ],
 }
 

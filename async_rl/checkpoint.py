@@ -223,7 +223,7 @@ def save_tensordict(td: TensorDict, path: Path) -> None:
     """Leaves under '/'-joined keys; the batch size goes in the file's metadata."""
     leaves = {"/".join(k if isinstance(k, tuple) else (k,)): v.contiguous()
               for k, v in td.items(include_nested=True, leaves_only=True)}
-    save_file(leaves, str(path), metadata={"batch_size": json.dumps(list(td.batch_size))})
+    save_file(leaves, str(path), metadata={"batch_size": json.dumps(list(td.batch_size))})  # type: ignore[arg-type]  # leaves only: Tensors
 
 
 def load_tensordict(path: Path) -> TensorDict:
@@ -248,7 +248,7 @@ def _checkpointed_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = module.state_dict(keep_vars=True)  # references, no copies
     if not has_lora(module):
         return state
-    tensors = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    tensors: dict[str, torch.Tensor] = {n: p for n, p in module.named_parameters() if p.requires_grad}
     tensors.update({n: b for n, b in module.named_buffers() if n in state})
     return tensors
 
@@ -274,7 +274,7 @@ def save_adapter(module: torch.nn.Module, adapter: Path) -> None:
     root = getattr(module, "hf_model_attr", "")
     prefix = f"{root}." if root else ""
     model = module.get_submodule(root) if root else module
-    config = copy.deepcopy(module.peft_config["default"])
+    config: Any = copy.deepcopy(module.peft_config["default"])  # type: ignore[index]  # peft's attribute, unknown to torch's types
     adapted = sorted(name[len(prefix):].rpartition(".lora_A")[0]
                      for name, _ in module.named_parameters() if name.startswith(prefix) and ".lora_A." in name)
     leaves = sorted({name.rpartition(".")[2] for name in adapted})
@@ -306,7 +306,9 @@ def load_model(module: torch.nn.Module, directory: Path) -> None:
 # ---- RNG states ----------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
     """Python, numpy and torch generators as tensors, lists and numbers (weights-only loadable)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # (kind, keys, pos, has_gauss, gauss)
+    kind, keys, pos, has_gauss, gauss = legacy
     state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

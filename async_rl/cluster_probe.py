@@ -55,7 +55,8 @@ def probe_cluster(address: Optional[str], timeout_s: float = PROBE_TIMEOUT_S) ->
                    f"`ray start --head --port={port}` on {host}, or pass the address `ray start --head` printed")
     with grpc.insecure_channel(f"{host}:{port}") as channel:
         stub = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel)
-        request = gcs_service_pb2.InternalKVGetRequest(key=CLUSTER_METADATA_KEY, namespace=ray_constants.KV_NAMESPACE_CLUSTER)
+        request = gcs_service_pb2.InternalKVGetRequest(  # type: ignore[attr-defined]  # generated protobuf: no stub
+            key=CLUSTER_METADATA_KEY, namespace=ray_constants.KV_NAMESPACE_CLUSTER)
         metadata = _auth_metadata()
         try:
             reply = stub.InternalKVGet(request, timeout=timeout_s, metadata=metadata)

@@ -38,7 +38,7 @@ from async_rl.policies.initial_weights import check_init_from
 from async_rl.process_setup import check_resources, pythonpath_with
 from async_rl.report import report_at_end
 from async_rl.sandbox import set_sandbox_mode
-from envs.base import TaskSet
+from envs.base import TaskSet, TokenizedTaskSet
 
 console = Console(stderr=True)
 FINAL_EVAL_GRACE_S = 30.0
@@ -61,7 +61,7 @@ def prepare(cfg: RunConfig) -> TaskSet:
                                        cfg.policy_kwargs)
     if cfg.init_from is not None:
         cfg.init_from = check_init_from(cfg.init_from, cfg.policy, cfg.env, cfg.policy_kwargs.get("model_path"))
-    if getattr(task_set, "tokenizer_path", False) is None:  # a text env decodes responses with the policy's tokenizer
+    if isinstance(task_set, TokenizedTaskSet) and task_set.tokenizer_path is None:
         task_set.tokenizer_path = cfg.policy_kwargs.get("model_path")
     return task_set
 
@@ -278,7 +278,7 @@ def init_ray(cfg: RunConfig) -> None:
     try:
         # address="local": a new cluster even when another one (`ray start`) runs on this machine.
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address=LOCALHOST,
-                 runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level="WARNING")
+                 runtime_env={"env_vars": env_vars}, log_to_driver=True, logging_level=logging.WARNING)
     finally:
         if old is None:
             del os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
@@ -289,7 +289,7 @@ def init_ray(cfg: RunConfig) -> None:
 
 def _session_dir() -> str:
     try:
-        return ray._private.worker._global_node.get_session_dir_path()  # for the no-leftover check
+        return ray._private.worker._global_node.get_session_dir_path()  # type: ignore[attr-defined]  # Ray's private node: set once ray.init ran; for the no-leftover check
     except AttributeError:
         return ""
 

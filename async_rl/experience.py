@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorCollection, TensorDict, TensorDictBase
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ SEGMENT_FIELDS: dict[str, Field] = {f.name: f for f in (
 # In an inference answer, never stored: what the environment receives.
 ENV_ACTION = Field("env_action", None, "[A]", "inference", ("worker",), "the action in the environment's units")
 
-Wire = dict  # nested dict of numpy arrays: what crosses Ray between actors
+Wire = dict[str, Any]  # nested dict of numpy arrays (a value is an array or a Wire): what crosses Ray between actors
 
 
 def inference_keys(action_key: str, behaviour_stats: Sequence[str] = ()) -> tuple[str, ...]:
@@ -77,16 +78,15 @@ def to_wire(td: TensorDictBase, keys: Optional[Sequence[str]] = None) -> Wire:
     """TensorDict -> nested dict of numpy arrays in the declared dtypes (pickles ~20x faster than a
     TensorDict); ``keys`` keeps only those top-level fields."""
 
-    def convert(d: TensorDictBase, path: tuple[str, ...]) -> Wire:
-        out = {}
+    def convert(d: TensorCollection, path: tuple[str, ...]) -> Wire:
+        out: Wire = {}
         for key, value in d.items():
             if keys is not None and not path and key not in keys:
                 continue
-            if isinstance(value, TensorDictBase):
-                out[key] = convert(value, (*path, key))
+            if isinstance(value, torch.Tensor):
+                out[key] = value.detach().to("cpu", _wire_dtype((*path, key), value)).numpy()
             else:
-                value = value.detach().to("cpu", _wire_dtype((*path, key), value))
-                out[key] = value.numpy()
+                out[key] = convert(value, (*path, key))
         return out
 
     return convert(td, ())
@@ -104,11 +104,11 @@ def from_wire(wire: Wire, batch_dims: int = 1) -> TensorDict:
     return TensorDict(tensors, batch_size=_first_leaf(wire).shape[:batch_dims])
 
 
-def _tensors(wire: Wire) -> dict:
+def _tensors(wire: Wire) -> dict[str, Any]:
     return {k: _tensors(v) if isinstance(v, dict) else torch.from_numpy(v) for k, v in wire.items()}
 
 
-def _first_leaf(wire: Wire):
+def _first_leaf(wire: Wire) -> np.ndarray:
     value = next(iter(wire.values()))
     return _first_leaf(value) if isinstance(value, dict) else value
 
@@ -144,7 +144,7 @@ def step_records(obs: TensorDict, policy_out: TensorDict, rewards: Sequence[floa
 
 def segment(steps: list[TensorDict], bootstrap_obs: TensorDict) -> TensorDict:
     """A segment item of batch ``[1]``: ``steps`` [1, T] and ``bootstrap_obs`` [1]."""
-    return TensorDict({"steps": torch.stack(steps).unsqueeze(0), "bootstrap_obs": bootstrap_obs.unsqueeze(0)},
+    return TensorDict({"steps": TensorDict.stack(steps).unsqueeze(0), "bootstrap_obs": bootstrap_obs.unsqueeze(0)},
                       batch_size=[1])
 
 
@@ -154,7 +154,8 @@ def is_segments(batch: TensorDictBase) -> bool:
 
 def policy_versions(batch: TensorDictBase) -> torch.Tensor:
     """Policy version of every step in a batch of step records or segments."""
-    return batch["steps", "policy_version"] if is_segments(batch) else batch["policy_version"]
+    versions: torch.Tensor = batch["steps", "policy_version"] if is_segments(batch) else batch["policy_version"]
+    return versions
 
 
 def env_steps(batch: TensorDictBase) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
@@ -24,7 +24,7 @@ def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 NONFINITE = "nonfinite/"  # the prefix of a key that counts another key's non-finite values
 
 
-def mean_metrics(rows: list[Mapping[str, float]]) -> dict[str, float]:
+def mean_metrics(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Per-key means over the finite values, and for a key that had non-finite values (a minibatch skipped for a
     NaN loss reports its terms as they came) their count as ``nonfinite/<key>``: nothing is dropped unseen. Keys
     that are such counts already (rows that are means themselves, e.g. one per trainer rank) are summed."""

@@ -35,7 +35,7 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int) -> Path:
     # macro_block_size=1: keep small frames (e.g. 64x64) as they are instead of resizing them.
     with imageio.get_writer(str(path), fps=fps, codec="libx264", macro_block_size=1, quality=7) as writer:
         for frame in frames:
-            writer.append_data(frame)
+            writer.append_data(frame)  # type: ignore[attr-defined]  # the ffmpeg writer's; its declared base lacks it
     return path
 
 

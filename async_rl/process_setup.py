@@ -138,7 +138,6 @@ class ProcessPlan(Protocol):
     """The run options that say how many actors there are and what each reserves. This module sits below the config
     layer, so it names the keys it reads: the RunConfig is one such object."""
 
-    device: str
     num_trainers: int
     num_inference_actors: int
     num_rollout_workers: int
@@ -148,6 +147,9 @@ class ProcessPlan(Protocol):
     worker_num_cpus: float
     trainer_gpu_ids: Optional[list[str]]
     inference_gpu_ids: Optional[list[str]]
+
+    @property  # read-only, so that the config's Literal type of these strings is one
+    def device(self) -> str: ...
 
 
 def plan_gpus(cfg: ProcessPlan) -> tuple[list[Optional[str]], list[Optional[str]]]:

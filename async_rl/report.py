@@ -14,7 +14,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from async_rl import checkpoint as ckpt
 from async_rl.errors import OneLineArgumentParser
@@ -92,7 +92,7 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(path, scalars, max(times) - min(times), config, latest)
 
 
-def figure_tags(tags: Sequence[str]) -> dict[str, list[str]]:
+def figure_tags(tags: Iterable[str]) -> dict[str, list[str]]:
     """Tags of each figure (the first matching figure wins); figures with no tag are left out."""
     out: dict[str, list[str]] = {}
     for tag in sorted(tags):

@@ -43,7 +43,7 @@ def validate_model(model_cls: type[ModelT], data: Mapping[str, Any], what: str) 
             wanted = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in exc.errors() if e["loc"][:1] == (top,))
             raise ConfigError(f"{what} '{top}' = {data.get(top)!r}: {'; or '.join(wanted)}") from None
         key = ".".join(str(part) for part in err["loc"])
-        raise ConfigError(f"{what} '{key}' = {data.get(top)!r}: {msg}{_closest_choice(err)}") from None
+        raise ConfigError(f"{what} '{key}' = {data.get(str(top))!r}: {msg}{_closest_choice(err)}") from None
 
 
 def _is_union(annotation: Any) -> bool:

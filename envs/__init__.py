@@ -27,7 +27,9 @@ __all__ = ["ENVS", "FinalEvaluation", "TaskEnv", "TaskSet", "available_envs", "e
 # [B, action_dim]`` runs the current policy on a batch of preprocessed observations (a TensorDict);
 # ``preprocess(obs, task_name)`` is the policy's preprocessor. The report holds ``scalars``
 # ({"eval/...": float}), ``text`` (printable), ``files`` ({name: JSON-able}) and any raw fields.
-FinalEvaluation = Callable[[TaskSet, Callable[[Any, bool], np.ndarray], Callable[..., Any], int], dict]
+# ``task_set`` is typed Any: an env's evaluation reads its own task set's class (what its factory makes), which no
+# callable of a TaskSet in general could name.
+FinalEvaluation = Callable[[Any, Callable[[Any, bool], np.ndarray], Callable[..., Any], int], dict[str, Any]]
 
 # Env modules that live in their domain package, above envs/ (CTRL's env beside its cases, reward and reviser).
 # Discovery imports them by name, as it imports this package's modules, so ``--env ctrl_humaneval`` resolves

@@ -24,7 +24,7 @@ class TaskEnv(Protocol):
 
     task_name: str
 
-    def reset(self, start: Optional[int] = None) -> Observation:
+    def reset(self, *, start: Optional[int] = None) -> Observation:
         """Start an episode; returns the first observation: an array (float32, shape (obs_dim,)) or
         a dict (e.g. LIBERO's images, proprio and instruction, described by ``TaskSet.obs_spec``).
         ``start`` (group rollouts) picks the initial state: two resets with the same ``start`` on
@@ -54,16 +54,33 @@ class TaskSet(Protocol):
 
     ``final_evaluation_on`` (optional, true where absent) false says that the options ask for no final
     evaluation, though the env registers one (LIBERO without ``heldout_init_states``).
+
+    The members below are read-only here, so that a task set may declare them as attributes, properties or
+    class attributes alike; ``success_rule`` and ``final_evaluation_on`` are optional and not members.
     """
 
-    task_names: list[str]
-    obs_dim: int
-    action_dim: int
-    max_episode_steps: int
-    success_rule: str
+    @property
+    def task_names(self) -> list[str]: ...
+
+    @property
+    def obs_dim(self) -> int: ...
+
+    @property
+    def action_dim(self) -> int: ...
+
+    @property
+    def max_episode_steps(self) -> int: ...
 
     def make_env(self, task_index: int, seed: int) -> TaskEnv:
         ...
+
+
+@runtime_checkable
+class TokenizedTaskSet(Protocol):
+    """A task set whose envs decode a response's token ids with the policy's tokenizer (the text envs):
+    ``tokenizer_path`` None is filled by the driver from the policy's model."""
+
+    tokenizer_path: Optional[str]
 
 
 SUCCESS_RULES = ("any", "final")

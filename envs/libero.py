@@ -109,7 +109,7 @@ def _resolve_tasks(suite: str, all_names: list[str], tasks: Union[str, Sequence[
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"unknown {suite} task {item!r}{hint}; give an index 0..{len(all_names) - 1} or one of "
                               f"its task names")
-        index = all_names.index(item) if item in all_names else item
+        index = all_names.index(item) if item in all_names else int(item)
         if index in indices:
             raise ConfigError(f"libero tasks {list(tasks)} give task {index} ({all_names[index]}) by its index and by "
                               "its name; list each task once")
@@ -146,23 +146,23 @@ def parse_init_states(spec: Union[str, Sequence[int]], option: str = "init_state
 class LiberoOptions(ConfigSection):
     """LIBERO's suites with camera images; see the module's docstring for what an episode is."""
 
-    suite: Literal[SUITES] = "libero_spatial"
+    suite: Literal[SUITES] = "libero_spatial"  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
     """the LIBERO suite; its tasks' episode limits are OpenVLA's"""
     tasks: Union[Literal["all"], pydantic.NonNegativeInt, str, list[Union[pydantic.NonNegativeInt, str]]] = "all"
     """all, or task indices / names of the suite (its standard order)"""
     image_size: int = pydantic.Field(128, ge=8, le=1024)
     """square camera resolution"""
-    cameras: list[Literal[tuple(CAMERAS)]] = list(CAMERAS)
+    cameras: list[Literal[tuple(CAMERAS)]] = list(CAMERAS)  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
     """the cameras rendered; [] = physics only (no renderer)"""
     max_episode_steps: Optional[pydantic.PositiveInt] = None
     """null = the suite's OpenVLA limit (SUITE_MAX_STEPS)"""
-    init_state_order: Literal[INIT_STATE_ORDERS] = "cycle"
+    init_state_order: Literal[INIT_STATE_ORDERS] = "cycle"  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
     """cycle through the task's fixed initial states from a seed-chosen offset, or sample them"""
     settle_steps: pydantic.NonNegativeInt = 10
     """unrendered no-op steps after each reset while objects settle"""
     fast_render: Optional[bool] = None
     """MSAA, shadows and reflections off; null = on for a software renderer"""
-    render_backend: Literal[RENDER_BACKENDS] = "auto"
+    render_backend: Literal[RENDER_BACKENDS] = "auto"  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
     """auto keeps a MUJOCO_GL already set, else EGL"""
     reward_scale: float = 1.0
     """multiplies LIBERO's sparse success reward"""
@@ -232,7 +232,7 @@ def libero_task_set(options: LiberoOptions) -> LiberoTaskSet:
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
         bench = benchmark.get_benchmark_dict()[suite]()
     all_names = bench.get_task_names()
-    indices = _resolve_tasks(suite, all_names, options.tasks)
+    indices = _resolve_tasks(suite, all_names, options.tasks)  # type: ignore[arg-type]  # its validator leaves "all" or a list
     root = libero_package_dir()
     specs = [bench.get_task(i) for i in indices]
     bddl = [f"{t.problem_folder}/{t.bddl_file}" for t in specs]
@@ -308,7 +308,7 @@ def load_init_states(path: Union[str, Path]) -> np.ndarray:
     ``torch.load(weights_only=True)``: only numpy's array reconstruction is allow-listed."""
     import torch
 
-    allowed = [(np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+    allowed: list[Any] = [(np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),  # type: ignore[attr-defined]  # private: the name the pickles hold
                np.ndarray, np.dtype, np.dtypes.Float64DType]
     with torch.serialization.safe_globals(allowed):
         states = torch.load(path, weights_only=True)

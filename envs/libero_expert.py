@@ -121,9 +121,9 @@ class ScriptedPickPlace:
         if timed:
             done = self._phase_steps >= s.close_steps
         elif name == "lift":
-            done = self._phase_steps >= s.lift_steps or np.linalg.norm(error) < s.tolerance
+            done = bool(self._phase_steps >= s.lift_steps or np.linalg.norm(error) < s.tolerance)
         else:
-            done = np.linalg.norm(error) < s.tolerance or self._phase_steps >= s.phase_budget
+            done = bool(np.linalg.norm(error) < s.tolerance or self._phase_steps >= s.phase_budget)
         if done and self.phase < len(PHASES) - 1:
             self.phase += 1
             self._phase_steps = 0

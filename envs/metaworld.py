@@ -46,7 +46,7 @@ def _import_metaworld() -> Any:
 class MetaWorldOptions(ConfigSection):
     """MetaWorld's multi-task benchmarks, state observations."""
 
-    benchmark: Literal[BENCHMARKS] = "MT1"
+    benchmark: Literal[BENCHMARKS] = "MT1"  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
     """MT1 (one task, named by task), MT10 or MT50 (task left at its default or null)"""
     task: Optional[str] = _DEFAULT_TASK
     """MT1's task, e.g. reach-v3, push-v3"""

@@ -39,7 +39,7 @@ import numpy as np
 import pydantic
 
 from async_rl.errors import ConfigError
-from async_rl.rewards.functions import TOTAL, RewardSpec, parse_reward_specs
+from async_rl.rewards.functions import TOTAL, RewardSpec, parse_reward_specs, split_reward_item, written_name
 from async_rl.rewards.scoring import RewardSet, TrainerState, dry_run, missing_column_message
 from envs import register_env
 from envs._prompt_rows import DataPath, heldout_split_of, is_split_folder, read_rows, shared_prompts
@@ -136,16 +136,11 @@ class PromptsOptions(TextEnvOptions):
     def _success_reward_is_a_reward(self) -> "PromptsOptions":
         items = [self.rewards] if isinstance(self.rewards, str) else self.rewards
         # A blank item is parse_reward_specs' to refuse, with its own message.
-        names = [_short_name(item.partition("=")[0]) for item in items if item.strip()]
+        names = [written_name(split_reward_item(item)[0]) for item in items if item.strip()]
         if self.success_reward is not None and names and self.success_reward not in names:
             raise ValueError(f"success_reward {self.success_reward!r} is not one of the rewards ({', '.join(names)}); "
                              "name one of them (an import path by its function) or leave it null for the first")
         return self
-
-
-def _short_name(source: str) -> str:
-    """How ``success_reward`` names a reward: a built-in by its name, an import path by its function's."""
-    return source.strip().rpartition(":")[2]
 
 
 def prompts_task_set(options: PromptsOptions) -> "PromptTaskSet":
@@ -185,7 +180,7 @@ def _success_name(specs: Sequence[RewardSpec], chosen: Optional[str]) -> str:
     """The logged name of the reward ``chosen`` names (PromptsOptions checked that one does); None: the first's."""
     if chosen is None:
         return specs[0].name
-    return next(s.name for s in specs if _short_name(s.source) == chosen)
+    return next(s.name for s in specs if written_name(s.source) == chosen)
 
 
 def check_task_set(task_set: "PromptTaskSet", rows_checked: int = 64) -> None:

@@ -74,7 +74,7 @@ def load_policy(checkpoint: Path, config: dict[str, Any], benchmark_dir: Optiona
         env_kwargs = {k: v for k, v in env_kwargs.items() if k not in _PROGRAM_OPTIONS}
         env_kwargs["eval_benchmark_dir"] = benchmark_dir
     task_set = make_task_set("compilergym", **env_kwargs)
-    obs_spec, kwargs = dict(task_set.obs_spec), dict(config.get("policy_kwargs") or {})
+    obs_spec, kwargs = dict(task_set.obs_spec), dict(config.get("policy_kwargs") or {})  # type: ignore[attr-defined]  # CompilerGym's has one
     model = build_policy(config["policy"], obs_spec, task_set.action_dim, **kwargs)
     if config.get("lora_rank"):
 

@@ -54,11 +54,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def write_heldout(path: str) -> int:
     from async_rl.config import load_config
     from async_rl.ctrl.cases import write_cases
-    from async_rl.ctrl.env import heldout_set
+    from async_rl.ctrl.env import CTRLTaskSet, heldout_set
     from async_rl.driver import prepare
 
     cfg = load_config(["--swanlab-mode", "disabled"], str(ROOT / "configs" / "ctrl_humaneval.yaml"))
-    cases = heldout_set(prepare(cfg))
+    task_set = prepare(cfg)
+    assert isinstance(task_set, CTRLTaskSet)  # the config's env
+    cases = heldout_set(task_set)
     write_cases(path, cases)
     print(f"wrote {len(cases)} held-out cases ({sum(c['correct'] for c in cases)} correct) to {path}")
     return 0

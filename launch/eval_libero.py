@@ -17,7 +17,7 @@ from async_rl.driver import prepare
 from async_rl.errors import ConfigError, OneLineArgumentParser
 from async_rl.orchestration.policy_evaluation import load_policy, local_act
 from async_rl.policies.initial_weights import check_init_from
-from envs.libero import parse_init_states
+from envs.libero import LiberoTaskSet, parse_init_states
 from envs.libero_evaluation import success_rates
 
 
@@ -51,6 +51,7 @@ def main(argv=None) -> dict:
     except (ConfigError, ValueError) as exc:  # ValueError: weights that do not fit the configured policy
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    assert isinstance(task_set, LiberoTaskSet)  # the config's env
     result = success_rates(task_set, local_act(policy), preprocess, states, cfg.seed,
                            progress=lambda line: print(line, flush=True))
     result["policy"] = own.checkpoint or init_from or "as built (no init_from)"

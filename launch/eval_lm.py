@@ -38,7 +38,7 @@ import torch
 
 from async_rl.errors import ConfigError, OneLineArgumentParser
 from async_rl.jsonl import jsonl_values
-from async_rl.rewards.functions import parse_reward_specs
+from async_rl.rewards.functions import parse_reward_specs, split_reward_item
 from async_rl.rewards.scoring import RewardSet, dry_run, missing_column_message
 from envs._prompt_rows import data_path, heldout_split_of, is_split_folder, read_rows
 
@@ -119,7 +119,7 @@ def load_problems(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[
         loaded = read_rows(args.problems, split, "--problems", args.prompt_column)
         problems, labels, kind = list(loaded.rows), list(loaded.labels), "rows"
         specs = parse_reward_specs(args.reward, {"code_tests": {"timeout_s": args.timeout}} if any(
-            r.partition("=")[0] == "code_tests" for r in args.reward) else None)
+            split_reward_item(r)[0] == "code_tests" for r in args.reward) else None)
     else:
         problems, kind = read_problems(args.problems)
         labels = [f"{args.problems} problem {i + 1}" for i in range(len(problems))]
@@ -170,7 +170,7 @@ def evaluate(args: argparse.Namespace, problems: list[dict[str, Any]], labels: l
     for i, item in enumerate(problems):
         scores = totals[i * k:(i + 1) * k]
         per_reward = {name: v[i * k:(i + 1) * k] for name, v in values.items()}
-        row = {**{c: item[c] for c in ("prompt", "answer", "tests") if c in item}, "responses": responses[i * k:(i + 1) * k],
+        row: dict[str, Any] = {**{c: item[c] for c in ("prompt", "answer", "tests") if c in item}, "responses": responses[i * k:(i + 1) * k],
                "scores": scores, "score": sum(scores) / k, "rewards": per_reward}
         if kind == "tests":
             row["solved"] = sum(v is not None and v >= 1.0 for v in per_reward["code_tests"]) / k  # every test passed

@@ -70,10 +70,10 @@ class ColumnarGae:
             ((first, end), envs), = spans.items()
             pieces = self._columns(first, end, envs).reshape(-1)
         elif spans:
-            by_env = {}
+            by_env: dict[int, TensorDict] = {}
             for (first, end), envs in spans.items():
                 by_env.update(zip(envs, self._columns(first, end, envs).unbind(0)))
-            pieces = torch.cat([by_env[k] for k in sorted(by_env)])
+            pieces = TensorDict.cat([by_env[k] for k in sorted(by_env)])
         else:
             pieces = None
         self._forget()
@@ -84,7 +84,7 @@ class ColumnarGae:
         bootstrap the value at round ``end`` (0 where the piece ends with this round's done step)."""
         rows = self.rounds[first - self.offset:end - self.offset]
         index = torch.tensor(envs)
-        block = torch.stack(rows, dim=1)  # [K, L]
+        block = TensorDict.stack(rows, dim=1)  # [K, L]
         if len(envs) < block.batch_size[0]:  # leaf by leaf: TensorDict's own [index] costs ~15 ms here
             block = block.apply(lambda t: t.index_select(0, index), batch_size=[len(envs), end - first])
         value = block["value"]

@@ -24,7 +24,7 @@ def finite_rows(obs: TensorDict) -> list[bool]:
     """Per row of a batch ``[K]`` of preprocessed observations: no NaN or inf in its floating-point
     leaves (images and tokens are integers and always finite). One check per leaf for all K rows, and
     per row only when a leaf has a non-finite value (the common all-finite case is one op per leaf)."""
-    leaves = [v for v in obs.values(True, True) if v.is_floating_point()]
+    leaves: list[torch.Tensor] = [v for v in obs.values(True, True) if v.is_floating_point()]  # type: ignore[misc]  # leaves only: Tensors
     if all(_all_finite(v) for v in leaves):
         return [True] * obs.batch_size[0]
     ok = torch.ones(obs.batch_size[0], dtype=torch.bool)
@@ -44,7 +44,7 @@ class FailureWeightedTaskSampler:
     """Failure-weighted task sampling: P(task) proportional to (failures in its recent episodes + 1)."""
 
     def __init__(self, num_tasks: int, window: int, rng: np.random.Generator) -> None:
-        self.outcomes = [deque(maxlen=window) for _ in range(num_tasks)]
+        self.outcomes: list[deque[int]] = [deque(maxlen=window) for _ in range(num_tasks)]
         self.rng = rng
 
     def probabilities(self) -> np.ndarray:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import ray
-import torch
 from tensordict import TensorDict
 
 import envs
@@ -71,17 +70,17 @@ class EvaluationWorker:
             """(next observation, or None at the episode's end; reward; info) of each running env."""
             stepped = []
             for row, k in enumerate(running):
-                raw, reward, terminated, truncated, info = envs[k].step(actions[row])
-                grab(k, envs[k], raw)
+                raw, reward, terminated, truncated, info = made[k].step(actions[row])
+                grab(k, made[k], raw)
                 end = terminated or truncated
                 stepped.append((None if end else self.preprocess(raw, self.task_names[episodes[k]]), reward, info))
             return stepped
 
-        envs, obs = await self._env_thread.call(start)
-        success, returns = [False] * len(envs), [0.0] * len(envs)
-        running = list(range(len(envs)))
+        made, obs = await self._env_thread.call(start)
+        success, returns = [False] * len(made), [0.0] * len(made)
+        running = list(range(len(made)))
         while running:
-            out = await self.policy.act(torch.stack([obs[k] for k in running]), deterministic)
+            out = await self.policy.act(TensorDict.stack([obs[k] for k in running]), deterministic)
             versions.update(int(v) for v in out["policy_version"])
             results = await self._env_thread.call(step, running, out["env_action"].numpy())
             still = []
@@ -105,7 +104,7 @@ class EvaluationWorker:
         self.media_seconds = 0.0
         for start in range(0, len(episodes), self.parallel):
             batch = episodes[start:start + self.parallel]
-            frames = {k: [] for k in range(len(batch)) if start + k in recorded}
+            frames: dict[int, list[np.ndarray]] = {k: [] for k in range(len(batch)) if start + k in recorded}
             outcomes += await self._run_episodes(batch, deterministic, versions, frames)
             videos.update({f"{self.task_names[batch[k]]}-{start + k}": np.stack(f) for k, f in frames.items() if f})
         per_task = {}

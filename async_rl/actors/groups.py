@@ -158,7 +158,7 @@ class GroupAssembler:
         del self._groups[group.ticket.group_id]
         self._remember(group.ticket.group_id)
         self.counters["groups_completed"] += 1
-        return torch.cat(group.episodes)
+        return TensorDict.cat(group.episodes)
 
     def episode_span(self) -> int:
         """How many policy versions an episode spans now (the largest of the last ``SPAN_WINDOW``)."""
@@ -239,14 +239,16 @@ class GroupPool:
     REPORTED = ("groups_completed", "groups_dropped")
 
     def __init__(self, spec: GroupSpec, seed: int, id_base: int = 0) -> None:
-        from async_rl.algo import advantage_estimator  # noqa: PLC0415 (a replay actor loads them only for group runs)
+        from async_rl.algo.estimators import GroupEstimator, advantage_estimator  # noqa: PLC0415 (a replay actor loads them only for group runs)
 
         estimator = advantage_estimator(spec.advantage)
+        assert isinstance(estimator, GroupEstimator)  # GroupSpec: only a group estimator's run has one
         self.assembler = GroupAssembler(spec.group_size, spec.max_spread, spec.num_workers,
                                         lambda returns: estimator.episode_advantages(returns, spec.cfg), seed,
                                         id_base)
         self.whole_group_draws = spec.whole_group_draws
-        self.stats_name, self._stats = spec.stats_name, None
+        self.stats_name = spec.stats_name
+        self._stats: Optional[Any] = None  # the stats actor, looked up on first use
         self._reported = dict.fromkeys(self.REPORTED, 0)
 
     def reported_all(self) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 import ray
 import torch
@@ -23,6 +23,7 @@ from tensordict import TensorDict
 from async_rl.actors.shared_slab import SlabOffer, SlabServer, SlabSpec
 from async_rl.errors import ActorTimeoutError
 from async_rl.experience import Wire, from_wire, inference_keys, split_wire, to_wire
+from async_rl.policies.base import ActorCritic
 from async_rl.policies.nets import cast_parameters
 from async_rl.policies.reference import sampler_reference_logp
 from async_rl.process_setup import configure_torch, pin_gpu, precision_dtype, resolve_device
@@ -171,7 +172,7 @@ class BatchingServer:
         """One forward pass for ``batch``; every caller gets its own rows."""
         version = self.version
         sizes = [r.obs.batch_size[0] for r in batch]
-        obs = batch[0].obs if len(batch) == 1 else torch.cat([r.obs for r in batch])  # one caller: no copy
+        obs = batch[0].obs if len(batch) == 1 else TensorDict.cat([r.obs for r in batch])  # one caller: no copy
         deterministic = torch.tensor([r.deterministic for r, n in zip(batch, sizes) for _ in range(n)])
         start = time.perf_counter()
         if self.forward_in_thread:
@@ -218,7 +219,7 @@ class InferenceServer:
         # Same dtypes as the trainers' module (DeepSpeed casts parameters, not buffers), so the
         # broadcast signatures match.
         dtype = precision_dtype(precision, self.device)
-        self.model = cast_parameters(policy_factory().to(self.device), dtype).eval()
+        self.model = cast(ActorCritic, cast_parameters(policy_factory().to(self.device), dtype).eval())  # a policy
         # Only what the experience record keeps leaves this actor (to_wire ships it as float32).
         self._shipped = inference_keys(self.model.action_key, self.model.behaviour_stats)
         self._reference_logp = reference_logp

@@ -60,15 +60,15 @@ class PolicyClient:
                 self.close()
                 self._next_slab = None
         wire = to_wire(obs)
-        out = await self._ray_act(wire, deterministic, deadline)
+        answer = await self._ray_act(wire, deterministic, deadline)
         if (self._slab is None and not self._opening and self._next_slab is not None
                 and time.monotonic() >= self._next_slab):
             self._opening = True
             try:
-                await self._open_slab(wire, out, deadline)
+                await self._open_slab(wire, answer, deadline)
             finally:
                 self._opening = False
-        return from_wire(out)
+        return from_wire(answer)
 
     async def _ray_act(self, wire: dict, deterministic: bool, deadline: float) -> dict:
         while True:

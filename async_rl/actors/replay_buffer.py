@@ -345,7 +345,7 @@ class ReplayBuffer:
         return {**self._store.counters, "size": self._store.size(), **groups, **log}
 
     # ---- group rollouts (async_rl/actors/groups.py) ----------------------------------------
-    async def tickets(self, worker: str, tasks: list[int], fill_only: bool = False) -> list[Optional[tuple[int, int, int]]]:
+    async def tickets(self, worker: str, tasks: list[int], fill_only: bool = False) -> list[Optional[tuple[int, ...]]]:
         """(group_id, task, start) for each of ``worker``'s env slots starting an episode, one per
         proposed task, in order (GroupAssembler.ticket): one call and one log command for K slots."""
         found = [self._groups.assembler.ticket(worker, task, fill_only) for task in tasks]

@@ -51,7 +51,7 @@ class Record(NamedTuple):
 
 def pack(tds: list[TensorDict]) -> tuple[bytes, list[list[int]]]:
     """TensorDicts as one safetensors blob (leaves under ``<index>/<'/'-joined key>``) and their batch sizes."""
-    flat = {}
+    flat: dict[str, Any] = {}
     for i, td in enumerate(tds):
         for key, value in td.items(include_nested=True, leaves_only=True):
             flat[f"{i}/" + "/".join(key if isinstance(key, tuple) else (key,))] = value.contiguous()
@@ -107,8 +107,9 @@ class ReplayLog:
         self._cond = threading.Condition()
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._paused = False  # tests: hold the writer to see what one commit gathers
-        self._stop = self._error = None
-        self._segment = None  # (first seq, open file) the writer appends to
+        self._stop: Optional[bool] = None
+        self._error: Optional[BaseException] = None
+        self._segment: Optional[tuple[int, Any]] = None  # (first seq, open file) the writer appends to
         self._thread: Optional[threading.Thread] = None
 
     # ---- recovery --------------------------------------------------------------------------

@@ -107,7 +107,8 @@ class ReplayStorage:
         """Bytes of the preallocated storage (0 before the first item)."""
         if self._storage is None:
             return 0
-        return sum(v.numel() * v.element_size() for v in self._storage.values(include_nested=True, leaves_only=True))
+        return sum(v.numel() * v.element_size()  # type: ignore[union-attr, misc]  # leaves only: Tensors
+                   for v in self._storage.values(include_nested=True, leaves_only=True))
 
     def _live_in_order(self) -> torch.Tensor:
         """Slots of the live items, oldest first."""

@@ -85,7 +85,8 @@ class RolloutWorker:
         self._pause_at: Optional[int] = None  # env step count at which to pause (synchronous mode)
         self._env_counts: dict[int, dict[str, int]] = {}  # per env: its counters() at the last report
         # Reported to the stats actor once per round (_report_collected), not once per push and episode
-        self._pushed_steps, self._ended = 0, []
+        self._pushed_steps = 0
+        self._ended: list[Any] = []
 
     async def pause(self) -> int:
         """Stop before the next step (pushes in flight finish); returns env steps so far."""
@@ -376,7 +377,7 @@ class RolloutWorker:
 
     def _ask(self, group: EnvGroup) -> None:
         """Send the group's observations to the inference actor; the answer is awaited by ``_step_group``."""
-        group.obs = torch.stack([slot.obs for slot in group.slots])
+        group.obs = TensorDict.stack([slot.obs for slot in group.slots])
         group.request = asyncio.ensure_future(self.policy.act(group.obs))
 
     async def _pause_here(self) -> None:
@@ -389,7 +390,7 @@ class RolloutWorker:
                     [slot.segmenter.flush() for slot in group.slots])]
         pieces = [p for p in flushed if p is not None]
         if pieces:
-            await self._push_and_count(torch.cat(pieces))
+            await self._push_and_count(TensorDict.cat(pieces))
         self._report_collected()
         await self._settle_push()
         self._paused.set()
@@ -405,7 +406,7 @@ class RolloutWorker:
         versions = None if versions is None else [int(v) for v in np.asarray(versions).reshape(-1)]
         results, next_obs = await self._env_thread.call(self._step_in_thread, slots, out["env_action"].numpy(), versions)
         # A non-finite observation or reward ends its episode; what was not pushed yet is dropped.
-        stacked_next = torch.stack(next_obs)  # stacked once: the finiteness check and the bootstrap read it
+        stacked_next = TensorDict.stack(next_obs)  # stacked once: the finiteness check and the bootstrap read it
         finite = finite_rows(stacked_next)
         broken = {k for k, r in enumerate(results) if not (math.isfinite(r[1]) and finite[k])}
         # A time limit is not a terminal state: fold the value of the cut-off state into the reward.
@@ -421,13 +422,14 @@ class RolloutWorker:
             records["task"] = torch.tensor([slot.task for slot in slots], dtype=STEP_FIELDS["task"].dtype)
         if group.columns is not None:
             pieces = [p for p in (group.columns.add(records, dones, broken),) if p is not None]
+            per_env: tuple[Any, ...] = ()
         else:
-            pieces, records = [], records.unbind(0)
+            pieces, per_env = [], records.unbind(0)
         for k, (slot, (_, reward, terminated, truncated, info)) in enumerate(zip(slots, results)):
             if k in broken:
                 self._drop_episode(slot)
                 continue
-            piece = None if group.columns is not None else slot.segmenter.add(records[k], next_obs[k])
+            piece = None if group.columns is not None else slot.segmenter.add(per_env[k], next_obs[k])
             if piece is not None:
                 pieces.append(piece)
             slot.episode_return += reward
@@ -439,7 +441,7 @@ class RolloutWorker:
                 slot.obs = next_obs[k]
         self.env_steps += len(slots)
         if pieces:
-            await self._push_and_count(torch.cat(pieces))
+            await self._push_and_count(TensorDict.cat(pieces))
         if self._episodes:
             await self._push_episodes()
         self._report_collected()

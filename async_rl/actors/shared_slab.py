@@ -18,6 +18,7 @@ name: both mappings stay valid, and no exit path, SIGKILL included, can leave a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import struct
 import sys
@@ -25,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
-from typing import Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import numpy as np
 import torch
@@ -85,9 +86,10 @@ class SlabSpec:
     rows: int
     depth: int = 2
 
-    def slot_arrays(self) -> tuple[list[tuple[tuple[str, ...], tuple, np.dtype, int]], int]:
-        """(side + path, full shape, dtype, byte offset) of every array of every slot, and the size."""
-        arrays, offset = [], 0
+    def slot_arrays(self) -> tuple[list[tuple[tuple[Any, ...], tuple[int, ...], np.dtype, int]], int]:
+        """(slot, side + path, full shape, dtype, byte offset) of every array of every slot, and the size."""
+        arrays: list[tuple[tuple[Any, ...], tuple[int, ...], np.dtype, int]] = []
+        offset = 0
         for slot in range(self.depth):
             for side, layout in (("obs", self.obs), ("answer", self.answer)):
                 for path, shape, dtype in layout:
@@ -120,7 +122,7 @@ class Slab:
     @classmethod
     def create(cls, spec: SlabSpec) -> "Slab":
         shm = SharedMemory(create=True, size=spec.slot_arrays()[1])
-        _CREATED_HERE.add(shm._name)  # the name the resource tracker holds
+        _CREATED_HERE.add(shm._name)  # type: ignore[attr-defined]  # private: the name the resource tracker holds
         return cls(shm, spec, owner=True)
 
     @classmethod
@@ -129,8 +131,8 @@ class Slab:
         # Python < 3.13 registers attached segments with this process's resource tracker too, which
         # would unlink the owner's segment when this process exits: only the owner tracks it. A segment
         # this process created itself (both sides in one process) stays registered for its owner.
-        if shm._name not in _CREATED_HERE:  # the name the tracker holds
-            resource_tracker.unregister(shm._name, "shared_memory")
+        if shm._name not in _CREATED_HERE:  # type: ignore[attr-defined]  # private: the name the tracker holds
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # (as above)
         return cls(shm, spec, owner=False)
 
     def fits(self, td: TensorDictBase) -> bool:
@@ -175,7 +177,7 @@ class Slab:
                 self.shm.unlink()
             except FileNotFoundError:
                 pass
-            _CREATED_HERE.discard(self.shm._name)
+            _CREATED_HERE.discard(self.shm._name)  # type: ignore[attr-defined]  # private: the tracker's name
             self.owner = False
 
     def close(self) -> None:
@@ -249,7 +251,7 @@ class SlabServer:
                 slot, rows, deterministic = REQUEST.unpack(await reader.readexactly(REQUEST.size))
                 task = asyncio.create_task(self._answer(peer, slot, rows, bool(deterministic)))
                 peer.tasks.add(task)
-                task.add_done_callback(lambda t, p=peer: self._task_done(p, t))
+                task.add_done_callback(functools.partial(self._task_done, peer))
         except (asyncio.IncompleteReadError, ConnectionError):  # the worker exited or died: its socket closed
             pass
         finally:

@@ -55,8 +55,8 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
         self.rank, self.world_size, self.cfg = rank, world_size, cfg
         self.name = f"trainer-{rank}"
         self.policy_factory, self.replay = policy_factory, replay
-        self.objective = Objective.from_config(cfg)  # clip params resolved here, once
-        self.whole_groups = draws_whole_groups(cfg.clip_mode, cfg.clip_params, cfg.group_size)  # PACS's batches
+        self.objective = Objective.from_config(cfg)
+        self.whole_groups = draws_whole_groups(cfg.clip, cfg.group_size)  # PACS's batches
         self.estimator = advantage_estimator(cfg.advantage)
         # No critic, nothing to warm up: a config with a warm-up for PPO serves a GRPO comparison unchanged.
         self.critic_warmup_epochs = cfg.critic_warmup_epochs if self.estimator.needs_critic else 0
@@ -71,7 +71,7 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
         self.next_version = 0  # the policy version the next train_epoch will be called with
 
     # ---- training -----------------------------------------------------------------------
-    async def train_epoch(self, policy_version: int) -> dict[str, float]:
+    async def train_epoch(self, policy_version: int) -> dict[str, Any]:
         """One epoch on the super-batch ``ready_batch`` took (taken now if none is held); returns mean
         metrics of this rank."""
         if self._ready is None:
@@ -81,7 +81,7 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
         metrics.update(data_waits=self.data_waits, data_wait_seconds=self.data_wait_seconds)
         return metrics
 
-    def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, float]:
+    def _train_on(self, batch: TensorDict, policy_version: int) -> dict[str, Any]:
         start = time.perf_counter()
         lag = (policy_version - policy_versions(batch)).float()
         batch = self.estimator.prepare(batch.to(self.device), self.cfg)
@@ -106,7 +106,7 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
                     inputs.step_counts = step_counts[k // self.cfg.accumulation_steps]
                 rows.append(self._loss_and_step(inputs, critic_only))
         self._publish(policy_version + 1)  # the weights are now this version, whole
-        metrics = mean_metrics(rows)
+        metrics: dict[str, Any] = mean_metrics(rows)  # and the lags of every item, a list
         self.skipped_updates = self.engine.skipped_steps
         metrics.update({
             "policy_lag_values": lag.long().tolist(),

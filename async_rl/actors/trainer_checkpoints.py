@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from tensordict import TensorDict
 
@@ -27,6 +27,13 @@ class TrainerCheckpoints:
     next_version: int
     _prefetch: Optional[Prefetcher]
     _restored: list[TensorDict]
+
+    if TYPE_CHECKING:  # the other mixins' methods it calls
+        def _prefetcher(self) -> Prefetcher: ...
+
+        def _pending(self) -> list[TensorDict]: ...
+
+        def _publish(self, version: int) -> None: ...
 
     async def hold_prefetch(self) -> int:
         """Freeze the prefetch (a sample in flight lands first) until ``save_checkpoint``;
@@ -60,7 +67,7 @@ class TrainerCheckpoints:
         for i, batch in enumerate(self._pending()):
             ckpt.save_tensordict(batch, directory / f"pending-trainer-{self.rank}-{i}.safetensors")
 
-    def load_checkpoint(self, directory: str) -> dict[str, int]:
+    def load_checkpoint(self, directory: str | Path) -> dict[str, int]:
         """Restore weights, optimizer partition, scheduler, counters, RNG and untrained super-batches."""
         directory = Path(directory)
         ckpt.load_model(self.engine.module, directory)

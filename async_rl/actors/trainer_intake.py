@@ -8,7 +8,6 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Optional
 
-import torch
 from tensordict import TensorDict
 
 from async_rl.actors.groups import keep_whole_groups
@@ -102,7 +101,7 @@ class SuperBatchIntake:
         if stale == 0:
             return batch
         self.replay.count_dropped_stale.remote(stale)
-        return torch.cat([batch[keep], await self._refill(stale)])
+        return TensorDict.cat([batch[keep], await self._refill(stale)])
 
     def _pending(self) -> list[TensorDict]:
         """The super-batches fetched and not yet trained on (what a checkpoint keeps)."""

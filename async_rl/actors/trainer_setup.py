@@ -66,7 +66,7 @@ class HoldingAdamW(torch.optim.AdamW):
         super().__init__(*args, **kwargs)
         self.held: frozenset[str] = frozenset()
 
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]  # torch's overloads say the same
         groups = self.param_groups
         self.param_groups = [g for g in groups if g.get("name") not in self.held]
         try:
@@ -121,6 +121,9 @@ class TrainerSetup:
     critic_warmup_epochs: int
     next_version: int
     reference: Optional[ReferencePolicy]
+
+    if TYPE_CHECKING:  # trainer_sync.py's, which it calls
+        def _publish(self, version: int) -> None: ...
 
     @staticmethod
     def _set_master(addr: Optional[str], port: Optional[int]) -> None:

@@ -27,6 +27,7 @@ from async_rl.algo.functional import (
     value_loss,
 )
 from async_rl.algo.losses import (
+    ClipMode,
     LossTerms,
     PolicyInputs,
     PolicyLoss,
@@ -35,6 +36,7 @@ from async_rl.algo.losses import (
     load_clip_config,
     policy_loss_modes,
     register_policy_loss,
+    resolve_clip_mode,
     resolve_policy_loss_params,
 )
 from async_rl.algo.objective import LossInputs, Objective, ObjectiveOut
@@ -42,6 +44,7 @@ from async_rl.algo.objective import LossInputs, Objective, ObjectiveOut
 __all__ = [
     "ESTIMATORS",
     "AdvantageEstimator",
+    "ClipMode",
     "LossInputs",
     "LossTerms",
     "Objective",
@@ -74,6 +77,7 @@ __all__ = [
     "policy_loss_modes",
     "ratio_guard",
     "register_policy_loss",
+    "resolve_clip_mode",
     "resolve_policy_loss_params",
     "rloo_advantages",
     "tanh_gaussian_entropy",

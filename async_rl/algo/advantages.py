@@ -1,7 +1,7 @@
 """Advantage estimators and value targets: GAE, V-trace, group-relative baselines."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -113,7 +113,10 @@ def group_relative(values: Tensor, group_id: Tensor, method: str, *, scale_by_st
     # group of tied values centres to exactly 0. In float32 the mean can be an ulp off, and grpo divided that
     # ulp by a std made of the same ulp, giving every member of a tied group the same advantage near +-0.93.
     dtype, v = v.dtype, v.to(torch.float64)
-    per_group = lambda x: group_sum(x, group_id)  # noqa: E731
+
+    def per_group(x: Tensor) -> Tensor:
+        return group_sum(x, group_id)
+
     count = per_group(valid.to(torch.float64))
     total = per_group(v)
     if method == "rloo":
@@ -136,7 +139,7 @@ def group_sum(x: Tensor, group_id: Tensor) -> Tensor:
     return torch.zeros(x.shape[0], dtype=x.dtype, device=x.device).index_add(0, index, x)[index]
 
 
-def _by_rows(rewards: Tensor, method: str, min_n: int = 2, **kwargs) -> Tensor:
+def _by_rows(rewards: Tensor, method: str, min_n: int = 2, **kwargs: Any) -> Tensor:
     """``group_relative`` over rows: rewards ``[G, n]``, one group per row."""
     if rewards.dim() != 2 or rewards.shape[1] < min_n:
         raise ValueError(f"{method} advantages need rewards of shape [G, n] with n >= {min_n}, got {tuple(rewards.shape)}")

@@ -24,14 +24,14 @@ any others, except for a loss that compares a group's members inside a minibatch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, TypedDict
 
 import torch
 from tensordict import TensorDict
 
 from async_rl.algo.advantages import gae, grpo_advantages, naive_advantages, rloo_advantages, vtrace
 from async_rl.algo.functional import distributed_normalize, distributed_normalize_by, kl_reward_penalty
-from async_rl.algo.losses import PolicyLoss
+from async_rl.algo.losses import ClipMode
 from async_rl.algo.objective import LossInputs
 from async_rl.errors import ConfigError
 from async_rl.experience import segment
@@ -48,15 +48,22 @@ class AdvantageOptions(Protocol):
     gae_lambda: float
     rollout_steps: int
     normalize_advantages: bool
-    normalize_advantages_per: str
     normalize_group_advantages: bool
     grpo_scale_by_std: bool
     vtrace_clip_rho: Optional[float]
     vtrace_clip_c: Optional[float]
     vtrace_clip_pg_rho: Optional[float]
-    kl_ref_as: str
     kl_ref_coef: float
-    kl_ref_estimator: str
+
+    # Read-only, so that a config whose keys are Literal types of these strings is one.
+    @property
+    def normalize_advantages_per(self) -> str: ...
+
+    @property
+    def kl_ref_as(self) -> str: ...
+
+    @property
+    def kl_ref_estimator(self) -> str: ...
 
 
 class Segmenter(Protocol):
@@ -79,7 +86,16 @@ class TrainModel:
     action_mask: Optional[Callable[[Tensor], Optional[Tensor]]] = None  # action -> its real elements (variable length)
 
 
-def batch_fields(steps: TensorDict, model: TrainModel) -> dict[str, Optional[Tensor]]:
+class BatchFields(TypedDict):
+    """The optional ``LossInputs`` a minibatch carries (``batch_fields``)."""
+
+    logp_ref: Optional[Tensor]
+    group_id: Optional[Tensor]
+    success: Optional[Tensor]
+    mask: Optional[Tensor]
+
+
+def batch_fields(steps: TensorDict, model: TrainModel) -> BatchFields:
     """The optional ``LossInputs`` of step records: the reference log-probs (when the model has a
     reference), the group fields (``group_id``, ``success``) where the records carry them, and the
     mask of variable-length actions (a response's tokens) where the policy has one."""
@@ -180,13 +196,13 @@ def check_group_capacity(group_size: int, replay_capacity: int, max_episode_step
                           f"--group-size")
 
 
-def check_objective(name: str, clip_mode: str, clip_params: Any, kl_ref_coef: float, kl_ref_as: str) -> None:
+def check_objective(name: str, clip: ClipMode, kl_ref_coef: float, kl_ref_as: str) -> None:
     """The estimator ``name`` gives what the objective reads (the clip mode's batch fields; a
     KL-to-reference reward penalty needs rewards on the trainer); else a one-line ConfigError."""
     estimator = advantage_estimator(name)
-    if {"group_id", "success"} & PolicyLoss(clip_mode, clip_params).reads and not estimator.needs_group_rollouts:
+    if {"group_id", "success"} & clip.reads and not estimator.needs_group_rollouts:
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_group_rollouts)
-        raise ConfigError(f"clip mode '{clip_mode}' compares the episodes of a group (group_id, success): choose a "
+        raise ConfigError(f"clip mode '{clip.name}' compares the episodes of a group (group_id, success): choose a "
                           f"group estimator ({kinds}) with --group-size 2 or more, not advantage '{name}'")
     if kl_ref_coef > 0 and kl_ref_as == "reward" and not estimator.rewards_on_trainer:
         kinds = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).rewards_on_trainer)
@@ -203,29 +219,25 @@ def check_recompute_logp(name: str, recompute_logp: bool) -> None:
                           "behaviour policy's own log-probs; drop --recompute-logp")
 
 
-def draws_whole_groups(clip_mode: str, clip_params: Any, group_size: int) -> bool:
+def draws_whole_groups(clip: ClipMode, group_size: int) -> bool:
     """Whether batches must be drawn by whole groups: only for a loss that compares the members of a
     group inside a minibatch (PACS). The group estimators' advantages are on every step already (the
     group assembler puts them there), so their batches are drawn step by step, uniformly: a draw of
     equal steps per member would strand a long episode's steps once its group's shortest member is used up."""
-    return group_size > 1 and _compares_group_members(clip_mode, clip_params)
+    return group_size > 1 and clip.compares_group_members
 
 
-def _compares_group_members(clip_mode: str, clip_params: Any) -> bool:
-    return "group_id" in PolicyLoss(clip_mode, clip_params).reads
-
-
-def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, train_batch_size: int) -> None:
+def check_group_minibatch(clip: ClipMode, group_size: int, train_batch_size: int) -> None:
     """A loss that compares the members of a group inside a minibatch (PACS) needs groups of 2 or more,
     whole in every minibatch: ``train_batch_size`` a multiple of ``group_size``; else a one-line ConfigError."""
-    if not _compares_group_members(clip_mode, clip_params):
+    if not clip.compares_group_members:
         return
     if group_size < 2:
-        raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group: pass --group-size 2 or more "
+        raise ConfigError(f"clip mode '{clip.name}' compares the members of a group: pass --group-size 2 or more "
                           f"(e.g. --group-size 8), got {group_size}")
     if train_batch_size % group_size:
         lower = train_batch_size // group_size * group_size
-        raise ConfigError(f"clip mode '{clip_mode}' compares the members of a group within a minibatch: "
+        raise ConfigError(f"clip mode '{clip.name}' compares the members of a group within a minibatch: "
                           f"train_batch_size {train_batch_size} must be a multiple of group_size {group_size} "
                           f"(e.g. {max(lower, group_size)} or {lower + group_size}; scale super_batch_size with it)")
 
@@ -233,7 +245,7 @@ def check_group_minibatch(clip_mode: str, clip_params: Any, group_size: int, tra
 # ---- gae ----------------------------------------------------------------------------------------
 def with_gae(steps: list[TensorDict], bootstrap_value: float, gamma: float, lam: float) -> TensorDict:
     """Stack a trajectory piece and add ``advantage`` and ``value_target``."""
-    traj = torch.stack(steps)
+    traj: TensorDict = TensorDict.stack(steps)
     bootstrap = torch.tensor(bootstrap_value, dtype=traj["value"].dtype)
     traj["advantage"], traj["value_target"] = gae(traj["reward"], traj["value"], traj["done"], bootstrap, gamma, lam)
     return traj
@@ -317,16 +329,24 @@ class Vtrace(AdvantageEstimator):
         fields = batch_fields(flat, model)
         rewards = flat["reward"]
         if cfg.kl_ref_coef > 0 and cfg.kl_ref_as == "reward":  # r_t - coef * KL_t(behaviour || reference)
+            if fields["logp_ref"] is None:
+                raise ValueError("kl_ref_as 'reward': the minibatch has no logp_ref (the model has no reference)")
             rewards = kl_reward_penalty(rewards, flat["logp"], fields["logp_ref"], cfg.kl_ref_coef, cfg.kl_ref_estimator)
         with torch.no_grad():
             bootstrap = model.value(mb["bootstrap_obs"]).float()
         # Targets and advantages in float32 whatever the model's precision (vtrace computes in the values' dtype).
-        time_major = lambda x: x.reshape(b, t).transpose(0, 1).float()  # noqa: E731
+
+        def time_major(x: Tensor) -> Tensor:
+            return x.reshape(b, t).transpose(0, 1).float()
+
         log_rhos = time_major((logp.detach().float() - flat["logp"]).sum(-1))
         discounts = cfg.gamma * (1.0 - time_major(flat["done"]))
         vs, pg_adv = vtrace(log_rhos, discounts, time_major(rewards), time_major(value.detach()), bootstrap,
                             cfg.vtrace_clip_rho, cfg.vtrace_clip_c, cfg.vtrace_clip_pg_rho)
-        flat_major = lambda x: x.transpose(0, 1).reshape(b * t)  # noqa: E731
+
+        def flat_major(x: Tensor) -> Tensor:
+            return x.transpose(0, 1).reshape(b * t)
+
         adv = flat_major(pg_adv)
         if cfg.normalize_advantages:  # a collective: every rank calls it once per minibatch
             adv = whiten(adv, flat, cfg)
@@ -351,7 +371,7 @@ class EpisodeSegmenter:
     def take(self) -> Optional[TensorDict]:
         """The finished episode's steps ``[T]`` (None if it has none); the next episode starts empty."""
         steps, self.steps = self.steps, []
-        return torch.stack(steps) if steps else None
+        return TensorDict.stack(steps) if steps else None
 
 
 class GroupEstimator(AdvantageEstimator):
@@ -373,7 +393,7 @@ class GroupEstimator(AdvantageEstimator):
         return bool(cfg.normalize_group_advantages)
 
     @staticmethod
-    def group_advantages(returns: Tensor) -> Tensor:
+    def group_advantages(returns: Tensor, /) -> Tensor:
         """Returns ``[G, n]`` (G groups of n rollouts) -> advantages ``[G, n]``."""
         raise NotImplementedError
 

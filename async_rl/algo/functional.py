@@ -139,7 +139,7 @@ def distributed_normalize(
     totals = torch.stack([x64.sum(), (x64**2).sum(), valid.sum().to(torch.float64)])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
-    total, total_sq, count = totals.tolist()
+    total, total_sq, count = map(float, totals.tolist())
     count = max(count, 1.0)
     mean = total / count
     if center:

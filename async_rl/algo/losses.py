@@ -34,7 +34,7 @@ def _given_or(name: str, fallback: str) -> property:
 
     def value(self: Any) -> float:
         given = getattr(self, name)
-        return getattr(self, fallback) if given is None else given
+        return float(getattr(self, fallback) if given is None else given)
 
     return property(value)
 
@@ -78,7 +78,8 @@ class PolicyLossParams(pydantic.BaseModel):
     @pydantic.field_validator("*", mode="before")
     @classmethod
     def _int_to_float(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and float in _types(cls.model_fields[info.field_name]):
+        if isinstance(value, int) and not isinstance(value, bool) and info.field_name is not None \
+                and float in _types(cls.model_fields[info.field_name]):
             return float(value)
         return value
 
@@ -104,8 +105,8 @@ class PolicyInputs:
     adv: Tensor
     mask: Optional[Tensor]
     logp: Tensor
-    element_mask: Optional[Tensor] = None
-    log_ratio: Optional[Tensor] = None  # log of ``ratio`` (its level), with gradient: log pi - log pi_behaviour
+    element_mask: Optional[Tensor]
+    log_ratio: Tensor  # log of ``ratio`` (its level), with gradient: log pi - log pi_behaviour
     logp_ref: Optional[Tensor] = None
     group_id: Optional[Tensor] = None
     success: Optional[Tensor] = None
@@ -207,6 +208,30 @@ def resolve_policy_loss_params(
         raise ConfigError(f"clip param 'ratio_level' does not apply to clip mode '{clip_mode}' (it scores whole "
                           "actions); remove it from the clip config")
     return resolved
+
+
+@dataclass(frozen=True)
+class ClipMode:
+    """A clip mode resolved once (``resolve_clip_mode``): its name, its checked params, its loss and the batch
+    fields it reads. A run's is ``RunConfig.clip``, resolved when the config is checked; every user takes it there."""
+
+    name: str
+    params: PolicyLossParams
+    fn: LossFn
+    per_action: bool  # one loss per action: its ratio at the sequence level whatever ratio_level says
+    reads: frozenset[str]  # batch fields besides log-probs and advantages (logp_ref, group_id, success)
+
+    @property
+    def compares_group_members(self) -> bool:
+        """Whether the loss compares the members of a group inside a minibatch (PACS)."""
+        return "group_id" in self.reads
+
+
+def resolve_clip_mode(name: str, params: Mapping[str, Any] | PolicyLossParams | None = None) -> ClipMode:
+    """Clip mode ``name`` with ``params`` checked (``resolve_policy_loss_params``); a one-line ConfigError else."""
+    spec = _mode_spec(name)
+    resolved = resolve_policy_loss_params(name, params)
+    return ClipMode(name, resolved, spec.fn, spec.per_action, spec.reads(resolved))
 
 
 def load_clip_config(path: str | Path | None) -> dict[str, Any]:
@@ -334,6 +359,7 @@ def _pacs_loss(x: PolicyInputs, p: PolicyLossParams) -> LossTerms:
         raise ValueError("clip mode 'pacs' needs group_id and success in the batch (group rollouts) and, with "
                          "score log_ratio and score_against reference, the reference log-probs")
     if p.score == "log_ratio" and against_reference:
+        assert x.logp_ref is not None  # checked above
         score = p.beta * per_action(x.logp - x.logp_ref.detach(), x.element_mask, "sum")
     elif p.score == "log_ratio":  # the ratio is at the sequence level (per_action): log_ratio is the summed one
         score = p.beta * x.log_ratio
@@ -368,20 +394,22 @@ def _class_weights(positive: Tensor, group_id: Tensor, valid: Tensor, mode: str)
 
 
 class PolicyLoss:
-    """A clip mode with its params resolved once (at construction); calling it is the loss and its
-    diagnostics of one minibatch."""
+    """A resolved clip mode; calling it is the loss and its diagnostics of one minibatch."""
 
-    def __init__(self, clip_mode: str, params: Mapping[str, Any] | PolicyLossParams | None = None,
+    def __init__(self, clip: ClipMode | str, params: Mapping[str, Any] | PolicyLossParams | None = None,
                  agg: str = "minibatch-token-mean") -> None:
-        """``agg``: how the masked per-element losses become one (``functional.aggregate``)."""
-        self.clip_mode, self.agg = clip_mode, loss_aggregation(agg)
-        self._spec = _mode_spec(clip_mode)
-        self.params = resolve_policy_loss_params(clip_mode, params)
+        """``clip``: a resolved clip mode (a run's ``RunConfig.clip``), or a mode's name resolved here with
+        ``params`` (a loss built by hand); ``agg``: how the masked per-element losses become one
+        (``functional.aggregate``)."""
+        if isinstance(clip, ClipMode) and params is not None:
+            raise TypeError("PolicyLoss: a resolved ClipMode carries its params; pass none beside it")
+        self.clip = clip if isinstance(clip, ClipMode) else resolve_clip_mode(clip, params)
+        self.params, self.agg = self.clip.params, loss_aggregation(agg)
 
     @property
     def reads(self) -> frozenset[str]:
         """Batch fields the mode needs besides log-probs and advantages (``logp_ref``, ``group_id``, ``success``)."""
-        return self._spec.reads(self.params)
+        return self.clip.reads
 
     def __call__(
         self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Optional[Tensor] = None, *,
@@ -392,14 +420,14 @@ class PolicyLoss:
         log_ratio = logp - logp_old.detach()
         adv = advantages.detach().to(log_ratio.dtype)
         try:
-            shape = torch.broadcast_shapes(log_ratio.shape, adv.shape)
+            shape = torch.broadcast_shapes(log_ratio.shape, adv.shape)  # type: ignore[no-untyped-call]  # torch declares no types for it
         except RuntimeError:
             shape = None
         if shape != log_ratio.shape:
             raise ValueError(f"advantages of shape {tuple(adv.shape)} must broadcast to logp's shape {tuple(log_ratio.shape)}")
         if mask is not None and mask.shape != log_ratio.shape:
             raise ValueError(f"mask of shape {tuple(mask.shape)} must have logp's shape {tuple(log_ratio.shape)}")
-        level = "sequence" if self._spec.per_action else self.params.ratio_level
+        level = "sequence" if self.clip.per_action else self.params.ratio_level
         element_mask = mask
         if level != "token":  # one ratio per action: the joint (sum of log-ratios) or geometric (mean) one
             if log_ratio.dim() < 2 or (adv.dim() > 0 and adv.shape[-1] != 1):
@@ -410,7 +438,7 @@ class PolicyLoss:
             shape = log_ratio.shape
         ratio = torch.exp(log_ratio)
         inputs = PolicyInputs(ratio, adv.expand(shape), mask, logp, element_mask, log_ratio, logp_ref, group_id, success)
-        terms = self._spec.fn(inputs, self.params)
+        terms = self.clip.fn(inputs, self.params)
         # A term per token is divided by the step's tokens, a term per action by its actions.
         divisor = None if counts is None else counts.tokens if level == "token" else counts.actions
         return aggregate(terms.loss, mask, self.agg, divisor), _diagnostics(ratio, log_ratio, terms, mask)
@@ -424,7 +452,10 @@ def _diagnostics(ratio: Tensor, log_ratio: Tensor, terms: LossTerms, mask: Optio
         n = valid.sum().clamp_min(1).to(torch.float64)
         r64 = torch.where(valid, r.to(torch.float64), 0.0)
         lr64 = torch.where(valid, log_ratio.detach().to(torch.float64), 0.0)
-        frac = lambda b: (b & valid).sum().to(torch.float64) / n  # noqa: E731
+
+        def frac(b: Tensor) -> Tensor:
+            return (b & valid).sum().to(torch.float64) / n
+
         stats = {
             "clip_frac": frac(terms.clipped),
             "dead_grad_frac": frac(terms.dead_grad),
@@ -449,15 +480,19 @@ def compute_policy_loss(
     advantages: Tensor,
     mask: Optional[Tensor] = None,
     params: Mapping[str, Any] | PolicyLossParams | None = None,
-    **batch: Optional[Tensor],
+    *,
+    logp_ref: Optional[Tensor] = None,
+    group_id: Optional[Tensor] = None,
+    success: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Policy loss of ``clip_mode`` and its diagnostics (validates ``params`` on every call: a loop
     builds a ``PolicyLoss`` once instead).
 
     ``logp``/``logp_old``: log-probs of the taken actions (any shape; ``[B, A]`` for a ratio level
     other than token); ``advantages`` broadcasts to that shape; ``mask`` (shape of ``logp``) marks
-    valid elements. ``batch``: ``logp_ref`` (shape of ``logp``), ``group_id`` and ``success`` ``[B]``
+    valid elements. ``logp_ref`` (shape of ``logp``), ``group_id`` and ``success`` ``[B]``
     for the modes that read them (pacs). Gradients flow through ``logp`` only. Returns the masked
     mean loss and a dict of floats.
     """
-    return PolicyLoss(clip_mode, params)(logp, logp_old, advantages, mask, **batch)
+    return PolicyLoss(clip_mode, params)(logp, logp_old, advantages, mask, logp_ref=logp_ref, group_id=group_id,
+                                         success=success)

@@ -21,7 +21,7 @@ from async_rl.algo.functional import (
     ratio_guard,
     value_loss,
 )
-from async_rl.algo.losses import PolicyLoss, PolicyLossParams
+from async_rl.algo.losses import ClipMode, PolicyLoss, PolicyLossParams
 
 Tensor = torch.Tensor
 
@@ -57,27 +57,36 @@ class ObjectiveOptions(Protocol):
     """The run options an Objective is built from (the algorithms sit below the config layer: the RunConfig is
     one such object)."""
 
-    clip_mode: str
-    clip_params: Mapping[str, Any]
     value_coef: float
     value_clip_eps: Optional[float]
     entropy_coef: float
     kl_coef: float
     ratio_threshold: Optional[float]
     kl_ref_coef: float
-    kl_ref_estimator: str
-    kl_ref_as: str
-    loss_agg: str
+
+    # Read-only, so that the config's own types (Literal types of these strings, a property) are these.
+    @property
+    def clip(self) -> ClipMode: ...
+
+    @property
+    def kl_ref_estimator(self) -> str: ...
+
+    @property
+    def kl_ref_as(self) -> str: ...
+
+    @property
+    def loss_agg(self) -> str: ...
 
 
 class Objective:
     """``objective(inputs)`` -> total loss, named terms, and whether to skip the minibatch."""
 
-    def __init__(self, clip_mode: str, clip_params: Mapping[str, Any] | PolicyLossParams | None = None, *,
+    def __init__(self, clip: ClipMode | str, clip_params: Mapping[str, Any] | PolicyLossParams | None = None, *,
                  value_coef: float = 0.5, value_clip_eps: Optional[float] = None, entropy_coef: float = 0.0,
                  kl_coef: float = 0.0, ratio_threshold: Optional[float] = None, kl_ref_coef: float = 0.0,
                  kl_ref_estimator: str = "k3", kl_ref_as: str = "loss", loss_agg: str = "minibatch-token-mean") -> None:
-        """``kl_coef``: KL to the behaviour policy (the one that collected the batch); ``kl_ref_coef``:
+        """``clip``: a resolved clip mode (``RunConfig.clip``), or a mode's name resolved here with ``clip_params``.
+        ``kl_coef``: KL to the behaviour policy (the one that collected the batch); ``kl_ref_coef``:
         KL to the reference policy (``x.logp_ref``), a loss term (``kl_ref_as="loss"``) or only logged
         (``"reward"``: the estimator subtracts it from the rewards, ``kl_reward_penalty``).
         ``loss_agg``: how a masked action's per-token terms (policy, entropy, KL) become one number
@@ -86,15 +95,15 @@ class Objective:
             raise ValueError(f"kl_ref_estimator '{kl_ref_estimator}' / kl_ref_as '{kl_ref_as}': "
                              f"valid {', '.join(KL_ESTIMATORS)} / loss, reward")
         self.loss_agg = loss_aggregation(loss_agg)
-        self.policy_loss = PolicyLoss(clip_mode, clip_params, loss_agg)  # clip params resolved here, once
+        self.policy_loss = PolicyLoss(clip, clip_params, loss_agg)
         self.value_coef, self.value_clip_eps = value_coef, value_clip_eps
         self.entropy_coef, self.kl_coef, self.ratio_threshold = entropy_coef, kl_coef, ratio_threshold
         self.kl_ref_coef, self.kl_ref_estimator, self.kl_ref_as = kl_ref_coef, kl_ref_estimator, kl_ref_as
 
     @classmethod
     def from_config(cls, cfg: ObjectiveOptions) -> "Objective":
-        """From the objective keys of a config (``clip_mode``, ``clip_params``, ``*_coef``, ...)."""
-        return cls(cfg.clip_mode, cfg.clip_params, value_coef=cfg.value_coef, value_clip_eps=cfg.value_clip_eps,
+        """From the objective keys of a config (its resolved ``clip``, ``*_coef``, ...)."""
+        return cls(cfg.clip, value_coef=cfg.value_coef, value_clip_eps=cfg.value_clip_eps,
                    entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef, ratio_threshold=cfg.ratio_threshold,
                    kl_ref_coef=cfg.kl_ref_coef, kl_ref_estimator=cfg.kl_ref_estimator, kl_ref_as=cfg.kl_ref_as,
                    loss_agg=cfg.loss_agg)
@@ -135,6 +144,7 @@ class Objective:
             parts["kl"] = self._per_element(kl_penalty(x.logp, x.logp_old.detach(), "k3"), x.mask, x.step_counts)
             loss = loss + self.kl_coef * parts["kl"]
         if self.kl_ref_coef > 0:  # KL(current || reference) of the whole action, on the behaviour's samples
+            assert x.logp_ref is not None  # needs_reference: checked above
             parts["kl_ref"] = self._per_action(kl_penalty(x.logp, x.logp_ref.detach().to(x.logp.dtype), self.kl_ref_estimator),
                                                x.mask, x.step_counts)
             if self.kl_ref_as == "loss":

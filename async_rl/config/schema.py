@@ -18,9 +18,9 @@ from async_rl.algo import (
     check_group_size,
     check_objective,
     check_recompute_logp,
-    resolve_policy_loss_params,
+    resolve_clip_mode,
 )
-from async_rl.algo.losses import PolicyLoss
+from async_rl.algo.losses import ClipMode
 from async_rl.config.supervised import SupervisedSection
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.policies import POLICIES
@@ -29,7 +29,7 @@ from async_rl.renamed_keys import renamed_run_keys
 from async_rl.validation import ConfigSection
 
 Positive = pydantic.PositiveInt
-Fraction = pydantic.confloat(ge=0.0, le=1.0)
+Fraction = Annotated[float, pydantic.Field(ge=0.0, le=1.0)]
 
 
 def _gpu_id(value: Any) -> Any:
@@ -369,6 +369,15 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
     model_config = pydantic.ConfigDict(frozen=False, validate_assignment=True)
     # Keys of earlier versions: a config that still uses one is refused with its new spelling.
     renamed_keys: ClassVar[dict[str, str]] = renamed_run_keys()
+    _clip: Optional[ClipMode] = pydantic.PrivateAttr(default=None)
+
+    @property
+    def clip(self) -> ClipMode:
+        """``clip_mode`` with ``clip_params``, resolved once when the config is checked (every change of a key
+        checks it again); what the objective, the trainers and the replay buffer read."""
+        if self._clip is None:  # built without the checks (model_construct)
+            self._clip = resolve_clip_mode(self.clip_mode, self.clip_params)
+        return self._clip
 
     @property
     def optimizer_steps_per_update(self) -> int:
@@ -408,14 +417,14 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
             key = "normalize_group_advantages" if advantage_estimator(self.advantage).needs_group_rollouts else "normalize_advantages"
             raise ValueError(f"normalize_advantages_per task needs {key} true for advantage '{self.advantage}'; "
                              f"drop --normalize-advantages-per or pass --{key.replace('_', '-')}")
-        resolve_policy_loss_params(self.clip_mode, self.clip_params)
+        clip = self._clip = resolve_clip_mode(self.clip_mode, self.clip_params)
         check_group_size(self.advantage, self.group_size)
-        check_objective(self.advantage, self.clip_mode, self.clip_params, self.kl_ref_coef, self.kl_ref_as)
+        check_objective(self.advantage, clip, self.kl_ref_coef, self.kl_ref_as)
         check_recompute_logp(self.advantage, self.recompute_logp)
         if self.reference_logp_on == "sampler":
             _check_sampler_reference(self.policy, self.lora_rank, self.lora_sync, self.lora_trainable, self.kl_ref_coef > 0
-                                    or "logp_ref" in PolicyLoss(self.clip_mode, self.clip_params).reads)
-        check_group_minibatch(self.clip_mode, self.clip_params, self.group_size, self.train_batch_size)
+                                    or "logp_ref" in clip.reads)
+        check_group_minibatch(clip, self.group_size, self.train_batch_size)
         if self.policy == "causal_lm":
             from async_rl.policies.lm_options import check_generation_engine  # noqa: PLC0415
 

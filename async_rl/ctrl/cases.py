@@ -69,7 +69,8 @@ def mutated_cases(problems: Sequence[dict[str, Any]], seed: int, per_problem: in
                 seen.add(found[1])
                 jobs.append((problem, f"mutated:{found[0]}", found[1]))
     futures = [_label(pool, p, code, timeout_s) for p, _, code in jobs]
-    cases, mutants = [], {}
+    cases: list[dict[str, Any]] = []
+    mutants: dict[str, Any] = {}
     references_ok = {}
     for (problem, source, code), future in zip(jobs, futures):
         result = future.result()
@@ -146,7 +147,11 @@ def balanced(cases: Sequence[dict[str, Any]], count: Optional[int], seed: int) -
     for side in sides:
         order = [side[i] for i in rng.permutation(len(side))]
         seen: set[str] = set()
-        first = [c for c in order if not (c["task_id"] in seen or seen.add(c["task_id"]))]
+        first = []
+        for c in order:  # the first case of each task
+            if c["task_id"] not in seen:
+                seen.add(c["task_id"])
+                first.append(c)
         chosen = {id(c) for c in first}
         rest = [c for c in order if id(c) not in chosen]
         out += (first + rest)[:per_side]

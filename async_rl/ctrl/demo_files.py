@@ -42,5 +42,5 @@ def demonstrations_main(prog: str, doc: str, make: Callable[[Any, int], Sequence
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     tmp.replace(out)
-    print(f"{len(pairs)} pairs of {len(task_set.train)} training cases written to {out}")
+    print(f"{len(pairs)} pairs of {len(task_set.train)} training cases written to {out}")  # type: ignore[attr-defined]  # a CTRL task set (checked above)
     return 0, pairs

@@ -71,12 +71,13 @@ class RevisionQueue:
                 try:
                     if self.spans:
                         span = (min(t["generated"][0] for t in batch), max(t["generated"][1] for t in batch))
-                        texts = self.revise(prompts, span)  # type: ignore[call-arg]
+                        texts = self.revise(prompts, span)  # type: ignore[call-arg]  # with spans the reviser takes the span too; TextFn names the plain one
                     else:
                         texts = self.revise(prompts)
                 except BaseException as exc:  # every env of the batch gets the error, not a missing result
                     for waiting in batch:
-                        waiting["result"] = failed = Future()
+                        failed: Future[list[str]] = Future()
+                        waiting["result"] = failed
                         failed.set_exception(exc)
                     raise
                 self.waited_ms += int(1000 * (time.monotonic() - started))
@@ -174,9 +175,9 @@ class CTRLOptions(TextEnvOptions):
 
     timeout_s: pydantic.PositiveFloat = 3.0
     """wall seconds for a revision's tests"""
-    ctrl_reward: Literal[REWARD_MODES] = "all_pass"
+    ctrl_reward: Literal[REWARD_MODES] = "all_pass"  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
     """a critique's reward: 1 if the revision passes every test, or the fraction it passes"""
-    missing_judgment_reward: float = pydantic.Field(0.0, ge=-1.0, le=0.0)
+    missing_judgment_reward: float = pydantic.Field(default=0.0, ge=-1.0, le=0.0)
     """the reward of a critique without its judgment line (0; -1 punishes it)"""
     format_check: bool = True
     """false revises and scores critiques without a judgment line too (a base model never taught the format
@@ -199,7 +200,7 @@ class CTRLOptions(TextEnvOptions):
     """drop cases whose critic prompt is longer (CPU runs); null = keep all"""
     task_ids: Optional[list[str]] = None
     """only these training problems (e.g. [HumanEval/23]); null = all"""
-    heldout_cases: Optional[int] = pydantic.Field(16, ge=2)
+    heldout_cases: Optional[int] = pydantic.Field(default=16, ge=2)
     """the balanced held-out set of the final evaluation (half correct, half not); null = as many as balance allows"""
 
     @pydantic.field_validator("task_ids")

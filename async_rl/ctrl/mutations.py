@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -72,6 +72,7 @@ def _sites(function: ast.FunctionDef) -> dict[str, list[ast.AST]]:
 
 
 def _off_by_one(node: ast.Constant, rng: np.random.Generator, _: ast.FunctionDef) -> None:
+    assert isinstance(node.value, (int, float))  # its sites are numeric constants
     node.value = node.value + (1 if node.value == 0 or rng.random() < 0.5 else -1)
 
 
@@ -81,7 +82,7 @@ def _flip(node: ast.Compare, rng: np.random.Generator, _: ast.FunctionDef) -> No
     node.ops[i] = choices[int(rng.integers(len(choices)))]()
 
 
-def _swap(node: ast.AST, rng: np.random.Generator, _: ast.FunctionDef) -> None:
+def _swap(node: ast.Compare | ast.BinOp, rng: np.random.Generator, _: ast.FunctionDef) -> None:
     if isinstance(node, ast.Compare):
         node.left, node.comparators[0] = node.comparators[0], node.left
     else:
@@ -102,7 +103,8 @@ def _wrong_return(node: ast.Return, rng: np.random.Generator, function: ast.Func
     node.value = copy.deepcopy(others[int(rng.integers(len(others)))]) if others else ast.Constant(None)
 
 
-_APPLY: dict[str, Callable[[ast.AST, np.random.Generator, ast.FunctionDef], None]] = {
+# Each mutation takes the node kind its sites hold (a Constant, a Compare, ...): the node is typed Any here.
+_APPLY: dict[str, Callable[[Any, np.random.Generator, ast.FunctionDef], None]] = {
     "off_by_one": _off_by_one, "flip_comparison": _flip, "swap_operands": _swap, "wrong_return": _wrong_return,
 }
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 import envs
+from envs.libero import LiberoTaskSet
 from envs.libero_expert import ExpertSettings, ScriptedPickPlace
 
 
@@ -63,13 +64,20 @@ def run_expert_episode(env: Any, init_state: int, seed: int, noise: float, setti
     return ExpertEpisode(success=bool(info["success"]), steps=steps, tensors=tensors)
 
 
+def libero_task_set(env_kwargs: dict[str, Any]) -> LiberoTaskSet:
+    """``envs.make_task_set("libero", **env_kwargs)``, typed as what it is."""
+    task_set = envs.make_task_set("libero", **env_kwargs)
+    assert isinstance(task_set, LiberoTaskSet)
+    return task_set
+
+
 class ExpertWorker:
     """Runs expert episodes of one task set; each task's env is built on first use (~4 s) and kept.
     Every env is made with ``env_seed``, so an episode depends only on its init state and seed,
     never on which worker ran it or what ran before (resets restore the state exactly)."""
 
     def __init__(self, env_kwargs: dict[str, Any], env_seed: int, noise: float, settings: ExpertSettings) -> None:
-        self.task_set = envs.make_task_set("libero", **env_kwargs)
+        self.task_set = libero_task_set(env_kwargs)
         self.env_seed, self.noise, self.settings = env_seed, noise, settings
         self._envs: dict[int, Any] = {}
 

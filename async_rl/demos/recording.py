@@ -8,8 +8,7 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
-import envs
-from async_rl.demos.expert_episodes import ExpertWorker, episode_seed, run_jobs
+from async_rl.demos.expert_episodes import ExpertWorker, episode_seed, libero_task_set, run_jobs
 from async_rl.demos.storage import FORMAT, MANIFEST, episode_file, write_episode, write_manifest
 from envs.libero_expert import ExpertSettings
 
@@ -39,7 +38,7 @@ def record_one(worker: ExpertWorker, job: RecordingJob) -> dict[str, Any]:
         result = worker.run(job.task_index, job.init_state, seed, record=True)
         if not result.success:
             continue
-        entry = {"file": episode_file(job.task_index, job.episode), "task_index": job.task_index,
+        entry: dict[str, Any] = {"file": episode_file(job.task_index, job.episode), "task_index": job.task_index,
                  "task_name": ts.task_names[job.task_index], "instruction": ts.instructions[job.task_index],
                  "init_state": job.init_state, "seed": seed, "steps": result.steps}
         write_episode(Path(job.out_dir) / entry["file"], result.tensors, entry)
@@ -65,12 +64,14 @@ def record_demos(env_kwargs: dict[str, Any], episodes: int, noise: float, seed: 
     Returns the manifest (written last) plus ``failed``: the episodes no attempt succeeded in."""
     settings = settings or ExpertSettings()
     worker_args = (env_kwargs, seed, noise, settings)
-    ts = envs.make_task_set("libero", **env_kwargs)
+    ts = libero_task_set(env_kwargs)
     choices = [ts.init_state_choices(t) for t in range(len(ts))]
     jobs = [RecordingJob(t, k, choices[t][k % len(choices[t])], seed, max_attempts, str(out_dir))
             for t in range(len(ts)) for k in range(episodes)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    entries, failed, attempts = [], [], 0
+    entries: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    attempts = 0
     with _progress(len(jobs), "recording", quiet) as bar:
         for entry in run_jobs(worker_args, record_one, jobs, workers):
             attempts += entry["attempts"]
@@ -103,7 +104,7 @@ def evaluate_expert(env_kwargs: dict[str, Any], noise: float, seed: int, workers
     settings = settings or ExpertSettings()
     env_kwargs = {**env_kwargs, "cameras": []}
     worker_args = (env_kwargs, seed, noise, settings)
-    ts = envs.make_task_set("libero", **env_kwargs)
+    ts = libero_task_set(env_kwargs)
     items = [(t, k, episode_seed(seed, t, k)) for t in range(len(ts)) for k in ts.init_state_choices(t)]
     outcomes: dict[int, dict[int, bool]] = {t: {} for t in range(len(ts))}
     steps: list[int] = []

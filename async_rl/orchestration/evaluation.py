@@ -126,7 +126,7 @@ def _final_evaluator(runtime: Any) -> Any:
     if len(evaluators):
         return evaluators[evaluators.names()[0]]
     if runtime.final_evaluator is None:
-        runtime.final_evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(
+        runtime.final_evaluator = EvaluationWorkerActor.options(num_cpus=0).remote(  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
             0, runtime.task_set, runtime.preprocessor_factory, *runtime.inference_for(0), runtime.cfg)
     return runtime.final_evaluator
 

@@ -89,7 +89,7 @@ TEXT_STATUS_FIELDS = (("rollout/completions_per_sec", "{:.2f} completions/s"), (
 
 
 def status_line(s: Mapping[str, Any]) -> str:
-    fields = STATUS_FIELDS
+    fields: tuple[tuple[str, str], ...] = STATUS_FIELDS
     if "rollout/completions_per_sec" in s:
         fields = (*TEXT_STATUS_FIELDS, *(field for field in STATUS_FIELDS if field[0] != "rollout/env_steps_per_sec"))
     parts = [f"v{int(s.get('sync/policy_version', 0))}"]

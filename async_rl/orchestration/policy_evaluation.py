@@ -50,7 +50,7 @@ def checkpoint_policy(path: str, obs_spec: Any, action_dim: int, init_from: Opti
                                                      **config["policy_kwargs"]), base)
     if not advantage_estimator(config["advantage"]).needs_critic:  # as the run's trainers built it
         factory = functools.partial(critic_free, factory)
-    model = training_model(SimpleNamespace(**config), factory)
+    model = training_model(SimpleNamespace(**config), factory)  # type: ignore[arg-type]  # the saved config: a PolicySection's keys
     ckpt.load_model(model, directory)
     return model
 

@@ -31,9 +31,9 @@ class ReplaySupervisor:
                  stats_name: Optional[str] = None) -> None:
         self.cfg, self.record_health = cfg, record_health
         groups = GroupSpec(cfg.advantage, cfg.group_size, cfg.max_group_version_spread, cfg.num_rollout_workers,
-                           stats_name, cfg, draws_whole_groups(cfg.clip_mode, cfg.clip_params, cfg.group_size)) \
+                           stats_name, cfg, draws_whole_groups(cfg.clip, cfg.group_size)) \
             if advantage_estimator(cfg.advantage).needs_group_rollouts else None
-        self.actor = ReplayBufferActor.options(num_cpus=0, name=name, max_restarts=cfg.actor_max_restarts,
+        self.actor = ReplayBufferActor.options(num_cpus=0, name=name, max_restarts=cfg.actor_max_restarts,  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
                                                max_task_retries=0, **on_driver_node()).remote(
             cfg.replay_capacity, cfg.seed, str(ckpt.checkpoint_root(cfg.log_dir)), groups)
         self.restarts = 0

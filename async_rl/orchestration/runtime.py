@@ -74,9 +74,9 @@ def start_rollout_workers(rt: "Runtime", count: Any) -> ActorGroup:
     """The rollout workers (restartable by Ray), resuming a checkpoint's curriculum if any."""
     cfg = rt.cfg
     # Restartable workers find the task set and their peers by name (async_rl/actors/peers.py).
-    rt.shared_task_set = SharedValue.options(name=rt.named("task-set"), **on_driver_node()).remote(rt.task_set)
+    rt.shared_task_set = SharedValue.options(name=rt.named("task-set"), **on_driver_node()).remote(rt.task_set)  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
     workers = ActorGroup("worker", {
-        f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, max_restarts=cfg.actor_max_restarts,
+        f"worker-{i}": RolloutWorkerActor.options(num_cpus=cfg.worker_num_cpus, max_restarts=cfg.actor_max_restarts,  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
                                                   max_task_retries=0).remote(
             i, WorkerPeers(rt.named("task-set"), rt.named(rt.inference_for(i)[1]), rt.named("replay"), rt.named("stats")),
             rt.preprocessor_factory, cfg)
@@ -108,11 +108,12 @@ class Runtime:
         self.tag = f"run-{uuid.uuid4().hex[:8]}"  # actor names are unique to this run
         self.lag_values: list[int] = []  # behaviour-policy lag of every item of the last epoch
         self.final_evaluator: Optional[Any] = None  # the env's final evaluations' own evaluator, where none is periodic
+        self.shared_task_set: Optional[Any] = None  # the actor holding the task set for the workers (start_rollout_workers)
 
     # ---- start-up -----------------------------------------------------------------------
     def start(self) -> None:
         cfg, timeout = self.cfg, self.cfg.actor_timeout_s
-        self.stats = StatsActor.options(num_cpus=0, name=self.named("stats"), **on_driver_node()).remote()
+        self.stats = StatsActor.options(num_cpus=0, name=self.named("stats"), **on_driver_node()).remote()  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
 
         def count(counter: str, n: int = 1) -> None:  # restarts and lost items, counted by the stats actor
             self.stats.record_health.remote(counter, n)
@@ -124,14 +125,14 @@ class Runtime:
         # a trainer rank is never restarted: its ZeRO-2 partition would be gone.
         restartable = {"max_restarts": cfg.actor_max_restarts, "max_task_retries": 0}
         self.inference = ActorGroup("inference", {
-            f"inference-{i}": InferenceActor.options(**self.placement.inference_options(i), name=self.named(f"inference-{i}"),
+            f"inference-{i}": InferenceActor.options(**self.placement.inference_options(i), name=self.named(f"inference-{i}"),  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
                                                          **restartable).remote(
                 i, self.inference_factory, cfg.inference_batch, cfg.inference_timeout_ms, self.placement.inference_gpu(i),
                 cfg.seed, cfg.torch_threads, cfg.precision, cfg.inference_forward_thread, cfg.actor_timeout_s,
                 cfg.reference_logp_on == "sampler")
             for i in range(cfg.num_inference_actors)}, timeout, cfg.actor_max_restarts, on_restart=count)
         self.trainers = ActorGroup("trainer", {
-            f"trainer-{r}": TrainerActor.options(**self.placement.trainer_options(r)).remote(
+            f"trainer-{r}": TrainerActor.options(**self.placement.trainer_options(r)).remote(  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
                 r, cfg.num_trainers, None, None, cfg, self.policy_factory, self.replay, self.placement.trainer_gpu(r))
             for r in range(cfg.num_trainers)}, timeout)
         # The workers' and evaluators' processes start (and import their envs) while DeepSpeed sets the
@@ -169,7 +170,7 @@ class Runtime:
 
     def _new_evaluator(self, name: str) -> Any:
         i = int(name.rsplit("-", 1)[1])
-        return EvaluationWorkerActor.options(num_cpus=self.cfg.worker_num_cpus).remote(
+        return EvaluationWorkerActor.options(num_cpus=self.cfg.worker_num_cpus).remote(  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
             i, self.task_set, self.preprocessor_factory, *self.inference_for(i), self.cfg)
 
     # ---- the loop's operations ----------------------------------------------------------

@@ -139,7 +139,7 @@ def run_supervised(cfg: RunConfig, task_set: TaskSet, frames: TensorDict, consol
         functools.partial(build_policy, cfg.policy, obs_spec, task_set.action_dim, **cfg.policy_kwargs), cfg.init_from)
     trainer_cfg = supervised_trainer_config(cfg)
     trainers = ActorGroup("trainer", {
-        f"trainer-{r}": TrainerActor.options(num_cpus=cfg.trainer_num_cpus).remote(
+        f"trainer-{r}": TrainerActor.options(num_cpus=cfg.trainer_num_cpus).remote(  # type: ignore[attr-defined]  # an ActorClass: mypy ignores decorators
             r, cfg.num_trainers, None, None, trainer_cfg, factory, None)
         for r in range(cfg.num_trainers)}, cfg.actor_timeout_s)
     master = rendezvous(cfg, trainers["trainer-0"])

@@ -13,7 +13,7 @@ the three submodules itself (``vla_layouts.PrismaticLayout``).
 Self-contained on purpose (torch and transformers only): transformers imports it from the
 checkpoint directory. Named with a leading underscore so the policy registry skips it.
 """
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 class TinyPrismaticConfig(PretrainedConfig):
     model_type = "openvla"
 
-    def __init__(self, text_config: Optional[dict] = None, image_size: int = 64, patch_size: int = 16,
+    def __init__(self, text_config: Any = None, image_size: int = 64, patch_size: int = 16,
                  vision_hidden_size: int = 32, norm_stats: Optional[dict] = None, n_action_bins: int = 256, **kwargs):
         if isinstance(text_config, dict):
             text_config = AutoConfig.for_model(**text_config)

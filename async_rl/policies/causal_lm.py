@@ -146,6 +146,7 @@ class CausalLMActorCritic(ActorCritic):
     action_key = "response"
     logp_free_prefixes = ("value_head",)  # V(prompt) only; the log-probs are the language model's
     hf_model_attr = "lm"
+    lm: Any  # a Hugging Face model: its parts are attributes torch's Module type cannot name
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, max_prompt_tokens: int = 256,
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,

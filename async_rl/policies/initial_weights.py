@@ -13,7 +13,7 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, TypeVar
 
 import pydantic
 import torch
@@ -57,7 +57,7 @@ def export_policy(module: torch.nn.Module, directory: Path, meta: Mapping[str, A
 class ExportMeta(pydantic.BaseModel, extra="allow"):
     """An export's ``policy.json``: this format, and what it was made for (policy, env, model, ...)."""
 
-    format: Literal[FORMAT]
+    format: Literal[FORMAT]  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
 
 
 def read_export_meta(path: str | Path) -> dict[str, Any]:
@@ -132,7 +132,10 @@ def check_export_made_for(meta: Mapping[str, Any], what: str, **wanted: str) -> 
                               f"made for {key} '{value}' (or --{key} {meta.get(key)})")
 
 
-def load_initial_weights(policy: torch.nn.Module, path: str | Path) -> torch.nn.Module:
+P = TypeVar("P", bound=torch.nn.Module)
+
+
+def load_initial_weights(policy: P, path: str | Path) -> P:
     """Copy an export's tensors into a freshly built plain policy (no LoRA yet); returns it."""
     saved = load_file(str(Path(path) / WEIGHTS))
     own = policy.state_dict()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from tensordict import TensorDict
 
 from async_rl import checkpoint as ckpt
 from async_rl.algo import advantage_estimator
@@ -80,7 +81,8 @@ def _export_policy(path: str, overrides: Optional[dict[str, Any]]) -> tuple[Caus
     kwargs.update(overrides or {})
     kwargs = prepare_causal_lm(TEXT_SPEC, 1, saved if saved and Path(saved).is_dir() else None, kwargs)
     policy = load_initial_weights(CausalLMActorCritic(TEXT_SPEC, 1, **kwargs), resolve_export(path))
-    return policy.eval().requires_grad_(False), ChatPreprocessor(TEXT_SPEC, **kwargs), f"export {path}"
+    policy.eval().requires_grad_(False)
+    return policy, ChatPreprocessor(TEXT_SPEC, **kwargs), f"export {path}"
 
 
 @torch.inference_mode()
@@ -90,7 +92,7 @@ def answer(policy: CausalLMActorCritic, preprocess: ChatPreprocessor, prompts: l
     out: list[list[int]] = []
     for first in range(0, len(prompts), batch_size):
         chunk = prompts[first:first + batch_size]
-        obs = torch.stack([preprocess({"prompt": p}) for p in chunk])
+        obs = TensorDict.stack([preprocess({"prompt": p}) for p in chunk])
         response = policy.act(obs, torch.full((len(chunk),), greedy))["response"]
         out.extend([[int(t) for t in row if t >= 0] for row in response])
     return out

@@ -6,6 +6,7 @@ use the trained model without this project. The checkpoint's ``adapter/`` folder
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,17 +44,17 @@ def export_merged_lm(checkpoint: str, out: Path) -> str:
     return str(base)
 
 
-def merged_tensor(lm: torch.nn.Module, layers: dict[str, torch.nn.Module], name: str) -> torch.Tensor:
+def merged_tensor(lm: torch.nn.Module, layers: dict[str, Any], name: str) -> torch.Tensor:
     """The trained value of ``name`` (a plain model's state-dict name) in ``lm`` (``layers``: its LoRA layers by
     name): a LoRA layer's base weight plus its delta, else the tensor itself."""
     owner, _, leaf = name.rpartition(".")
-    module = lm.get_submodule(owner)
+    module: Any = lm.get_submodule(owner)  # a LoRA layer is peft's: its methods are not torch's
     with torch.no_grad():
         if owner in layers:
             tensor = getattr(module.base_layer, leaf)
             return tensor + module.get_delta_weight(ADAPTER).to(tensor.dtype) if leaf == "weight" else tensor.clone()
         return getattr(module, leaf).detach().clone()
 
-def _embedding_name(model: torch.nn.Module) -> str:
+def _embedding_name(model: Any) -> str:
     embeddings = model.get_input_embeddings()
     return next(f"{name}.weight" for name, module in model.named_modules() if module is embeddings)

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, TypeVar, cast
 
 import torch
 
 ADAPTER = "default"
 
 
-def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float = 0.0,
-               target_modules: Optional[str | Sequence[str]] = None, trainable: Sequence[str] = ()) -> torch.nn.Module:
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def apply_lora(model: M, rank: int, alpha: float, dropout: float = 0.0,
+               target_modules: Optional[str | Sequence[str]] = None, trainable: Sequence[str] = ()) -> M:
     """Inject LoRA adapters in place (the model keeps its class and methods).
 
     ``target_modules``: module names (peft suffix matching), or one string that peft matches as a
@@ -27,9 +30,9 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float =
 
     if target_modules is None:
         target_modules = [name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,  # type: ignore[arg-type]  # peft says int; alpha / r is a float
                         target_modules=target_modules if isinstance(target_modules, str) else list(target_modules))
-    model = inject_adapter_in_model(config, model)
+    model = cast(M, inject_adapter_in_model(config, model))  # in place: the same object
     for name, param in model.named_parameters():
         param.requires_grad = is_lora_name(name) or any(name.startswith(prefix) for prefix in trainable)
     return model
@@ -64,7 +67,7 @@ def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
     return out
 
 
-def named_lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def named_lora_layers(model: torch.nn.Module) -> dict[str, Any]:
     """The model's LoRA layers by name (none without peft loaded: a LoRA layer exists only once it is)."""
     peft_lora = sys.modules.get("peft.tuners.lora")
     if peft_lora is None:

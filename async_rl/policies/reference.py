@@ -12,11 +12,12 @@ so its model with the adapters off is the reference wherever no parameter traine
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from tensordict import TensorDict
 
+from async_rl.policies.base import ActorCritic
 from async_rl.policies.lora import adapters_disabled, is_lora_name, named_lora_layers
 
 
@@ -52,7 +53,7 @@ class ReferencePolicy:
     @torch.no_grad()
     def __call__(self, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
         if self.frozen is not None:
-            return self.frozen.evaluate(obs, action)[0]
+            return cast(ActorCritic, self.frozen).evaluate(obs, action)[0]
         with adapters_disabled(self.trained):  # forward is evaluate (ActorCritic); an empty dict swaps nothing
             return torch.func.functional_call(self.trained, self.whole_at_start, (obs, action), strict=False)[0]
 
@@ -65,6 +66,6 @@ def sampler_reference_logp(model: torch.nn.Module, obs: TensorDict, action: torc
     rows = sampled.to(torch.bool).reshape(-1).nonzero().flatten().to(action.device)
     if len(rows):
         with torch.no_grad(), adapters_disabled(model):
-            logp_ref[rows] = model.evaluate(obs[rows], action[rows])[0].float()
+            logp_ref[rows] = cast(ActorCritic, model).evaluate(obs[rows], action[rows])[0].float()
     return logp_ref
 

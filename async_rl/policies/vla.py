@@ -88,7 +88,7 @@ class TinyVLAShape(ConfigSection):
     """the env's image size must be a multiple of it"""
     vocab_size: pydantic.PositiveInt = 768
     """the tokenizer's vocabulary (trained here)"""
-    family: Literal[FAMILIES] = "llava"
+    family: Literal[FAMILIES] = "llava"  # type: ignore[valid-type]  # a Literal of a constant's values: pydantic reads them, mypy does not
     """the checkpoint layout it imitates"""
 
 
@@ -214,6 +214,9 @@ class VLAActorCritic(ActorCritic):
     ``prompt`` and ``max_prompt_tokens`` are accepted here although only the worker uses them.
     """
     hf_model_attr = "backbone"
+    backbone: Any  # a Hugging Face model: its parts are attributes torch's Module type cannot name
+    pixel_mean: torch.Tensor  # buffers
+    pixel_std: torch.Tensor
 
     def __init__(self, obs_spec: ObsSpec, action_dim: int, model_path: str, head: Head = "continuous",
                  cameras: Sequence[str] = ("agentview",), prompt: str = OPENVLA_PROMPT, max_prompt_tokens: int = 64,

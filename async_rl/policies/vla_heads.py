@@ -22,10 +22,11 @@ NUM_BINS = 256  # OpenVLA: 256 bins per action dimension, the last 256 ids of th
 # ---- value head ------------------------------------------------------------------------------
 def value_head(hidden: int, value_hidden: int) -> nn.Sequential:
     """hidden -> tanh MLP -> 1 (orthogonal output layer with gain 1, zero bias)."""
-    head = nn.Sequential(nn.Linear(hidden, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
+    out = nn.Linear(value_hidden, 1)
+    head = nn.Sequential(nn.Linear(hidden, value_hidden), nn.Tanh(), out)
     with torch.no_grad():
-        nn.init.orthogonal_(head[2].weight, gain=1.0)
-        head[2].bias.zero_()
+        nn.init.orthogonal_(out.weight, gain=1.0)
+        out.bias.zero_()
     return head
 
 

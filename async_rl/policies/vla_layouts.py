@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from torch import nn
 
 from async_rl.policies.lm_attention import self_attending_pad_mask
 
@@ -58,7 +57,7 @@ def flat_pixels(layout: str, pixels: torch.Tensor) -> torch.Tensor:
     return pixels if layout == "idefics3" else pixels.flatten(0, 1)
 
 
-def run_backbone(layout: str, backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def run_backbone(layout: str, backbone: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  pixel_values: Optional[torch.Tensor], past: Any, keep: int, hidden: bool, keep_logits: bool) -> Any:
     """One forward pass: the prompt (with ``pixel_values``), or, with ``past``, new tokens whose
     ``attention_mask`` covers everything before them too. Returns the model output (logits of
@@ -86,7 +85,7 @@ def run_backbone(layout: str, backbone: nn.Module, input_ids: torch.Tensor, atte
               position_ids=positions(mask)[:, -embeds.shape[1]:], **common)
 
 
-def _prompt_mask(model: nn.Module, mask: torch.Tensor, past: Any) -> Any:
+def _prompt_mask(model: Any, mask: torch.Tensor, past: Any) -> Any:
     """The attention mask of a forward over a left-padded prompt: pad positions attend to themselves only, so that
     no query row has every key masked (``lm_attention``); once the cache holds the prompt (decoding: every query is a
     real token) the 2D mask as it is."""

@@ -76,7 +76,7 @@ def load_backbone(model_path: str | Path, dtype: str = "auto", trust_remote_code
     if trust_remote_code and "AutoModelForVision2Seq" in auto_map:
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-        cls = get_class_from_dynamic_module(auto_map["AutoModelForVision2Seq"], str(model_path))
+        cls: Any = get_class_from_dynamic_module(auto_map["AutoModelForVision2Seq"], str(model_path))
         return cls.from_pretrained(model_path, dtype=torch_dtype, trust_remote_code=True)
     return AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
 
@@ -109,7 +109,7 @@ def image_size(image_processor: Any) -> tuple[int, int]:
     return 224, 224
 
 
-def backbone_hidden_size(backbone: nn.Module) -> int:
+def backbone_hidden_size(backbone: Any) -> int:
     """Hidden size of the backbone's language model (what the heads read)."""
     config = backbone.config
     text = getattr(config, "text_config", None) or getattr(config, "text_config_dict", None) or config

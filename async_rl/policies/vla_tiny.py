@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
 from async_rl.errors import ConfigError
 from async_rl.policies.vla_heads import NUM_BINS
@@ -116,7 +115,7 @@ def _text_config(s: dict[str, Any], tokenizer: Any, tie: bool = True) -> Any:
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=tie)
 
 
-def _llava(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
+def _llava(s: dict[str, Any]) -> tuple[Callable[[], Any], Any]:
     from transformers import (
         CLIPImageProcessorPil,
         CLIPVisionConfig,
@@ -130,7 +129,7 @@ def _llava(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
                               num_hidden_layers=s["num_layers"], num_attention_heads=2, image_size=s["image_size"],
                               patch_size=s["patch_size"], projection_dim=s["vision_hidden_size"])
     config = LlavaConfig(vision_config=vision, text_config=_text_config(s, tokenizer),
-                         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
                          vision_feature_select_strategy="default", vision_feature_layer=-1)
     size = {"height": s["image_size"], "width": s["image_size"]}
     image_processor = CLIPImageProcessorPil(size={"shortest_edge": s["image_size"]}, crop_size=size)
@@ -140,7 +139,7 @@ def _llava(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
     return lambda: LlavaForConditionalGeneration(config), processor
 
 
-def _idefics3(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
+def _idefics3(s: dict[str, Any]) -> tuple[Callable[[], Any], Any]:
     """SmolVLM's class: one global image per camera (no image splitting), pixel shuffle by 2."""
     from transformers import (
         Idefics3Config,
@@ -164,7 +163,7 @@ def _idefics3(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
     return lambda: Idefics3ForConditionalGeneration(config), processor
 
 
-def _prismatic(s: dict[str, Any]) -> tuple[Callable[[], nn.Module], Any]:
+def _prismatic(s: dict[str, Any]) -> tuple[Callable[[], Any], Any]:
     """OpenVLA's layout as remote code (``_vla_prismatic_remote``), with a Llama-style tokenizer
     and a plain processor (the prompt holds no image tokens: the model inserts the patches)."""
     from transformers import CLIPImageProcessorPil, CLIPProcessor
@@ -187,7 +186,7 @@ def _remote_module() -> Any:
     return _vla_prismatic_remote
 
 
-def tiny_vla_components(seed: int = 0, **spec: Any) -> tuple[nn.Module, Any, dict]:
+def tiny_vla_components(seed: int = 0, **spec: Any) -> tuple[Any, Any, dict]:
     """(model, processor, dataset statistics) of a tiny VLA of ``spec``'s family, built from
     configuration: its vision tower, a Llama language model, a BPE tokenizer trained here."""
     s = tiny_vla_spec(**spec)

@@ -63,9 +63,9 @@ def make_code_tests(timeout_s: float = 3.0) -> Any:
                    entry_point: Optional[list] = None, **_: Any) -> list[float]:
         results = run_code_tests([completion_text(c) for c in completions], tests, prefix or [None] * len(completions),
                                  timeout_s, entry_point)
-        code_tests.last_reasons = [r.reason for r in results]
-        code_tests.last_solved = [r.all_passed for r in results]
+        code_tests.last_reasons = [r.reason for r in results]  # type: ignore[attr-defined]  # what the reward says of its calls, read by its callers
+        code_tests.last_solved = [r.all_passed for r in results]  # type: ignore[attr-defined]  # what the reward says of its calls, read by its callers
         return [r.fraction for r in results]
 
-    code_tests.reason_names = REASONS
+    code_tests.reason_names = REASONS  # type: ignore[attr-defined]  # what the reward says of its calls, read by its callers
     return code_tests

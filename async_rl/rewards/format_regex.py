@@ -23,8 +23,8 @@ def make_format(pattern: str = DEFAULT_PATTERN, full_match: bool = False) -> Any
 
     def format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
         found = [match(completion_text(c).strip()) is not None for c in completions]
-        format_reward.last_reasons = ["matched" if f else "unmatched" for f in found]
+        format_reward.last_reasons = ["matched" if f else "unmatched" for f in found]  # type: ignore[attr-defined]  # what the reward says of its calls, read by its callers
         return [float(f) for f in found]
 
-    format_reward.reason_names = ("matched", "unmatched")
+    format_reward.reason_names = ("matched", "unmatched")  # type: ignore[attr-defined]  # what the reward says of its calls, read by its callers
     return format_reward

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from async_rl.errors import ConfigError, unknown_key_message
 from async_rl.rewards import REWARDS
@@ -38,6 +38,18 @@ class RewardSpec:
         return _load(self.source, self.options, self.search_dir)
 
 
+def split_reward_item(item: str) -> tuple[str, str]:
+    """``NAME_OR_PATH[=WEIGHT]`` -> (the reward's source, its weight as written; '' for none)."""
+    source, _, weight = item.strip().partition("=")
+    return source.strip(), weight
+
+
+def written_name(source: str) -> str:
+    """How a config names a reward it chose (``success_reward``): a built-in by its name, an import path by its
+    function's."""
+    return source.strip().rpartition(":")[2]
+
+
 def parse_reward_specs(rewards: Any, options: Optional[Mapping[str, Mapping[str, Any]]] = None,
                        flag: str = "--reward") -> list[RewardSpec]:
     """``rewards`` (a name or a list of ``NAME_OR_PATH[=WEIGHT]``) as checked specs: each built-in known,
@@ -47,13 +59,14 @@ def parse_reward_specs(rewards: Any, options: Optional[Mapping[str, Mapping[str,
         raise ConfigError(f"no reward given; pass {flag} NAME_OR_PATH (built-ins: {', '.join(REWARDS.names())}, "
                           "or module:function)")
     options = dict(options or {})
-    specs, names = [], {}
+    specs: list[RewardSpec] = []
+    names: dict[str, str] = {}
     for item in items:
         if not isinstance(item, str) or not item.strip():
             raise ConfigError(f"{flag} {item!r}: expected NAME_OR_PATH[=WEIGHT] (e.g. math, math=0.5, my_rewards:exact)")
-        source, _, weight_text = item.strip().partition("=")
+        source, weight_text = split_reward_item(item)
         weight = _weight(weight_text, item, flag) if weight_text else 1.0
-        spec = _check(source.strip(), weight, options.pop(source.strip(), {}), flag)
+        spec = _check(source, weight, options.pop(source, {}), flag)
         if spec.name in names or spec.name == TOTAL:
             why = "is the weighted sum's tag" if spec.name == TOTAL else f"is also the name of {names[spec.name]}"
             raise ConfigError(f"{flag} {item}: its logged name reward/{spec.name} {why}; rename the function")
@@ -150,7 +163,7 @@ def required_columns(fn: Callable[..., Any]) -> list[str]:
             and p.default is p.empty and p.name not in PASSED]
 
 
-def accepted_arguments(fn: Callable[..., Any], arguments: Sequence[str]) -> list[str]:
+def accepted_arguments(fn: Callable[..., Any], arguments: Iterable[str]) -> list[str]:
     """The arguments to pass: all of them to a function with ``**kwargs`` (TRL's convention), else the ones it names."""
     try:
         params = inspect.signature(fn).parameters.values()

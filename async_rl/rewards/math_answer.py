@@ -59,8 +59,8 @@ def answer_matches(text: str, answer: Any) -> tuple[bool, bool]:
 def make_math() -> Any:
     def math_reward(prompts: list, completions: list, answer: list, **_: Any) -> list[float]:
         checked = [answer_matches(completion_text(c), a) for c, a in zip(completions, answer)]
-        math_reward.last_reasons = ["no_answer" if not found else "correct" if right else "wrong" for found, right in checked]
+        math_reward.last_reasons = ["no_answer" if not found else "correct" if right else "wrong" for found, right in checked]  # type: ignore[attr-defined]  # what the reward says of its calls, read by its callers
         return [float(right) for _, right in checked]
 
-    math_reward.reason_names = ("correct", "wrong", "no_answer")
+    math_reward.reason_names = ("correct", "wrong", "no_answer")  # type: ignore[attr-defined]  # what the reward says of its calls, read by its callers
     return math_reward

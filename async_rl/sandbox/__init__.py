@@ -126,7 +126,7 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from async_rl.errors import ConfigError, OneLineArgumentParser
 from async_rl.sandbox.run import REASONS, SandboxResult, run_candidate
@@ -208,27 +208,27 @@ def run_tests(code: Optional[str], tests: Sequence[str], timeout_s: float = 3.0,
     mode = isolation_mode()
     prefix = f"{prefix}\n\n" if prefix and prefix.strip() else ""
     return run_candidate(str(code), tests, prefix, entry_point, float(timeout_s), int(memory_mb), int(max_procs),
-                         int(output_limit), int(result_limit), _variant if mode == "namespaces" else "weak")
+                         int(output_limit), int(result_limit), _variant if mode == "namespaces" and _variant else "weak")
 
 
 class SandboxPool:
     """Runs candidates in parallel, each in its own sandbox: a thread pool of ``workers`` (default: the
     CPU count), since every run waits on a subprocess. ``limits`` go to ``run_tests``."""
 
-    def __init__(self, workers: Optional[int] = None, **limits) -> None:
+    def __init__(self, workers: Optional[int] = None, **limits: Any) -> None:
         self.workers = int(workers or os.cpu_count() or 1)
         if self.workers < 1:
             raise ValueError(f"SandboxPool workers must be >= 1, got {workers}")
         self.limits = limits
         self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
 
-    def submit(self, code: Optional[str], tests: Sequence[str], **limits) -> "concurrent.futures.Future[SandboxResult]":
+    def submit(self, code: Optional[str], tests: Sequence[str], **limits: Any) -> "concurrent.futures.Future[SandboxResult]":
         return self._pool.submit(run_tests, code, tests, **{**self.limits, **limits})
 
-    def run(self, code: Optional[str], tests: Sequence[str], **limits) -> SandboxResult:
+    def run(self, code: Optional[str], tests: Sequence[str], **limits: Any) -> SandboxResult:
         return self.submit(code, tests, **limits).result()
 
-    def map(self, jobs: Iterable[tuple], **limits) -> list[SandboxResult]:
+    def map(self, jobs: Iterable[tuple[Any, ...]], **limits: Any) -> list[SandboxResult]:
         """``[run_tests(code, tests, **options) for code, tests[, options] in jobs]``, in parallel, in order
         (``options``: a job's own keyword arguments, e.g. ``{"prefix": prompt_helpers}``)."""
         futures = [self.submit(job[0], job[1], **{**limits, **(job[2] if len(job) > 2 else {})}) for job in jobs]
@@ -240,14 +240,14 @@ class SandboxPool:
     def __enter__(self) -> "SandboxPool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict:  # picklable (an env holding one travels to a worker): a fresh pool there
+    def __getstate__(self) -> dict[str, Any]:  # picklable (an env holding one travels to a worker): a fresh pool there
         return {"workers": self.workers, "limits": self.limits}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["workers"], **state["limits"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        SandboxPool.__init__(self, state["workers"], **state["limits"])
 
 
 def _main(argv: Optional[list[str]] = None) -> int:

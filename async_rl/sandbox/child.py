@@ -28,27 +28,27 @@ import select
 import struct
 import sys
 import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
 
-TYPE_CHECKING = False  # typing's own flag, without importing typing into every candidate's start
-if TYPE_CHECKING:  # these names are defined by the texts run before this file's (sandbox/run.py)
+if TYPE_CHECKING:  # at run time the texts of sandbox/wire.py and sandbox/seccomp.py run before this file's
     from async_rl.sandbox.seccomp import install_filter
     from async_rl.sandbox.wire import NotPlain, dump_line, from_plain, to_plain
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def _fail(msg):
+def _fail(msg: str) -> NoReturn:
     sys.stderr.write(f"sandbox setup failed: {msg}\n")
     os._exit(70)
 
 
-def _check(ret, what):
+def _check(ret: int, what: str) -> None:
     if ret != 0:
         _fail(f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
-def _mount(src, target, fstype, flags, data=None):
-    def enc(s):
+def _mount(src: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
         return None if s is None else s.encode()
 
     _check(_LIBC.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
@@ -58,7 +58,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 0x1, 0x2, 0x4, 0x1000, 0x4000
 MNT_DETACH, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = 2, -100, 0x8000, 0x1, 442
 
 
-def _mount_setattr(path, recursive, set_ro):
+def _mount_setattr(path: str, recursive: bool, set_ro: bool) -> None:
     # struct mount_attr {u64 attr_set, attr_clr, propagation, userns_fd}; 442 on every arch (Linux >= 5.12)
     attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY if set_ro else 0, 0 if set_ro else MOUNT_ATTR_RDONLY, 0, 0)
     buf = ctypes.create_string_buffer(attr, len(attr))
@@ -72,7 +72,7 @@ TMPFS_INODES = 4096  # files and folders in the candidate's /tmp
 NOFILE = 64  # its open descriptors
 
 
-def _bind(src, target, is_dir=True):
+def _bind(src: str, target: str, is_dir: bool = True) -> None:
     if is_dir:
         os.makedirs(target, exist_ok=True)
     else:
@@ -80,7 +80,7 @@ def _bind(src, target, is_dir=True):
     _mount(src, target, None, MS_BIND | MS_REC)
 
 
-def private_root(tmpfs_mb, python_dirs):
+def private_root(tmpfs_mb: float, python_dirs: list[str]) -> str:
     """A new root holding only what Python needs (we are root of fresh mount and PID namespaces):
     /usr and its top-level links or binds (/bin, /lib, ...), /etc/ld.so.cache, the interpreter's
     standard library where it lives outside /usr, a minimal /dev, the namespace's /proc and a
@@ -131,7 +131,7 @@ def private_root(tmpfs_mb, python_dirs):
     return "/tmp/work"
 
 
-def _reap(child, lifeline, wall_s):
+def _reap(child: int, lifeline: int, wall_s: float) -> NoReturn:
     """pid 1 of the namespace: reap everything, exit with the candidate's status (128 + signal). It also
     ends the run, killing the candidate, when the caller is gone (``lifeline``, a pipe whose only write
     end the caller holds, reads EOF: a SIGKILLed caller cannot clean up) or after ``wall_s`` seconds (a
@@ -162,7 +162,7 @@ def _reap(child, lifeline, wall_s):
                 os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
-def _drop_privileges(uid):
+def _drop_privileges(uid: int | None) -> None:
     """No capability left, and (when the caller is root on the host) an unprivileged uid of its own:
     file permissions and RLIMIT_NPROC then apply to it, and it cannot remount anything."""
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
@@ -183,34 +183,34 @@ def _drop_privileges(uid):
         _fail("still root after setresuid")
 
 
-def _weaken_python():
+def _weaken_python() -> None:
     """Without namespaces: make the obvious escapes fail in Python (a courtesy, not a boundary: ctypes
     or a C extension gets past it). Sockets, shell-outs and writes outside the work directory."""
     import socket  # noqa: PLC0415 (weak mode only: ~10 ms of every candidate's start otherwise)
 
-    def refuse(*_args, **_kwargs):
+    def refuse(*_args: object, **_kwargs: object) -> NoReturn:
         raise PermissionError("not allowed in the sandbox")
 
     class NoSocket(socket.socket):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args: object, **kwargs: object) -> None:
             refuse()
 
-    socket.socket = NoSocket
+    socket.socket = NoSocket  # type: ignore[misc]  # replacing the class is the point: a later socket() refuses
     for name in ("create_connection", "socketpair", "fromfd", "getaddrinfo"):
         setattr(socket, name, refuse)
     for name in ("system", "popen", "kill", "killpg", "fork", "forkpty", "execv", "execve", "execvp", "execvpe",
                  "spawnv", "spawnve", "spawnvp", "posix_spawn", "posix_spawnp"):
         if hasattr(os, name):
             setattr(os, name, refuse)
-    sys.modules["subprocess"] = None  # import subprocess -> ImportError
+    sys.modules["subprocess"] = None  # type: ignore[assignment]  # None there: import subprocess -> ImportError
     real_open, real_os_open, root = builtins.open, os.open, os.getcwd()
 
-    def inside(path):
+    def inside(path: object) -> bool:
         path = os.path.realpath(os.fsdecode(path) if isinstance(path, (str, bytes)) else str(path))
         return path == root or path.startswith(root + os.sep)
 
-    def only_inside(fn):  # file changes (tempfile deletes its files) are fine within the work directory
-        def guarded(*paths, **kwargs):
+    def only_inside(fn: Callable[..., Any]) -> Callable[..., Any]:  # file changes (tempfile deletes its files) are fine within the work directory
+        def guarded(*paths: Any, **kwargs: Any) -> Any:
             if all(inside(p) for p in paths if not isinstance(p, int)):
                 return fn(*paths, **kwargs)
             refuse()
@@ -221,12 +221,12 @@ def _weaken_python():
         if hasattr(os, name):
             setattr(os, name, only_inside(getattr(os, name)))
 
-    def guarded_open(file, mode="r", *args, **kwargs):
+    def guarded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if isinstance(file, int) or not any(c in mode for c in "wax+") or inside(file):
             return real_open(file, mode, *args, **kwargs)
         refuse()
 
-    def guarded_os_open(path, flags, *args, **kwargs):
+    def guarded_os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND) and not inside(path):
             refuse()
         return real_os_open(path, flags, *args, **kwargs)
@@ -235,7 +235,7 @@ def _weaken_python():
     io.open = guarded_open
 
 
-def _confine(orders, workdir, isolated):
+def _confine(orders: dict[str, Any], workdir: str, isolated: bool) -> None:
     if isolated:  # its own session: kill(0, ...) reaches only itself (weak mode: the harness kills its group)
         os.setsid()
         if orders["uid"] is not None:
@@ -266,7 +266,7 @@ def _confine(orders, workdir, isolated):
         _weaken_python()
 
 
-def _serve(code, send, requests):
+def _serve(code: str, send: Callable[[dict[str, Any]], None], requests: Iterator[dict[str, Any]]) -> None:
     """Run the code, then answer the judge's requests (``get`` a name, ``call`` a function with plain
     arguments) with plain data until the judge closes its end. Nothing here decides a verdict: the
     judge checks every answer, so what the candidate does to this loop only changes its own answers."""
@@ -277,7 +277,7 @@ def _serve(code, send, requests):
     except BaseException:  # noqa: BLE001 (SyntaxError, ValueError (NUL bytes), MemoryError on absurd nesting)
         send({"code": "syntax"})
         return
-    env = {"__name__": "__candidate__", "__builtins__": builtins}  # __main__ blocks do not run
+    env: dict[str, Any] = {"__name__": "__candidate__", "__builtins__": builtins}  # __main__ blocks do not run
     try:
         run(compiled, env)
         status = "ok"
@@ -287,7 +287,7 @@ def _serve(code, send, requests):
         status = "crash"
     send({"code": status})
     for request in requests:
-        answer = {"id": request["id"]}
+        answer: dict[str, Any] = {"id": request["id"]}
         target = env.get(request["name"], _MISSING)
         try:
             if target is _MISSING:
@@ -310,7 +310,7 @@ def _serve(code, send, requests):
 _MISSING = object()
 
 
-def _requests(fd):
+def _requests(fd: int) -> Iterator[dict[str, Any]]:
     """The judge's requests, one JSON line each, until it closes its end."""
     buffer = b""
     while True:
@@ -323,14 +323,15 @@ def _requests(fd):
         yield json.loads(line)
 
 
-def main():
+def main() -> None:
     orders = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     answer_fd, write = orders["answer_fd"], os.write
 
-    def send(message, _write=write, _fd=answer_fd, _dump=dump_line):
+    def send(message: dict[str, Any], _write: Callable[[int, bytes], int] = write, _fd: int = answer_fd,
+             _dump: Callable[[dict[str, Any]], bytes] = dump_line) -> None:
         data = _dump(message)
         while data:
             data = data[_write(_fd, data):]

@@ -38,9 +38,9 @@ import signal
 import socket
 import struct
 import sys
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
-TYPE_CHECKING = False  # typing's own flag, without importing typing into the judge
-if TYPE_CHECKING:  # these names are defined by sandbox/wire.py's text, run before this file's (sandbox/run.py)
+if TYPE_CHECKING:  # at run time sandbox/wire.py's text runs before this file's and defines them
     from async_rl.sandbox.wire import NotPlain, dump_line, from_plain, parse_line, to_plain
 
 JUDGE_MEMORY_MB = 2048  # its address space: what a candidate's (capped) answers can make it build
@@ -69,16 +69,17 @@ class NotPlainResult(BaseException):
 class Channel:
     """Requests to the candidate's process and its answers, one JSON line each, every answer checked."""
 
-    def __init__(self, request_fd, answer_fd, limit):
+    def __init__(self, request_fd: int, answer_fd: int, limit: int) -> None:
         self.request_fd, self.answer_fd, self.limit = request_fd, answer_fd, limit
         self.buffer, self.received, self.next_id = b"", 0, 0
-        self.broken = None  # over_cap | malformed | eof
+        self.broken: str | None = None  # over_cap | malformed | eof
+        self.not_plain = False  # the current test got an answer that is not plain data
 
-    def _break(self, why):
+    def _break(self, why: str) -> NoReturn:
         self.broken = self.broken or why
         raise ChannelBroken(why)
 
-    def read_message(self):
+    def read_message(self) -> dict[str, Any]:
         while b"\n" not in self.buffer:
             try:
                 chunk = os.read(self.answer_fd, 65536)
@@ -96,7 +97,7 @@ class Channel:
         except NotPlain:
             self._break("malformed")
 
-    def ask(self, message):
+    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.broken:
             raise ChannelBroken(self.broken)
         self.next_id += 1
@@ -112,7 +113,7 @@ class Channel:
         return answer
 
 
-def _value(answer, channel):
+def _value(answer: dict[str, Any], channel: Channel) -> Any:
     """What a ``call`` answered: its plain value, or the exception it raised."""
     if "value" in answer:
         try:
@@ -128,10 +129,10 @@ def _value(answer, channel):
     raise NotPlainResult()
 
 
-def proxy(name, channel):
+def proxy(name: str, channel: Channel) -> Callable[..., Any]:
     """A stand-in for the candidate's function ``name``: arguments go out as plain data, the answer
     comes back as plain data (an argument that is not plain data is a TypeError here)."""
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         try:
             message = {"op": "call", "name": name, "args": to_plain(list(args)),
                        "kwargs": {str(k): to_plain(v) for k, v in kwargs.items()}}
@@ -142,9 +143,9 @@ def proxy(name, channel):
     return call
 
 
-def _bound_names(tree):
+def _bound_names(tree: ast.AST) -> set[str]:
     """Names a piece of code binds (assignments, imports, defs, loop and with targets, ...)."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             names.add(node.id)
@@ -157,10 +158,10 @@ def _bound_names(tree):
     return names
 
 
-def _candidate_names(trees, trusted, entry_point):
+def _candidate_names(trees: list[ast.Module | None], trusted: set[str], entry_point: str) -> list[list[str]]:
     """Per test: the names it reads that only the candidate can define (not the prompt's, not a
     builtin, not bound by any test); the entry point whenever a test reads it."""
-    bound = set().union(*(_bound_names(t) for t in trees if t is not None)) if trees else set()
+    bound: set[str] = set().union(*(_bound_names(t) for t in trees if t is not None)) if trees else set()
     out = []
     for tree in trees:
         read = set() if tree is None else {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
@@ -172,17 +173,17 @@ def _candidate_names(trees, trusted, entry_point):
     return out
 
 
-def judge_run(orders, request_fd, answer_fd, say):
+def judge_run(orders: dict[str, Any], request_fd: int, answer_fd: int, say: Callable[..., None]) -> None:
     """Judge one candidate: its tests in a fresh namespace, every verdict said as it is decided."""
     channel = Channel(request_fd, answer_fd, orders["result_limit"])
-    channel.not_plain = False
-    env = {"__name__": "__judge__", "__builtins__": builtins}
+    env: dict[str, Any] = {"__name__": "__judge__", "__builtins__": builtins}
     try:  # the prompt's helpers: the same text the candidate's process ran before its code
         exec(compile(orders["prefix"], "<prompt>", "exec"), env)
     except BaseException:  # noqa: BLE001 (a prompt whose helpers fail still has its tests judged)
         pass
     trusted = set(env) - {orders["entry_point"]}
-    trees, codes = [], []
+    trees: list[ast.Module | None] = []
+    codes: list[Any] = []  # compiled code objects, None for a test that does not compile
     for i, test in enumerate(orders["tests"]):
         try:
             tree = ast.parse(test)
@@ -198,7 +199,7 @@ def judge_run(orders, request_fd, answer_fd, say):
         say("start")
         status = channel.read_message().get("code")
         say("code", status if status in ("ok", "crash", "syntax", "memory") else "crash")
-        proxies = {}  # a name once callable keeps its stand-in: each call looks the name up anew over there
+        proxies: dict[str, Callable[..., Any]] = {}  # a name once callable keeps its stand-in: each call looks the name up anew over there
         for i, code in enumerate(codes):
             outcome = "0"
             channel.not_plain = False
@@ -230,7 +231,7 @@ def judge_run(orders, request_fd, answer_fd, say):
         say("channel", channel.broken or "malformed")
 
 
-def _receive(sock):
+def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """The next run's orders and its three pipe ends; None when the caller closed the socket."""
     header, fds, _, _ = socket.recv_fds(sock, 8, 3)
     while header and len(header) < 8:
@@ -247,7 +248,7 @@ def _receive(sock):
     return json.loads(data.decode()), fds
 
 
-def _die_with_caller(sock, caller):
+def _die_with_caller(sock: socket.socket, caller: int) -> None:
     """End the judge with its caller: the kernel SIGKILLs it when the caller's thread that started it
     ends (``PR_SET_PDEATHSIG``; the caller starts judges from a thread that lives as long as it does),
     whatever the judge is doing. A caller that died before the prctl is seen as a changed parent pid.
@@ -258,7 +259,7 @@ def _die_with_caller(sock, caller):
         os._exit(0)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: a process of the same user (weak mode) cannot open its /proc files
 
-    def watch():
+    def watch() -> None:
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLRDHUP)
         while True:
@@ -269,7 +270,7 @@ def _die_with_caller(sock, caller):
     _thread.start_new_thread(watch, ())
 
 
-def _limit_cpu(seconds):
+def _limit_cpu(seconds: float) -> None:
     """At most ``seconds`` more of CPU from now: the soft RLIMIT_CPU (SIGXCPU, whose default action ends
     the judge), raised again at the next run's start."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -278,7 +279,7 @@ def _limit_cpu(seconds):
     resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
-def _serve(sock):
+def _serve(sock: socket.socket) -> None:
     """Judge runs until the caller closes the socket."""
     while True:
         received = _receive(sock)
@@ -288,7 +289,7 @@ def _serve(sock):
         _limit_cpu(orders["cpu_s"])
         tag = f"{int(orders['run'])} {orders['nonce']}"
 
-        def say(*parts, _tag=tag, _fd=verdict_fd):
+        def say(*parts: str, _tag: str = tag, _fd: int = verdict_fd) -> None:
             data = (" ".join((_tag,) + parts) + "\n").encode()
             while data:
                 data = data[os.write(_fd, data):]
@@ -306,7 +307,7 @@ def _serve(sock):
             os.close(verdict_fd)  # the end of this run's verdicts: the caller reads EOF
 
 
-def main():
+def main() -> None:
     for limit, value in ((resource.RLIMIT_AS, JUDGE_MEMORY_MB << 20), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(limit, (value, value))
     sock = socket.socket(fileno=int(sys.argv[1]))

@@ -77,7 +77,7 @@ def _remove_sysv(kind: str, ident: int) -> None:
         libc.semctl(ident, 0, _IPC_RMID)
 
 
-def _unlink_from_our_session_keyring(libc, uid: int) -> None:
+def _unlink_from_our_session_keyring(libc: ctypes.CDLL, uid: int) -> None:
     """Keys of ``uid`` linked into this process's session keyring, which every candidate inherits."""
     ids = ctypes.create_string_buffer(4 * 4096)
     size = libc.syscall(_KEYCTL, _KEYCTL_READ, _SESSION, ids, len(ids))  # the serials it links
@@ -88,7 +88,7 @@ def _unlink_from_our_session_keyring(libc, uid: int) -> None:
             libc.syscall(_KEYCTL, _KEYCTL_UNLINK, serial, _SESSION)
 
 
-def _clear_user_keyrings(libc, uid: int, outcome: list) -> None:
+def _clear_user_keyrings(libc: ctypes.CDLL, uid: int, outcome: list[str]) -> None:
     """As ``uid``: clear and invalidate its user and user-session keyrings (both ids first: looking one up
     recreates the other). Run on a thread of its own, which ends right after: the raw setresuid changes
     that thread's credentials only (glibc's wrapper would change every thread's), and the saved uid 0
@@ -110,7 +110,7 @@ def _clear_keys(uid: int) -> None:
     _unlink_from_our_session_keyring(libc, uid)
     if _SETRESUID is None or os.geteuid() != 0:
         return
-    outcome: list = []
+    outcome: list[str] = []
     worker = threading.Thread(target=_clear_user_keyrings, args=(libc, uid, outcome), name="sandbox-keys")
     worker.start()
     worker.join()

@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from async_rl.sandbox.leftovers import sweep
 from async_rl.sandbox.limits import cgroup_for, release_cgroup
@@ -83,7 +83,7 @@ class SandboxResult:
         """Whether the code passed every one of its (at least one) tests."""
         return self.total > 0 and self.passed == self.total
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "total": self.total, "reason": self.reason}
 
 
@@ -114,21 +114,21 @@ class _Spawner:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._orders: "queue.SimpleQueue[tuple[list, dict, concurrent.futures.Future]]" = queue.SimpleQueue()
+        self._orders: "queue.SimpleQueue[tuple[list[str], dict[str, Any], concurrent.futures.Future[subprocess.Popen[bytes]]]]" = queue.SimpleQueue()
         self._pid = -1  # the process whose thread is running (a forked child starts its own)
 
-    def popen(self, argv: list, **kwargs) -> subprocess.Popen:
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._pid != os.getpid():
                 self._orders = queue.SimpleQueue()
                 threading.Thread(target=self._serve, args=(self._orders,), name="sandbox-judges", daemon=True).start()
                 self._pid = os.getpid()
-            done: concurrent.futures.Future = concurrent.futures.Future()
+            done: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
             self._orders.put((argv, kwargs, done))
         return done.result()
 
     @staticmethod
-    def _serve(orders: "queue.SimpleQueue") -> None:
+    def _serve(orders: queue.SimpleQueue[tuple[list[str], dict[str, Any], concurrent.futures.Future[subprocess.Popen[bytes]]]]) -> None:
         while True:
             argv, kwargs, done = orders.get()
             try:
@@ -157,7 +157,7 @@ class _Judge:
             theirs.close()
         self.sock, self.runs = ours, 0
 
-    def start(self, orders: dict, fds: tuple[int, int]) -> tuple[int, str, int]:
+    def start(self, orders: dict[str, Any], fds: tuple[int, int]) -> tuple[int, str, int]:
         """Hand a run to the judge: (its number, its nonce, the read end of its verdict pipe)."""
         self.runs += 1
         nonce = secrets.token_hex(16)
@@ -272,7 +272,7 @@ def run_candidate(code: str, tests: list[str], prefix: str, entry_point: Optiona
         _cleanup(workdir, slot, cgroup)
 
 
-def _collect(child: subprocess.Popen, judge: _Judge, verdict_channel: tuple[int, str, int], child_orders: dict,
+def _collect(child: subprocess.Popen[bytes], judge: _Judge, verdict_channel: tuple[int, str, int], child_orders: dict[str, Any],
              total: int, timeout_s: float, output_limit: int, t0: float) -> tuple[SandboxResult, bool]:
     """The run's result, and whether the judge finished it cleanly (then it may judge another run)."""
     run, nonce, verdict_fd = verdict_channel
@@ -282,8 +282,9 @@ def _collect(child: subprocess.Popen, judge: _Judge, verdict_channel: tuple[int,
         os.close(verdict_fd)
 
 
-def _read_run(child: subprocess.Popen, judge: _Judge, run: int, nonce: str, verdict_fd: int, child_orders: dict,
+def _read_run(child: subprocess.Popen[bytes], judge: _Judge, run: int, nonce: str, verdict_fd: int, child_orders: dict[str, Any],
               total: int, timeout_s: float, output_limit: int, t0: float) -> tuple[SandboxResult, bool]:
+    assert child.stdin and child.stdout and child.stderr  # run_candidate opened all three as pipes
     try:  # the child reads all of it first thing; one that died at once leaves a broken pipe
         child.stdin.write(json.dumps(child_orders).encode())
         child.stdin.close()
@@ -384,13 +385,16 @@ def _read_run(child: subprocess.Popen, judge: _Judge, run: int, nonce: str, verd
         reason = "ok"
     if reason in ("output_limit", "result_limit", "bad_result"):
         passed = 0
-    text = lambda b: bytes(b).decode(errors="replace")  # noqa: E731
+
+    def text(b: bytes | bytearray) -> str:
+        return bytes(b).decode(errors="replace")
+
     result = SandboxResult(min(passed, total), total, reason, text(streams[out_fd]), text(stderr),
                            time.monotonic() - t0)
     return result, done and not stray
 
 
-def _reap_counting_cpu(proc: subprocess.Popen, seconds: float) -> Optional[float]:
+def _reap_counting_cpu(proc: subprocess.Popen[bytes], seconds: float) -> Optional[float]:
     """Wait up to ``seconds`` for ``proc`` to end and reap it (setting its returncode); the CPU seconds
     that it and every process it reaped spent (the candidate, reaped by its reaper), None when it did
     not end. Its exit status alone cannot tell a CPU limit's SIGXCPU from ``os._exit(128 + 24)``."""
@@ -421,7 +425,7 @@ def _judge_end(judge: _Judge) -> str:
     return f"exit status {code}" if code == _JUDGE_FAILED else "exit"
 
 
-def _end_candidate(proc: subprocess.Popen, isolated: bool) -> None:
+def _end_candidate(proc: subprocess.Popen[bytes], isolated: bool) -> None:
     """Kill the candidate's PID namespace and return once every process of it is gone: SIGKILL its
     first process (unshare's child), whose exit makes the kernel kill and reap the rest, and which
     unshare waits for before it exits itself."""
@@ -443,7 +447,7 @@ def _end_candidate(proc: subprocess.Popen, isolated: bool) -> None:
     _kill(proc)  # no first process yet (unshare still starting it), or a namespace slow to end: the group
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL a process's group (for the candidate: unshare and the namespace's first process; the
     kernel then kills every process of the PID namespace)."""
     if proc.poll() is None:  # once reaped, its group id may belong to someone else

@@ -78,14 +78,14 @@ _LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
 _ARG0 = 16  # offset of the low 32 bits of seccomp_data.args[0] (little-endian): every argument checked is an int
 
 
-def _errno(e):
+def _errno(e: int) -> int:
     return 0x00050000 | e  # SECCOMP_RET_ERRNO
 
 
-def _rules(pid, own_group):
+def _rules(pid: int, own_group: bool) -> list[tuple[str, list[tuple[int, int, int, int]]]]:
     """(name, instructions after the match, each body ending in RET) for the calls that depend on their
     arguments, then one RET per denied call."""
-    rules = [
+    rules: list[tuple[str, list[tuple[int, int, int, int]]]] = [
         ("fork", [(_RET, 0, 0, _errno(EAGAIN))]),  # no new process
         ("vfork", [(_RET, 0, 0, _errno(EAGAIN))]),
         # clone3: its flags sit in memory, which seccomp cannot read; on ENOSYS glibc falls back to clone.
@@ -106,15 +106,15 @@ def _rules(pid, own_group):
     return rules
 
 
-def build_filter(machine, pid, own_group):
+def build_filter(machine: str, pid: int, own_group: bool) -> bytes | None:
     """The filter program for ``machine`` (``os.uname().machine``) as packed sock_filter instructions, or
     None where there is no table for it. ``pid``: the candidate's own (kill and tgkill reach only it)."""
     if machine not in AUDIT_ARCH:
         return None
     column = 0 if machine == "x86_64" else 1
-    prog = []
+    prog: list[bytes] = []
 
-    def ins(code, jt, jf, k):
+    def ins(code: int, jt: int, jf: int, k: int) -> None:
         prog.append(struct.pack("HBBI", code, jt, jf, k & 0xFFFFFFFF))
 
     ins(_LD, 0, 0, 4)  # seccomp_data.arch
@@ -134,7 +134,7 @@ def build_filter(machine, pid, own_group):
     return b"".join(prog)
 
 
-def install_filter(own_group):
+def install_filter(own_group: bool) -> bool:
     """Install the filter on this process (after PR_SET_NO_NEW_PRIVS); False where there is no table for
     this architecture. Raises OSError when the kernel refuses it."""
     filt = build_filter(os.uname().machine, os.getpid(), own_group)

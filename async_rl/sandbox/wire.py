@@ -12,6 +12,7 @@ function or any other object is refused by ``to_plain`` and by ``from_plain`` al
 ever compares values it built itself from JSON.
 """
 import json
+from typing import Any
 
 WIRE_DEPTH = 64  # nesting deeper than this is not plain data (a self-containing list would recurse forever)
 
@@ -23,20 +24,21 @@ class NotPlain(Exception):
 _SCALARS = frozenset({type(None), bool, int, float, str})  # exact types: a subclass is not plain data
 
 
-def _is_scalar(value, depth):
+def _is_scalar(value: object, depth: int) -> bool:
     """Whether ``value`` passes the wire as it is (both directions); NotPlain past ``WIRE_DEPTH``."""
     if depth > WIRE_DEPTH:
         raise NotPlain("nested too deep")
     return type(value) in _SCALARS
 
 
-def to_plain(value, depth=0):
+def to_plain(value: Any, depth: int = 0) -> Any:
     """``value`` as a JSON-able tree (see the module docstring); NotPlain for anything else."""
     if _is_scalar(value, depth):
         return value
     kind = type(value)
     if kind is list or kind is tuple or kind is set or kind is frozenset:
-        tag = {list: "L", tuple: "T", set: "S", frozenset: "F"}[kind]
+        tags: dict[type, str] = {list: "L", tuple: "T", set: "S", frozenset: "F"}
+        tag = tags[kind]
         return {tag: [to_plain(v, depth + 1) for v in value]}
     if kind is dict:
         return {"D": [[to_plain(k, depth + 1), to_plain(v, depth + 1)] for k, v in value.items()]}
@@ -47,7 +49,7 @@ def to_plain(value, depth=0):
     raise NotPlain(f"a {kind.__name__} is not plain data")
 
 
-def from_plain(node, depth=0):
+def from_plain(node: Any, depth: int = 0) -> Any:
     """The value a wire tree stands for; NotPlain for any node that is not one of the tagged shapes."""
     if _is_scalar(node, depth):
         return node
@@ -62,7 +64,7 @@ def from_plain(node, depth=0):
         except TypeError as exc:  # an unhashable member of a set
             raise NotPlain(str(exc)) from None
     if tag == "D" and type(body) is list:
-        out = {}
+        out: dict[Any, Any] = {}
         for pair in body:
             if type(pair) is not list or len(pair) != 2:
                 raise NotPlain("a dict item is not a [key, value] pair")
@@ -81,12 +83,12 @@ def from_plain(node, depth=0):
     raise NotPlain(f"unknown wire tag {tag!r}")
 
 
-def dump_line(message):
+def dump_line(message: dict[str, Any]) -> bytes:
     """One message (a dict of JSON-able values) as one UTF-8 line."""
     return (json.dumps(message, separators=(",", ":"), ensure_ascii=True) + "\n").encode()
 
 
-def parse_line(line):
+def parse_line(line: bytes) -> dict[str, Any]:
     """The dict a line holds; NotPlain when it is not one (bad JSON, too deep, digits past the int limit)."""
     try:
         message = json.loads(line.decode("utf-8"))

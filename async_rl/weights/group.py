@@ -32,11 +32,11 @@ from async_rl.errors import ActorTimeoutError, ConfigError
 from async_rl.weights.rendezvous import POLL_S, connect_store, host_store, is_loopback, timedelta_s
 from async_rl.weights.signature import check_signature, normalise_signature, tensor_signature
 from async_rl.weights.transport import (
-    ProcessGroupNCCL,
     bound_nccl_group,
     choose_transport,
     device_report,
     member_device,
+    nccl_options,
     on_device,
 )
 
@@ -205,7 +205,7 @@ class WeightSyncGroup:
         timeout = timedelta_s(self.timeout_s)
         try:
             if self.backend == "nccl":
-                opts = ProcessGroupNCCL.Options()
+                opts = nccl_options()
                 opts.is_high_priority_stream = False
                 opts._timeout = timeout
                 return bound_nccl_group(pg_store, self.rank, self.world_size, opts, self.device)
@@ -213,7 +213,7 @@ class WeightSyncGroup:
             if local is not None:
                 # This member's pairs listen on its own address (loopback on one host), not on
                 # whatever the hostname resolves to (in a container or netns: maybe unreachable).
-                opts = dist.ProcessGroupGloo._Options()
+                opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, not in torch's stubs: the only way to choose the pairs' device
                 opts._timeout = timeout
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local)]
                 return dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, opts)
@@ -404,7 +404,7 @@ class WeightSyncGroup:
         msg = (f"{self._who}: broadcast #{self._seq} of {len(tensors)} tensors ({mib:.1f} MiB) "
                f"timed out after {elapsed:.1f}s; members: {self._members_str()}")
         try:
-            if self._owns_store:  # don't wait long on a store whose host may be gone
+            if self._owns_store and self._base_store is not None:  # don't wait long on a store whose host may be gone
                 self._base_store.set_timeout(timedelta_s(2.0))
             behind = []
             for r in range(self.world_size):
@@ -437,7 +437,7 @@ class WeightSyncGroup:
             except Exception:  # noqa: BLE001  # pragma: no cover - best effort
                 pass
         self._staging_bufs = [None, None]
-        self._store = None  # type: ignore[assignment]
+        self._store = None  # type: ignore[assignment]  # closed: no method reads it after close
         self._base_store = None
 
     def __enter__(self) -> "WeightSyncGroup":

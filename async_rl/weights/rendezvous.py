@@ -49,7 +49,7 @@ def interface_of(addr: str) -> str:
         return "lo"
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address.split("%")[0] == addr for a in addrs):
-            return name
+            return str(name)
     raise ConfigError(f"no network interface of this host holds {addr}; start Ray with --node-ip-address "
                       "set to one of this host's addresses")
 

@@ -12,7 +12,7 @@ from async_rl.errors import ConfigError
 try:  # the CPU build of torch has no NCCL backend
     from torch.distributed import ProcessGroupNCCL
 except ImportError:  # pragma: no cover - depends on the torch build
-    ProcessGroupNCCL = None
+    ProcessGroupNCCL = None  # type: ignore[misc, assignment]  # None: this torch has no NCCL (nccl_available)
 
 
 def nccl_available() -> bool:
@@ -33,6 +33,11 @@ def on_device(device: torch.device) -> Any:
     """A context in which CUDA work goes to ``device`` (its calling thread's current device is per thread:
     a group's broadcast runs in worker threads, whose current device is cuda:0 whatever the actor set)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def nccl_options() -> Any:
+    """A ``ProcessGroupNCCL.Options`` (only where ``nccl_available``)."""
+    return ProcessGroupNCCL.Options()
 
 
 def bound_nccl_group(store: Any, rank: int, world_size: int, options: Any, device: torch.device) -> Any:

@@ -162,7 +162,7 @@ class CompilerGymTaskEnv:
             self._autophase = np.asarray(msg["autophase"], dtype=np.float32)
         count = msg.get("ir_count", self._count)
         steps_left = max(self.ts.max_steps - self._t, 0) / self.ts.max_steps if self.ts.mode == "per_step" else 1.0
-        obs = {"autophase": self._autophase, "ir_count": np.float32(count), "o0_count": np.float32(p["o0_count"]),
+        obs: dict[str, Any] = {"autophase": self._autophase, "ir_count": np.float32(count), "o0_count": np.float32(p["o0_count"]),
                "oz_count": np.float32(p["oz_count"]), "step": np.float32(self._t),
                "features": observation_features(self._autophase, count, p["o0_count"], p["oz_count"], steps_left,
                                                 self._pass_counts, self._last_pass)}
@@ -187,7 +187,8 @@ class CompilerGymTaskEnv:
             msg = self._call_reset(uri)
         except CompilerGymServerError as exc:
             if self.client.alive and not _SERVICE_TROUBLE.search(str(exc)):
-                return self._skip(uri, exc)  # the server answered: this program does not build
+                self._skip(uri, exc)  # the server answered: this program does not build
+                return None
             # A dead service (or server) needs a fresh server; a program that does not build fails there too.
             self._restart(exc)
             try:
@@ -195,7 +196,8 @@ class CompilerGymTaskEnv:
             except CompilerGymServerError as again:
                 if not self.client.alive:
                     raise
-                return self._skip(uri, again)
+                self._skip(uri, again)
+                return None
         if msg["oz_count"] > msg["o0_count"]:
             self.skipped["oz_above_o0"] += 1
             self.skipped_uris.add(uri)

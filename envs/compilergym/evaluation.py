@@ -80,7 +80,8 @@ def evaluate_programs(task_set: CompilerGymTaskSet, policy: Any, preprocess: Any
 
     def rollout(obs: dict[str, np.ndarray], deterministic: bool) -> Optional[dict[str, Any]]:
         """One episode from the reset program ``obs``; None if the server failed in it."""
-        started, passes, names, done, info = time.monotonic(), 0, [], False, {}
+        started, passes, names, done = time.monotonic(), 0, [], False
+        info: dict[str, Any] = {}
         while not done:
             action = policy(torch.stack([preprocess(obs, env.task_name)]), deterministic)[0]
             obs, _, terminated, truncated, info = env.step(np.asarray(action))

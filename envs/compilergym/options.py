@@ -57,9 +57,9 @@ class CompilerGymOptions(ConfigSection):
     """passes per episode (per_step mode)"""
     seq_len: pydantic.PositiveInt = 16
     """longest pass sequence of one step (sequence mode)"""
-    train_seeds: SeedRange = [0, 200]
+    train_seeds: SeedRange = [0, 200]  # type: ignore[assignment]  # a list as a YAML config writes it; pydantic makes the tuple
     """csmith programs trained on: [first seed, count], disjoint from eval_seeds"""
-    eval_seeds: SeedRange = [1_000_000, 20]
+    eval_seeds: SeedRange = [1_000_000, 20]  # type: ignore[assignment]  # (as train_seeds)
     """csmith programs held out: [first seed, count]"""
     benchmark_dir: Optional[ProgramFolder] = None
     """train on the .c/.cpp/.bc files of this folder instead (the first eval_fraction of them held out)"""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class PassVocab:
             ids = ids[: length - 1] + [EOS_ID] if len(ids) > length else ids + [PAD_ID] * (length - len(ids))
         return np.asarray(ids, dtype=np.int64), unknown
 
-    def decode(self, ids: Sequence[int]) -> tuple[list[str], int]:
+    def decode(self, ids: Iterable[int]) -> tuple[list[str], int]:
         """Ids -> pass flags up to the first <eos>/<pad>; skips <bos>, <unk> and out-of-range
         ids and returns how many were skipped."""
         names, unknown = [], 0

@@ -76,3 +76,27 @@ def test_clip_params_are_resolved_once_at_construction(monkeypatch):
     monkeypatch.setattr(losses_module, "resolve_policy_loss_params", fail)
     for _ in range(3):
         obj(_inputs())
+
+
+def test_a_run_resolves_its_clip_mode_once_when_the_config_is_checked(monkeypatch):
+    """RunConfig.clip is resolved by the config check; the trainer's objective and its batch draws, and a copy
+    of the config as Ray ships it, take it as it is (the registry and the params are not read again)."""
+    import pickle
+
+    from async_rl.algo import draws_whole_groups
+    from async_rl.config import load_config
+
+    cfg = load_config(["--advantage", "grpo", "--group-size", "4", "--clip-mode", "pacs", "--train-batch-size", "8",
+                       "--super-batch-size", "16", "--replay-capacity", "4096"])
+    assert cfg.clip.name == "pacs" and cfg.clip.compares_group_members
+    cfg.clip_params = {"beta": 2}  # a change of a key is checked again, and resolved again
+    assert cfg.clip.params.beta == 2.0
+
+    def fail(*args, **kwargs):
+        raise AssertionError("clip mode resolved again")
+
+    monkeypatch.setattr(losses_module, "resolve_policy_loss_params", fail)
+    monkeypatch.setattr(losses_module, "_mode_spec", fail)
+    shipped = pickle.loads(pickle.dumps(cfg))
+    assert Objective.from_config(shipped).policy_loss.params.beta == 2.0
+    assert draws_whole_groups(shipped.clip, shipped.group_size)

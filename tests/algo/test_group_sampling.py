@@ -96,8 +96,8 @@ def test_a_stale_row_is_refilled_by_whole_groups_so_every_minibatch_keeps_its_gr
 
 
 def test_only_a_loss_comparing_group_members_draws_whole_groups():
-    from async_rl.algo import draws_whole_groups
+    from async_rl.algo import draws_whole_groups, resolve_clip_mode
 
-    assert draws_whole_groups("pacs", {}, 4)
-    assert not draws_whole_groups("pacs", {}, 1)  # no groups
-    assert not any(draws_whole_groups(mode, {}, 4) for mode in ("clip", "soft_clip", "cispo"))
+    assert draws_whole_groups(resolve_clip_mode("pacs"), 4)
+    assert not draws_whole_groups(resolve_clip_mode("pacs"), 1)  # no groups
+    assert not any(draws_whole_groups(resolve_clip_mode(mode), 4) for mode in ("clip", "soft_clip", "cispo"))
