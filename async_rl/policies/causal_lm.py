@@ -44,6 +44,7 @@ from async_rl.policies.lm_attention import positions_of, self_attending_pad_mask
 from async_rl.policies.lm_loading import resolve_lm_path
 from async_rl.policies.lm_options import CausalLMOptions
 from async_rl.policies.lm_sampling import (
+    PAD_ACTION,
     SampledLogProbs,
     SamplingParams,
     explicit_generation_config,
@@ -56,7 +57,6 @@ from async_rl.policies.lm_vllm import EngineCannotFollow, VLLMGeneration, engine
 from async_rl.policies.lora import named_lora_layers
 from async_rl.policies.vllm_client import VLLMEngineError
 
-PAD_ACTION = -1  # response slots after the end of the response
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
 
 

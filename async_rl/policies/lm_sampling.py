@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import torch
 
+PAD_ACTION = -1  # response slots after the end of the response, whichever engine generated it
 # GenerationConfig fields that hold token ids: the only ones a neutral config keeps from the model's.
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 

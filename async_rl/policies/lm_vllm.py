@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import torch
 
+from async_rl.policies.lm_sampling import PAD_ACTION
 from async_rl.policies.lora import is_lora_name
 from async_rl.policies.vllm_client import VLLMEngineClient, VLLMEngineError, vllm_unavailable_reason
 
@@ -129,7 +130,6 @@ class VLLMGeneration:
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Responses and their log-probs ``[rows, max_new_tokens]`` (``PAD_ACTION`` / 0 after the end) for the
         left-padded prompts ``ids`` / ``mask``; ``greedy[row]``: decoded greedily."""
-        from async_rl.policies.causal_lm import PAD_ACTION  # that module imports this one
 
         adapter = self._current_adapter()
         rows, width = ids.shape[0], self.policy.max_new_tokens
