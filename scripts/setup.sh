@@ -82,8 +82,8 @@ bash "$ROOT/scripts/setup_compilergym.sh" || log "WARNING: CompilerGym set-up fa
 
 # ---- 2c. the vLLM generation engine's site folder (own stamp) ----------------------------
 # requirements/vllm.lock.txt with --no-deps into .venv-vllm/site-packages (only the engine's process puts it on its
-# path: policies/vllm_engine/). A failure leaves the rest usable: `generation_engine: auto` then takes hf.
-bash "$ROOT/scripts/setup_vllm.sh" || log "WARNING: the vLLM engine's set-up failed (see above); generation_engine auto uses hf and its tests will skip; re-run: bash scripts/setup_vllm.sh"
+# path: policies/vllm_client.py). A failure leaves the rest usable: `generation_engine: vllm` then says so in one line.
+bash "$ROOT/scripts/setup_vllm.sh" || log "WARNING: the vLLM engine's set-up failed (see above); generation_engine vllm is refused and its tests skip; re-run: bash scripts/setup_vllm.sh"
 
 # ---- 3. Python packages: exactly the lock (skipped when the stamp matches) -----------------
 # requirements/*.lock.txt pin every package with its sha256 (refreshed by `make lock`); pip installs

