@@ -13,6 +13,10 @@ each: min = max, so both engines generate equal lengths) through ``CausalLMActor
   recomputation (``evaluate``, what the trainer computes before an update) on the same tokens, from a batch
   without ``min_new_tokens`` (a suppressed eos changes the sampled distribution, which training does not know).
 
+``--lora-rank`` (16 by default, on the 7 projections with alpha 2r, as ``configs/lm_arithmetic.yaml``; 0: none) puts
+LoRA adapters with non-zero B on the policy, as a trained run's inference copy holds them: ``generate`` runs them as
+peft layers, vLLM receives the merged weights (``lm_vllm``).
+
 ``--model tiny`` is a random Llama (2 layers, hidden 128) with SmolLM2's tokenizer. Threads: ``--threads`` for both
 engines (torch's and vLLM's OpenMP). Figures are wall-clock: the machine's load and CPU are written with them.
 """
@@ -46,7 +50,27 @@ def tiny_llama(folder: Path, tokenizer_source: str) -> str:
     return str(folder)
 
 
-def measure(model_path: str, dtype: str, prompts: int, tokens: int, repeats: int) -> dict[str, float]:
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def with_trained_lora(policy: Any, rank: int) -> Any:
+    """``policy`` with LoRA adapters whose B is not zero (an untrained adapter is the base model)."""
+    import torch
+
+    from async_rl.policies.lora import apply_lora
+
+    if rank == 0:
+        return policy
+    apply_lora(policy, rank=rank, alpha=2.0 * rank, target_modules=PROJECTIONS)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator).to(param.dtype) * 0.01)
+    return policy
+
+
+def measure(model_path: str, dtype: str, prompts: int, tokens: int, repeats: int, lora_rank: int) -> dict[str, float]:
     import torch
 
     from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
@@ -60,7 +84,9 @@ def measure(model_path: str, dtype: str, prompts: int, tokens: int, repeats: int
     obs = torch.stack([preprocess({"prompt": p["prompt"]}) for p in heldout_problems(prompts, 2)])
     sampled = torch.zeros(prompts, dtype=torch.bool)
     torch.manual_seed(0)
-    policy = cast_parameters(CausalLMActorCritic({"text": True}, 1, **kwargs).eval(), getattr(torch, DTYPES[dtype]))
+    policy = CausalLMActorCritic({"text": True}, 1, **kwargs).eval()
+    policy.drop_critic()  # as GRPO runs it: act() times generation alone, not a value forward besides
+    policy = cast_parameters(with_trained_lora(policy, lora_rank), getattr(torch, DTYPES[dtype]))
     with torch.inference_mode():
         # Log-probs with eos allowed (min_new_tokens 0): a suppressed eos renormalises the sampled distribution, which
         # training does not know of (causal_lm's min_new_tokens), in either engine.
@@ -106,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="timed batches per engine; 0: the log-probs only")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lora-rank", type=int, default=16, help="LoRA adapters (7 projections, alpha 2r); 0: none")
     args = ap.parse_args(argv)
     import torch
 
@@ -114,11 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     smollm2 = str(resolve_lm_path(None))
     figures: dict[str, Any] = {"model": args.model, "prompts": args.prompts, "tokens": args.tokens,
-                               "threads": args.threads, "cpu": cpu_model(), "load_avg_1min_start": machine()["load_avg_1min"]}
+                               "threads": args.threads, "lora_rank": args.lora_rank, "cpu": cpu_model(), "load_avg_1min_start": machine()["load_avg_1min"]}
     with tempfile.TemporaryDirectory() as scratch:
         model = {"smollm2": smollm2, "tiny": None}.get(args.model, args.model) or tiny_llama(Path(scratch), smollm2)
         for dtype in args.dtypes:
-            measured = measure(model, dtype, args.prompts, args.tokens, 1 if args.quick else args.repeats)
+            measured = measure(model, dtype, args.prompts, args.tokens, 1 if args.quick else args.repeats, args.lora_rank)
             figures.update({f"{dtype}_{key}": value for key, value in measured.items()})
     figures["load_avg_1min_end"] = machine()["load_avg_1min"]
     report(figures, args)

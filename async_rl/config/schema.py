@@ -428,7 +428,7 @@ class RunConfig(SupervisedSection, TimeoutsSection, ScaleSection, ObjectiveSecti
         if self.policy == "causal_lm":
             from async_rl.policies.lm_options import check_generation_engine  # noqa: PLC0415
 
-            check_generation_engine(self.policy_kwargs, self.lora_rank, self.lora_sync, self.init_from)
+            check_generation_engine(self.policy_kwargs)
         return self
 
     @pydantic.model_validator(mode="after")

@@ -53,8 +53,7 @@ from async_rl.policies.lm_sampling import (
     zero_dropout_config,
     zero_dropout_modules,
 )
-from async_rl.policies.lm_vllm import EngineCannotFollow, VLLMGeneration, engine_unsupported_reason
-from async_rl.policies.lora import named_lora_layers
+from async_rl.policies.lm_vllm import VLLMGeneration, engine_unsupported_reason
 from async_rl.policies.vllm_client import VLLMEngineError
 
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
@@ -142,6 +141,10 @@ def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # stands in f
     return BaseModelOutputWithPast(last_hidden_state=inputs_embeds)
 
 
+AUTO_ON_CPU = ("on CPU, auto takes transformers' generate (vLLM's start-up outweighs its speed here: "
+               "benchmarks/results/lm_engines.md); --policy.generation-engine vllm asks for it")
+
+
 class CausalLMActorCritic(ActorCritic):
     action_key = "response"
     logp_free_prefixes = ("value_head",)  # V(prompt) only; the log-probs are the language model's
@@ -164,8 +167,7 @@ class CausalLMActorCritic(ActorCritic):
         ``disable_dropout``: every dropout probability of the model is 0 (its config's and its
         ``nn.Dropout`` modules'), so a trainer in train mode computes what the sampler computes.
         ``generation_engine``: ``vllm`` generates in vLLM's engine (``lm_vllm``), ``hf`` with ``generate``, ``auto``
-        with vLLM where it can (installed, the architecture, LoRA adapters the only weights that change), decided
-        on the first batch, and with ``generate`` from the first batch the engine cannot serve."""
+        with ``generate`` for now (``AUTO_ON_CPU``: the installed vLLM is its CPU build), said on the first batch."""
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -200,7 +202,7 @@ class CausalLMActorCritic(ActorCritic):
         rows = ids.shape[0]
         greedy = deterministic if isinstance(deterministic, torch.Tensor) else torch.full((rows,), bool(deterministic))
         greedy = greedy.to(torch.bool).reshape(rows).cpu()
-        response, logp = self._vllm_generate(ids, mask, greedy) if self._uses_vllm() else self._hf_generate(ids, mask, greedy)
+        response, logp = self._vllm.generate(ids, mask, greedy) if self._uses_vllm() else self._hf_generate(ids, mask, greedy)
         value = self.value(obs) if self.has_critic else torch.zeros(rows, device=ids.device)
         return TensorDict({self.action_key: response, "env_action": response.clone(), "logp": logp,
                            "value": value.float()}, batch_size=[rows])
@@ -220,30 +222,19 @@ class CausalLMActorCritic(ActorCritic):
         if self.generation_engine == "hf" or self._vllm is not None:
             return self.generation_engine != "hf"
         reason = engine_unsupported_reason(self.lm)
-        if reason is None and self.generation_engine == "auto" and not named_lora_layers(self.lm):
-            # Without adapters every weight a trainer sends is a base weight, which the engine cannot follow.
-            reason = "the model holds no LoRA adapters (the engine follows training through them; --lora-sync adapters)"
         if reason is None and self.generation_engine == "auto":
-            # Measured (benchmarks/results/lm_engines.md): vLLM's CPU build applies LoRA adapters at ~0.3-0.4x the
-            # speed of transformers' generate with them; without adapters it is ~3x faster but cannot follow training.
-            reason = ("on CPU vLLM generates with LoRA adapters slower than generate (benchmarks/results/lm_engines.md); "
-                      "--policy.generation-engine vllm asks for it")
+            # Measured (benchmarks/results/lm_engines.md): on these CPUs vLLM with merged weights generates 1.3-1.4x
+            # faster than generate at 1 thread but takes 1.5-3 minutes to start, and a run's updates are bound
+            # by its trainer, not its generation (lm_peers.md).
+            reason = AUTO_ON_CPU
         if reason is None:
             try:
                 self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
                 return True
-            except VLLMEngineError as exc:  # weights it cannot serve, or an engine that did not start
+            except VLLMEngineError as exc:  # an engine that did not start
                 reason = str(exc)
         self._engine_unavailable(reason)
         return False
-
-    def _vllm_generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            return self._vllm.generate(ids, mask, greedy)
-        except EngineCannotFollow as exc:
-            self.close_engine()
-            self._engine_unavailable(str(exc))
-            return self._hf_generate(ids, mask, greedy)
 
     def _engine_unavailable(self, reason: str) -> None:
         """``vllm`` asked for: the reason as an error. ``auto``: generate's from now on, said once."""

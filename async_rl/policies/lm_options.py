@@ -35,9 +35,9 @@ class CausalLMOptions(ConfigSection):
     disable_dropout: bool = True
     """every dropout of the model off, so that the trainer computes what the sampler computed"""
     generation_engine: Literal["auto", "vllm", "hf"] = "auto"
-    """what generates responses: vllm (its own process; LoRA adapters follow the trainers), hf (transformers'
-    generate); auto = hf for now: the installed vLLM is its CPU build, which generates with LoRA adapters slower
-    than generate does (benchmarks/results/lm_engines.md)"""
+    """what generates responses: vllm (its own process, fed the policy's merged weights as they change), hf
+    (transformers' generate); auto = hf for now: the installed vLLM is its CPU build, whose start-up outweighs its
+    speed on these CPUs (benchmarks/results/lm_engines.md)"""
 
     @pydantic.model_validator(mode="after")
     def _lengths_ordered(self) -> "CausalLMOptions":
@@ -47,21 +47,14 @@ class CausalLMOptions(ConfigSection):
         return self
 
 
-def check_generation_engine(policy_kwargs: dict, lora_rank: int, lora_sync: str, init_from: Optional[str]) -> None:
-    """``generation_engine: vllm`` in a training run, before Ray starts: the engine loads the base model from its
-    folder and follows the trainers through LoRA adapters only (``lm_vllm``), and it must be installed. One
+def check_generation_engine(policy_kwargs: dict) -> None:
+    """``generation_engine: vllm`` in a training run, before Ray starts: the engine must be installed. One
     ConfigError naming the fix; ``auto`` needs no check (it takes hf where vLLM cannot serve)."""
     from async_rl.errors import ConfigError  # noqa: PLC0415
     from async_rl.policies.vllm_client import vllm_unavailable_reason  # noqa: PLC0415
 
     if policy_kwargs.get("generation_engine") != "vllm":
         return
-    fix = "or --policy.generation-engine hf"
-    if lora_rank == 0 or lora_sync != "adapters":
-        raise ConfigError("generation_engine vllm follows the trainers through LoRA adapters only: pass --lora-rank N "
-                          f"--lora-sync adapters, {fix}")
-    if init_from is not None:
-        raise ConfigError(f"generation_engine vllm loads the base model's own weights, not init_from's export; {fix}")
     reason = vllm_unavailable_reason()
     if reason:
-        raise ConfigError(f"generation_engine vllm: {reason}, {fix}")
+        raise ConfigError(f"generation_engine vllm: {reason}, or --policy.generation-engine hf")

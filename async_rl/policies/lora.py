@@ -43,28 +43,46 @@ def is_lora_name(name: str) -> bool:
     return ".lora_" in name or name.startswith("lora_")
 
 
-def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Parameters and buffers under the plain model's names, LoRA deltas merged into the base.
+def merged_named_tensors(model: torch.nn.Module, names: Optional[set[str]] = None) -> list[tuple[str, torch.Tensor]]:
+    """Parameters and buffers under the plain model's names, LoRA deltas merged into the base; ``names``: only those.
 
     Without LoRA layers this is ``named_parameters`` + ``named_buffers``. The result never
     aliases a trainable tensor, so the trainer can keep training while it is sent.
     """
     lora_layers = named_lora_layers(model)
-    if not lora_layers:
-        return [*model.named_parameters(), *model.named_buffers()]
     out: list[tuple[str, torch.Tensor]] = []
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        owner, _, leaf = name.rpartition(".")
         if is_lora_name(name):
             continue  # folded into the base weight below
-        if owner.endswith(".base_layer") and owner[: -len(".base_layer")] in lora_layers:
-            layer_name = owner[: -len(".base_layer")]
-            if leaf == "weight":
-                with torch.no_grad():
-                    tensor = tensor + lora_layers[layer_name].get_delta_weight(ADAPTER).to(tensor.dtype)
-            name = f"{layer_name}.{leaf}"
-        out.append((name, tensor))
+        plain = plain_name(name, lora_layers)
+        if names is not None and plain not in names:
+            continue
+        if plain != name and plain.endswith(".weight"):
+            with torch.no_grad():
+                tensor = tensor + lora_layers[plain[: -len(".weight")]].get_delta_weight(ADAPTER).to(tensor.dtype)
+        out.append((plain, tensor))
     return out
+
+
+def plain_name(name: str, lora_layers: dict[str, Any]) -> str:
+    """A LoRA-wrapped layer's base tensor under the plain model's name (``q_proj.base_layer.weight`` ->
+    ``q_proj.weight``); any other name as it is."""
+    owner, _, leaf = name.rpartition(".")
+    if owner.endswith(".base_layer") and owner[: -len(".base_layer")] in lora_layers:
+        return f"{owner[: -len('.base_layer')]}.{leaf}"
+    return name
+
+
+def merge_sources(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
+    """Each parameter of the plain model (``merged_named_tensors``' names) and the parameters its merged value is
+    computed from: itself, and a LoRA layer's adapters for its weight. Their in-place version counters tell
+    which merged weights changed."""
+    lora_layers = named_lora_layers(model)
+    sources: dict[str, list[torch.Tensor]] = {}
+    for name, tensor in model.named_parameters():
+        plain = f"{name.split('.lora_')[0]}.weight" if is_lora_name(name) else plain_name(name, lora_layers)
+        sources.setdefault(plain, []).append(tensor)
+    return sources
 
 
 def named_lora_layers(model: torch.nn.Module) -> dict[str, Any]:

@@ -6,9 +6,9 @@ stdout and stderr, so the protocol has a socket of its own (its descriptor numbe
 object per line each way, the first answer once the engine is built. Nothing of this project is imported here
 but this file, so the main venv's packages never meet the engine's.
 
-Requests: ``{"cmd": "generate", "requests": [...], "sampling": {...}, "adapter": {...} | null}``,
-``{"cmd": "close"}``; answers ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The engine holds one
-adapter (``max_loras`` 1, its CPU cache as many): a new id evicts the old one.
+Requests: ``{"cmd": "load_weights", "path": "...safetensors"}`` (weights under the Hugging Face model's names,
+loaded into the engine's model in place; the file is removed), ``{"cmd": "generate", "requests": [...],
+"sampling": {...}}``, ``{"cmd": "close"}``; answers ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ PARENT_POLL_S = 1.0
 
 def exit_with_parent(scratch: str) -> None:
     """End this process (and the engine in it) within a second of the process that started it, removing that
-    process's ``scratch`` folder (its adapters): an inference actor killed by Ray leaves no engine behind. A thread
+    process's ``scratch`` folder (its weights' files): an inference actor killed by Ray leaves no engine behind. A thread
     polls the parent's pid rather than PR_SET_PDEATHSIG, which fires when the parent's starting *thread* ends (the
     actor generates on a worker thread)."""
     parent = os.getppid()
@@ -44,13 +44,12 @@ def exit_with_parent(scratch: str) -> None:
 def build_engine(spec: dict[str, Any]) -> Any:
     from vllm import LLM  # inside: the entry point must be guarded, the engine core spawns
 
-    lora = {"enable_lora": True, "max_lora_rank": spec["max_lora_rank"], "max_loras": 1} if spec["max_lora_rank"] else {}
     return LLM(model=spec["model"], dtype=spec["dtype"], seed=spec["seed"], max_model_len=spec["max_model_len"],
                max_num_seqs=spec["max_num_seqs"], logprobs_mode="processed_logprobs",
                # Nothing from the model's generation_config.json: the policy declares every sampling field.
                generation_config="vllm", enforce_eager=spec["enforce_eager"],
                # The model runs in this process (no worker process to spawn and import vLLM again: ~20 s each).
-               distributed_executor_backend="uni", **lora)
+               distributed_executor_backend="uni")
 
 
 def sampling_params(sampling: dict[str, Any], greedy: bool, n: int) -> Any:
@@ -65,18 +64,32 @@ def sampling_params(sampling: dict[str, Any], greedy: bool, n: int) -> Any:
                           min_p=sampling["min_p"], **shared)
 
 
+def load_weights(llm: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    """The file's weights into the model, in place (vLLM rebuilds each layer it receives, its CPU kernels' packed
+    copies included); the prefix cache, which holds keys and values of the old weights, emptied."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(msg["path"], framework="pt") as weights:
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ((name, weights.get_tensor(name))
+                                                                              for name in weights.keys()),
+                                                         "is_checkpoint_format": True})
+    finally:
+        os.remove(msg["path"])
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("the prefix cache could not be reset after a weight load")
+    return {"ok": True}
+
+
 def generate(llm: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """Every request ``{"prompt": ids, "n": k, "greedy": bool}`` answered with its k completions, each the token
     ids and the log-prob each was sampled with (vLLM's processed log-probs: after temperature, top-k/p, min-p)."""
     from vllm.inputs import TokensPrompt
-    from vllm.lora.request import LoRARequest
 
-    adapter = msg.get("adapter")
-    lora = LoRARequest(adapter["name"], adapter["id"], adapter["path"]) if adapter else None
     requests = msg["requests"]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in requests],
                            [sampling_params(msg["sampling"], r["greedy"], r["n"]) for r in requests],
-                           use_tqdm=False, lora_request=lora)
+                           use_tqdm=False)
     answers = []
     for output in outputs:
         completions = []
@@ -86,6 +99,9 @@ def generate(llm: Any, msg: dict[str, Any]) -> dict[str, Any]:
             completions.append({"ids": ids, "logp": logps})
         answers.append(completions)
     return {"ok": True, "completions": answers}
+
+
+COMMANDS = {"load_weights": load_weights, "generate": generate}
 
 
 def serve(channel: socket.socket, spec: dict[str, Any]) -> None:
@@ -107,8 +123,8 @@ def serve(channel: socket.socket, spec: dict[str, Any]) -> None:
             answer({"ok": True})
             return
         try:
-            if msg["cmd"] == "generate":
-                answer(generate(llm, msg))
+            if msg["cmd"] in COMMANDS:
+                answer(COMMANDS[msg["cmd"]](llm, msg))
             else:
                 answer({"ok": False, "error": f"unknown command {msg['cmd']!r}"})
         except Exception as exc:  # noqa: BLE001 (one failed call is an answer; the engine stays up for the next)
@@ -121,5 +137,5 @@ if __name__ == "__main__":  # guarded: a process vLLM spawns (with its multiproc
     exit_with_parent(spec["scratch"])
     try:
         serve(socket.socket(fileno=int(sys.argv[1])), spec)
-    finally:  # the client's adapter folders, however the client ended
+    finally:  # the client's weights' files, however the client ended
         shutil.rmtree(spec["scratch"], ignore_errors=True)

@@ -16,7 +16,7 @@ import torch
 from async_rl.errors import ConfigError
 from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
 from async_rl.policies.lm_options import check_generation_engine
-from async_rl.policies.lora import apply_lora, is_lora_name
+from async_rl.policies.lora import apply_lora
 from async_rl.policies.vllm_client import VLLMEngineError, vllm_unavailable_reason
 
 transformers = pytest.importorskip("transformers")
@@ -86,6 +86,7 @@ def act(policy, obs, greedy):
 def test_sampled_log_probs_are_the_trainers_before_an_update(policy, tiny_llama):
     obs = batch(tiny_llama, PROMPTS * 2)
     out = act(policy, obs, [False] * 6)
+    assert policy._vllm.loads == 1  # every weight sent once, before the first batch
     response = out["response"]
     real = policy.action_mask(response)
     assert response.shape == (6, NEW_TOKENS) and torch.equal(out["env_action"], response)
@@ -115,7 +116,13 @@ def test_greedy_rows_are_transformers_greedy_rows(policy, tiny_llama):
 def test_a_group_of_one_prompt_is_one_request_with_n_completions(policy, tiny_llama, monkeypatch):
     sent = []
     call = policy._vllm.client.call
-    monkeypatch.setattr(policy._vllm.client, "call", lambda cmd, **kw: sent.append(kw) or call(cmd, **kw))
+
+    def spy(cmd, **kw):
+        if cmd == "generate":
+            sent.append(kw)
+        return call(cmd, **kw)
+
+    monkeypatch.setattr(policy._vllm.client, "call", spy)
     out = act(policy, batch(tiny_llama, [PROMPTS[0]] * 4 + [PROMPTS[1]] * 2), [False] * 4 + [True] * 2)
     requests = sent[0]["requests"]
     assert [(r["n"], r["greedy"]) for r in requests] == [(4, False), (1, True)]
@@ -132,20 +139,46 @@ def test_min_new_tokens_holds_every_response_to_its_length(policy, tiny_llama, m
 
 
 @needs_vllm
-def test_a_lora_update_changes_greedy_responses_and_a_new_adapter_serves_it(policy, tiny_llama):
+def test_a_lora_update_changes_greedy_responses_and_its_merged_weights_serve_it(policy, tiny_llama, monkeypatch):
+    import safetensors.torch
+
     obs = batch(tiny_llama, PROMPTS)
     before = act(policy, obs, [True] * 3)["response"]
-    adapter = dict(policy._vllm._adapter)
+    loads = policy._vllm.loads
     assert torch.equal(act(policy, obs, [True] * 3)["response"], before)
-    assert policy._vllm._adapter == adapter  # no change, no new adapter
+    assert policy._vllm.loads == loads  # no change, nothing sent
+    sent = []
+    save = safetensors.torch.save_file
+    monkeypatch.setattr(safetensors.torch, "save_file", lambda tensors, path: sent.append(set(tensors)) or save(tensors, path))
     perturb_adapters(policy, seed=2)
     after = act(policy, obs, [True] * 3)["response"]
-    assert policy._vllm._adapter["id"] == adapter["id"] + 1
-    assert not os.path.exists(adapter["path"])  # the old adapter's folder is gone
+    assert policy._vllm.loads == loads + 1 and list(policy._vllm._folder.iterdir()) == []  # the file is gone once loaded
+    # The adapted layers' merged weights (their attention and MLP blocks), not the embeddings or the final norm.
+    assert sent[0] == {f"model.layers.{i}.{block}.{p}.weight" for i in range(policy.lm.config.num_hidden_layers)
+                       for block, p in [("self_attn", p) for p in PROJECTIONS[:4]] + [("mlp", p) for p in PROJECTIONS[4:]]}
     assert not torch.equal(after, before)
     with torch.inference_mode():
         hf, _ = policy._hf_generate(obs["input_ids"], obs["attention_mask"], torch.ones(3, dtype=torch.bool))
     assert torch.equal(after, hf)  # the engine generates with the new weights, as the policy does
+
+
+@needs_vllm
+def test_a_base_weight_change_is_followed_too(policy, tiny_llama):
+    """A full-weight or merged sync changes base weights: the engine gets them as it gets LoRA's."""
+    obs = batch(tiny_llama, PROMPTS)
+    before = act(policy, obs, [True] * 3)["response"]
+    with torch.no_grad():
+        for name, param in policy.lm.named_parameters():
+            if "mlp.down_proj.base_layer" in name:
+                param.add_(torch.randn_like(param) * 0.5)
+    after = act(policy, obs, [True] * 3)["response"]
+    sampled = act(policy, obs, [False] * 3)
+    with torch.inference_mode():
+        hf, _ = policy._hf_generate(obs["input_ids"], obs["attention_mask"], torch.ones(3, dtype=torch.bool))
+        recomputed, _, _ = policy.evaluate(obs, sampled["response"])
+    assert not torch.equal(after, before) and torch.equal(after, hf)
+    real = policy.action_mask(sampled["response"])
+    assert (recomputed - sampled["logp"])[real].abs().max() < 1e-3  # sampled with the new weights' distribution
 
 
 @needs_vllm
@@ -159,19 +192,6 @@ def test_a_killed_engine_is_a_named_error_not_a_hang(policy, tiny_llama):
     kept.unlink()
 
 
-@needs_vllm
-def test_a_base_weight_change_is_refused_or_left_to_generate(policy, tiny_llama, capsys):
-    with torch.no_grad():
-        next(p for n, p in policy.named_parameters() if not is_lora_name(n)).add_(0.01)
-    with pytest.raises(VLLMEngineError, match="base weights changed .* --lora-sync adapters, or --policy.generation-engine hf"):
-        act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
-    assert policy._vllm is None  # the engine that cannot follow is stopped
-    policy.generation_engine = "auto"  # under auto: the base is no longer the folder's, so transformers' generate
-    out = act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
-    assert policy.generation_engine == "hf" and policy._vllm is None and out["response"].shape == (1, NEW_TOKENS)
-    assert "generating with transformers' generate, not vLLM" in capsys.readouterr().err
-
-
 def test_without_vllm_installed_auto_generates_with_transformers_and_vllm_is_an_error(tiny_llama, monkeypatch, capsys):
     monkeypatch.setenv("ASYNC_RL_VLLM_SITE", "/nonexistent")
     obs = batch(tiny_llama, PROMPTS[:1])
@@ -182,33 +202,16 @@ def test_without_vllm_installed_auto_generates_with_transformers_and_vllm_is_an_
         act(lora_policy(tiny_llama, "vllm"), obs, [True])
 
 
-def test_auto_leaves_a_model_without_adapters_to_transformers(tiny_llama, capsys):
-    policy = CausalLMActorCritic({"text": True}, 1, **lm_kwargs(tiny_llama, "auto")).eval()
-    act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
-    assert policy.generation_engine == "hf" and policy._vllm is None
-    assert "no LoRA adapters" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("given", "message"), [
-    (dict(lora_rank=0, lora_sync="merged", init_from=None), "LoRA adapters only: pass --lora-rank N --lora-sync adapters"),
-    (dict(lora_rank=8, lora_sync="merged", init_from=None), "LoRA adapters only: pass --lora-rank N --lora-sync adapters"),
-    (dict(lora_rank=8, lora_sync="adapters", init_from="runs/sft/export"), "not init_from's export"),
-])
-def test_vllm_asked_for_where_it_cannot_follow_training_is_one_config_error(given, message):
-    with pytest.raises(ConfigError, match=message):
-        check_generation_engine({"generation_engine": "vllm"}, **given)
-    check_generation_engine({"generation_engine": "auto"}, **given)  # auto: the policy decides, no error
-
-
 def test_vllm_asked_for_where_it_is_not_installed_is_one_config_error(monkeypatch):
     monkeypatch.setenv("ASYNC_RL_VLLM_SITE", "/nonexistent")
     with pytest.raises(ConfigError, match="not installed in /nonexistent; run bash scripts/setup_vllm.sh"):
-        check_generation_engine({"generation_engine": "vllm"}, lora_rank=8, lora_sync="adapters", init_from=None)
+        check_generation_engine({"generation_engine": "vllm"})
+    check_generation_engine({"generation_engine": "auto"})  # auto: the policy decides, no error
 
 
 @needs_vllm
-def test_auto_leaves_a_lora_policy_on_cpu_to_transformers_where_vllm_measured_slower(tiny_llama, capsys):
+def test_auto_leaves_a_policy_on_cpu_to_transformers(tiny_llama, capsys):
     policy = lora_policy(tiny_llama, "auto")
     out = act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
     assert policy.generation_engine == "hf" and policy._vllm is None and out["response"].shape == (1, NEW_TOKENS)
-    assert "on CPU vLLM generates with LoRA adapters slower than generate" in capsys.readouterr().err
+    assert "auto takes transformers' generate" in capsys.readouterr().err
