@@ -141,8 +141,9 @@ def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # stands in f
     return BaseModelOutputWithPast(last_hidden_state=inputs_embeds)
 
 
-AUTO_ON_CPU = ("on CPU, auto takes transformers' generate (vLLM's start-up outweighs its speed here: "
-               "benchmarks/results/lm_engines.md); --policy.generation-engine vllm asks for it")
+ENGINE_LOGP_GAP = 1e-3  # the log-prob gap between generation and training that a run is told of (fp32 measured 5e-5)
+AUTO_ON_CPU = ("on CPU, auto takes transformers' generate (runs here are bound by their trainer, and vLLM's start-up "
+               "takes minutes: benchmarks/results/lm_engines.md); --policy.generation-engine vllm asks for it")
 
 
 class CausalLMActorCritic(ActorCritic):
@@ -202,7 +203,12 @@ class CausalLMActorCritic(ActorCritic):
         rows = ids.shape[0]
         greedy = deterministic if isinstance(deterministic, torch.Tensor) else torch.full((rows,), bool(deterministic))
         greedy = greedy.to(torch.bool).reshape(rows).cpu()
-        response, logp = self._vllm.generate(ids, mask, greedy) if self._uses_vllm() else self._hf_generate(ids, mask, greedy)
+        if self._uses_vllm():
+            response, logp = self._vllm.generate(ids, mask, greedy)
+            if self._vllm.logp_gap is None and not bool(greedy.all()):
+                self._vllm.logp_gap = self._engine_logp_gap(obs, response, logp, greedy)
+        else:
+            response, logp = self._hf_generate(ids, mask, greedy)
         value = self.value(obs) if self.has_critic else torch.zeros(rows, device=ids.device)
         return TensorDict({self.action_key: response, "env_action": response.clone(), "logp": logp,
                            "value": value.float()}, batch_size=[rows])
@@ -223,9 +229,9 @@ class CausalLMActorCritic(ActorCritic):
             return self.generation_engine != "hf"
         reason = engine_unsupported_reason(self.lm)
         if reason is None and self.generation_engine == "auto":
-            # Measured (benchmarks/results/lm_engines.md): on these CPUs vLLM with merged weights generates 1.3-1.4x
-            # faster than generate at 1 thread but takes 1.5-3 minutes to start, and a run's updates are bound
-            # by its trainer, not its generation (lm_peers.md).
+            # Measured (benchmarks/results/lm_engines.md, lm_peers.md): on these CPUs vLLM with merged weights
+            # generates ~1.4x faster than generate at 1 thread, but it takes 1.5-3 minutes to start, and an
+            # arithmetic GRPO run's updates are bound by its trainer.
             reason = AUTO_ON_CPU
         if reason is None:
             try:
@@ -235,6 +241,22 @@ class CausalLMActorCritic(ActorCritic):
                 reason = str(exc)
         self._engine_unavailable(reason)
         return False
+
+    def _engine_logp_gap(self, obs: TensorDict, response: torch.Tensor, logp: torch.Tensor, greedy: torch.Tensor) -> float:
+        """The engine's first sampled log-probs against this policy's recomputation on the same tokens (what the
+        trainer computes before an update), said once: beyond ``ENGINE_LOGP_GAP`` the loss's importance ratio starts
+        off 1 by as much, which ``--recompute-logp`` corrects (the trainer then reports the gap every epoch)."""
+        with torch.no_grad():
+            recomputed, _, _ = self.evaluate(obs, response)
+        real = self.action_mask(response) & ~greedy.to(response.device)[:, None]
+        gap = (recomputed.float() - logp)[real].abs()
+        worst = float(gap.max()) if gap.numel() else 0.0
+        advice = (f"; above {ENGINE_LOGP_GAP:g}: pass --recompute-logp so that the loss's ratio starts from the trainer's "
+                  "own log-probs" if worst > ENGINE_LOGP_GAP else "")
+        print(f"causal_lm: vLLM's sampled log-probs against this policy's recomputation on its first batch: max "
+              f"|diff| {worst:.2e}, mean {float(gap.mean()) if gap.numel() else 0.0:.2e} over {gap.numel()} tokens"
+              f"{advice}", file=sys.stderr, flush=True)
+        return worst
 
     def _engine_unavailable(self, reason: str) -> None:
         """``vllm`` asked for: the reason as an error. ``auto``: generate's from now on, said once."""

@@ -70,6 +70,7 @@ class VLLMGeneration:
         self.sources = merge_sources(self.lm)
         self._seen: dict[str, tuple[int, ...]] = {}  # versions the engine's weights were built from; none: all differ
         self.loads = 0
+        self.logp_gap: Optional[float] = None  # its first sampled batch against the policy's recomputation
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             next(self.lm.parameters()).dtype]
         # The weights' files: the engine's process removes the folder when it ends, as it may outlive this object.

@@ -5,7 +5,7 @@ responses generated in one batched call, adapter-only weight sync, KL to the ada
 the sampler, per-reward logs and the held-out evaluation at the end; then the trained model taken away (the
 checkpoint's peft adapter and launch/export_lm.py's merged folder, each loaded with plain transformers). The
 generation engine is vLLM where scripts/setup_vllm.sh installed it (asked for by name: `auto` takes transformers'
-generate on CPU, where vLLM applies LoRA adapters slower): the inference actor's samples and eval_lm's greedy
+generate on CPU), fed the policy's merged weights: the inference actor's samples and eval_lm's greedy
 answers, the latter equal to plain transformers'; transformers' generate where vLLM is not installed.
 
 One run for the capability: the prompts env is ``lm_arithmetic.yaml``'s variant with every other setting kept, so

@@ -83,9 +83,12 @@ def act(policy, obs, greedy):
 
 
 @needs_vllm
-def test_sampled_log_probs_are_the_trainers_before_an_update(policy, tiny_llama):
+def test_sampled_log_probs_are_the_trainers_before_an_update(policy, tiny_llama, capsys):
     obs = batch(tiny_llama, PROMPTS * 2)
     out = act(policy, obs, [False] * 6)
+    said = capsys.readouterr().err
+    assert "vLLM's sampled log-probs against this policy's recomputation on its first batch: max |diff|" in said
+    assert policy._vllm.logp_gap < 1e-3 and "--recompute-logp" not in said  # said once, with advice only beyond 1e-3
     assert policy._vllm.loads == 1  # every weight sent once, before the first batch
     response = out["response"]
     real = policy.action_mask(response)
@@ -215,3 +218,15 @@ def test_auto_leaves_a_policy_on_cpu_to_transformers(tiny_llama, capsys):
     out = act(policy, batch(tiny_llama, PROMPTS[:1]), [True])
     assert policy.generation_engine == "hf" and policy._vllm is None and out["response"].shape == (1, NEW_TOKENS)
     assert "auto takes transformers' generate" in capsys.readouterr().err
+
+
+def test_a_log_prob_gap_beyond_1e_3_is_said_with_its_fix(tiny_llama, capsys):
+    """What a bf16 engine shows (lm_engines.md: max 0.25): the run is told once, and how the loss corrects it."""
+    policy = lora_policy(tiny_llama, "hf")
+    obs = batch(tiny_llama, PROMPTS)
+    out = act(policy, obs, [False] * 3)
+    greedy = torch.tensor([False, False, True])
+    assert policy._engine_logp_gap(obs, out["response"], out["logp"], greedy) < 1e-3  # the same weights: no gap
+    assert "--recompute-logp" not in capsys.readouterr().err
+    assert policy._engine_logp_gap(obs, out["response"], out["logp"] - 0.01, greedy) > 9e-3
+    assert "above 0.001: pass --recompute-logp" in capsys.readouterr().err
