@@ -230,7 +230,7 @@ class CausalLMActorCritic(ActorCritic):
         reason = engine_unsupported_reason(self.lm)
         if reason is None and self.generation_engine == "auto":
             # Measured (benchmarks/results/lm_engines.md, lm_peers.md): on these CPUs vLLM with merged weights
-            # generates ~1.4x faster than generate at 1 thread, but it takes 1.5-3 minutes to start, and an
+            # generates ~1.5x faster than generate at 1 thread, but it takes 0.5-3 minutes to start, and an
             # arithmetic GRPO run's updates are bound by its trainer.
             reason = AUTO_ON_CPU
         if reason is None:

@@ -6,12 +6,12 @@ The engine (``vllm_client``: its own process) builds the model from the policy's
 reach it merged, as TRL and verl hand LoRA weights to vLLM: before a batch, the plain model's weights whose sources
 changed since the engine last saw them (their in-place version counters, which every weight copy bumps; a LoRA
 layer's weight is its base plus its adapters' delta) are written to one safetensors file in shared memory, which
-the engine loads into its model in place (vLLM's ``reload_weights``) and removes; its prefix cache is dropped with
-them. The first batch sends every weight, so the engine serves whatever the policy holds (an ``init_from`` export,
-a full-weight or merged sync) and the folder gives only the architecture and the tokenizer. Measured on these
-CPUs (benchmarks/results/lm_engines.md): vLLM's own LoRA kernels cost 2-3x the model, merged weights nothing. The
-inference actor swaps weights only between batches, so every token of a batch comes from the weights of the
-version it is stamped with.
+the engine loads into its model in place (vLLM's ``reload_weights``); its prefix cache is dropped with them. The
+first batch sends every weight, so the engine serves whatever the policy holds (an ``init_from`` export, a
+full-weight or merged sync) and the folder gives only the architecture and the tokenizer. Measured on these CPUs
+(benchmarks/results/lm_engines.md): vLLM's own LoRA kernels made it 3x slower; merged weights run at the model's
+own speed, for 0.3-0.7 s a load. The inference actor swaps weights only between batches, so every token of a batch
+comes from the weights of the version it is stamped with.
 
 Log-probs: vLLM's processed log-probs (after temperature, top-k, top-p, min-p), the distribution each token was
 drawn from, as the ``hf`` engine records. Greedy rows (evaluation) take vLLM's greedy decoding, whose log-probs
@@ -93,8 +93,8 @@ class VLLMGeneration:
         file = self._folder / f"weights-{self.loads + 1}.safetensors"
         save_file({name: tensor.detach().contiguous() for name, tensor in merged_named_tensors(self.lm, names)}, str(file))
         try:
-            self.client.call("load_weights", path=str(file))  # the engine removes the file once loaded
-        finally:
+            self.client.call("load_weights", path=str(file))
+        finally:  # loaded or not, the file has served
             file.unlink(missing_ok=True)
         self._seen, self.loads = versions, self.loads + 1
 

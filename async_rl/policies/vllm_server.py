@@ -7,7 +7,7 @@ object per line each way, the first answer once the engine is built. Nothing of 
 but this file, so the main venv's packages never meet the engine's.
 
 Requests: ``{"cmd": "load_weights", "path": "...safetensors"}`` (weights under the Hugging Face model's names,
-loaded into the engine's model in place; the file is removed), ``{"cmd": "generate", "requests": [...],
+loaded into the engine's model in place; the client removes the file), ``{"cmd": "generate", "requests": [...],
 "sampling": {...}}``, ``{"cmd": "close"}``; answers ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
 from __future__ import annotations
@@ -69,13 +69,10 @@ def load_weights(llm: Any, msg: dict[str, Any]) -> dict[str, Any]:
     copies included); the prefix cache, which holds keys and values of the old weights, emptied."""
     from safetensors import safe_open
 
-    try:
-        with safe_open(msg["path"], framework="pt") as weights:
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ((name, weights.get_tensor(name))
-                                                                              for name in weights.keys()),
-                                                         "is_checkpoint_format": True})
-    finally:
-        os.remove(msg["path"])
+    with safe_open(msg["path"], framework="pt") as weights:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ((name, weights.get_tensor(name))
+                                                                          for name in weights.keys()),
+                                                     "is_checkpoint_format": True})
     if not llm.reset_prefix_cache():
         raise RuntimeError("the prefix cache could not be reset after a weight load")
     return {"ok": True}
