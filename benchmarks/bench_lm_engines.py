@@ -11,7 +11,10 @@ each: min = max, so both engines generate equal lengths) through ``CausalLMActor
 * ``<dtype>_vllm_start_s``: the engine's start-up (its process, imports, weights, compilation), in the first batch;
 * ``<dtype>_logp_max_abs_diff`` / ``_mean_abs_diff``: the log-probs vLLM recorded against the policy's
   recomputation (``evaluate``, what the trainer computes before an update) on the same tokens, from a batch
-  without ``min_new_tokens`` (a suppressed eos changes the sampled distribution, which training does not know).
+  without ``min_new_tokens`` (a suppressed eos changes the sampled distribution, which training does not know);
+* ``<dtype>_logp_max_abs_diff_after_updates``: the same, the worst of ``--weight-updates`` batches, each after
+  every adapter tensor moved in place as a weight sync moves it (``copy_``, by half its mean magnitude): the
+  engine generates with the weights the policy holds after each update, not those of its first batch.
 
 ``--lora-rank`` (16 by default, on the 7 projections with alpha 2r, as ``configs/lm_arithmetic.yaml``; 0: none) puts
 LoRA adapters with non-zero B on the policy, as a trained run's inference copy holds them: ``generate`` runs them as
@@ -70,7 +73,27 @@ def with_trained_lora(policy: Any, rank: int) -> Any:
     return policy
 
 
-def measure(model_path: str, dtype: str, prompts: int, tokens: int, repeats: int, lora_rank: int) -> dict[str, float]:
+def gap_after_updates(policy: Any, obs: Any, sampled: Any, updates: int) -> float:
+    """The worst |vLLM's sampled log-prob - the policy's recomputation| over ``updates`` batches, each after the
+    adapters (or, without LoRA, every weight) moved in place, as the inference actor's weight sync moves them."""
+    import torch
+
+    generator = torch.Generator().manual_seed(2)
+    moved = [p for n, p in policy.named_parameters() if "lora_" in n] or list(policy.parameters())
+    worst = 0.0
+    for _ in range(updates):
+        for param in moved:
+            step = torch.randn(param.shape, generator=generator).to(param.dtype) * param.abs().mean() * 0.5
+            param.copy_(param + step)
+        out = policy.act(obs, sampled)
+        recomputed, _, _ = policy.evaluate(obs, out["response"])
+        real = policy.action_mask(out["response"])
+        worst = max(worst, float((recomputed - out["logp"])[real].abs().max()))
+    return worst
+
+
+def measure(model_path: str, dtype: str, prompts: int, tokens: int, repeats: int, lora_rank: int,
+            weight_updates: int = 0) -> dict[str, float]:
     import torch
 
     from async_rl.policies.causal_lm import CausalLMActorCritic, ChatPreprocessor, prepare_causal_lm
@@ -98,6 +121,8 @@ def measure(model_path: str, dtype: str, prompts: int, tokens: int, repeats: int
         diff = (recomputed - out["logp"])[real].abs()
         figures.update(logp_max_abs_diff=float(diff.max()), logp_mean_abs_diff=float(diff.mean()),
                        logp_tokens=int(real.sum()))
+        if weight_updates:
+            figures["logp_max_abs_diff_after_updates"] = gap_after_updates(policy, obs, sampled, weight_updates)
         if repeats == 0:
             policy.close_engine()
             return figures
@@ -133,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed batches per engine; 0: the log-probs only")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lora-rank", type=int, default=16, help="LoRA adapters (7 projections, alpha 2r); 0: none")
+    ap.add_argument("--weight-updates", type=int, default=3,
+                    help="batches after in-place weight updates whose log-prob gap is measured (0: none)")
     args = ap.parse_args(argv)
     import torch
 
@@ -145,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         model = {"smollm2": smollm2, "tiny": None}.get(args.model, args.model) or tiny_llama(Path(scratch), smollm2)
         for dtype in args.dtypes:
-            measured = measure(model, dtype, args.prompts, args.tokens, 1 if args.quick else args.repeats, args.lora_rank)
+            measured = measure(model, dtype, args.prompts, args.tokens, 1 if args.quick else args.repeats, args.lora_rank,
+                               args.weight_updates)
             figures.update({f"{dtype}_{key}": value for key, value in measured.items()})
     figures["load_avg_1min_end"] = machine()["load_avg_1min"]
     report(figures, args)

@@ -355,6 +355,9 @@ class InferenceServer:
             self._slabs.close()
         if self._sync is not None:
             self._sync.close()
+        # The vLLM engine's process and its folder in /dev/shm: the kill that follows would take the process with
+        # this one (its own watch), but not always before its folder is removed.
+        await asyncio.to_thread(self.model.close)
 
 
 @ray.remote

@@ -79,6 +79,10 @@ class ActorCritic(torch.nn.Module):
             p.requires_grad_(False)
         return self
 
+    def close(self) -> None:
+        """Release what the policy started outside its module (a causal LM's vLLM engine process and its weights'
+        folder in shared memory); nothing for most policies. The inference actor calls it at shut-down."""
+
     # LoRA with adapter-only sync (``lora_sync: adapters``): the inference copy holds the same frozen base
     # and adapters, and only the trained tensors travel. Set on both sides by trainer_setup.training_model.
     sync_adapters_only = False

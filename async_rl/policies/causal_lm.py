@@ -271,6 +271,9 @@ class CausalLMActorCritic(ActorCritic):
             self._vllm.close()
             self._vllm = None
 
+    def close(self) -> None:
+        self.close_engine()
+
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = trim_left_padding(ids, mask)
         recorder = SampledLogProbs()
