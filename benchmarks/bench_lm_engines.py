@@ -78,8 +78,10 @@ def gap_after_updates(policy: Any, obs: Any, sampled: Any, updates: int) -> floa
     adapters (or, without LoRA, every weight) moved in place, as the inference actor's weight sync moves them."""
     import torch
 
+    from async_rl.policies.lora import is_lora_name
+
     generator = torch.Generator().manual_seed(2)
-    moved = [p for n, p in policy.named_parameters() if "lora_" in n] or list(policy.parameters())
+    moved = [p for n, p in policy.named_parameters() if is_lora_name(n)] or list(policy.parameters())
     worst = 0.0
     for _ in range(updates):
         for param in moved:

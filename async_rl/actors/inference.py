@@ -355,8 +355,8 @@ class InferenceServer:
             self._slabs.close()
         if self._sync is not None:
             self._sync.close()
-        # The vLLM engine's process and its folder in /dev/shm: the kill that follows would take the process with
-        # this one (its own watch), but not always before its folder is removed.
+        # The vLLM engine's process and its weights' folder in /dev/shm: runs that left them to the kill that
+        # follows (the engine watches its parent) left the folder behind.
         await asyncio.to_thread(self.model.close)
 
 

@@ -37,6 +37,7 @@ ENGINE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3
 START_TIMEOUT_S = 900.0  # first start on a busy 2-core machine: imports, weights, torch.compile (~40-140 s measured)
 CALL_TIMEOUT_S = 900.0  # one batch of generation
 SHARED_MEMORY = Path("/dev/shm")  # the weights' files: memory, not disk, where the system has it
+WEIGHTS_FOLDER_PREFIX = "vllm-weights-"  # one folder per engine, under SHARED_MEMORY
 
 
 def engine_unsupported_reason(lm: torch.nn.Module) -> Optional[str]:
@@ -74,7 +75,7 @@ class VLLMGeneration:
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             next(self.lm.parameters()).dtype]
         # The weights' files: the engine's process removes the folder when it ends, as it may outlive this object.
-        self._folder = Path(tempfile.mkdtemp(prefix="vllm-weights-", dir=SHARED_MEMORY if SHARED_MEMORY.is_dir() else None))
+        self._folder = Path(tempfile.mkdtemp(prefix=WEIGHTS_FOLDER_PREFIX, dir=SHARED_MEMORY if SHARED_MEMORY.is_dir() else None))
         self.client = VLLMEngineClient(
             dict(model=self.model_path, scratch=str(self._folder), dtype=dtype, seed=int(torch.initial_seed()) % 2**31,
                  max_model_len=policy.max_prompt_tokens + policy.max_new_tokens, max_num_seqs=256, enforce_eager=False),

@@ -28,7 +28,7 @@ from async_rl import checkpoint as ckpt
 from async_rl.config import load_config
 from async_rl.driver import run
 from async_rl.policies.lm_loading import default_gguf
-from async_rl.policies.lm_vllm import SHARED_MEMORY
+from async_rl.policies.lm_vllm import SHARED_MEMORY, WEIGHTS_FOLDER_PREFIX
 from async_rl.policies.vllm_client import vllm_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,12 +82,12 @@ def test_grpo_on_your_own_jsonl_with_math_and_a_reward_function(tmp_path, monkey
     cfg = load_config(rest, str(launch.CONFIG))
     assert cfg.env == "prompts" and cfg.env_kwargs["rewards"] == ["math", "e2e_user_rewards:brevity=0.5"]
     assert cfg.lora_sync == "adapters" and cfg.reference_logp_on == "sampler" and cfg.kl_ref_coef > 0
-    engine_folders = set(SHARED_MEMORY.glob("vllm-weights-*"))
+    engine_folders = set(SHARED_MEMORY.glob(f"{WEIGHTS_FOLDER_PREFIX}*"))
     summary = run(cfg, inspect=_inspect)
     seen = summary["inspect"]
     assert summary["epochs"] == 2 and summary["sync/policy_version"] == 2
     # The engine's weights' folder goes with the run (the inference actor's shut-down closes the engine).
-    assert not set(SHARED_MEMORY.glob("vllm-weights-*")) - engine_folders
+    assert not set(SHARED_MEMORY.glob(f"{WEIGHTS_FOLDER_PREFIX}*")) - engine_folders
 
     # Adapter-only sync: the inference copy holds exactly the trainer's adapters (and nothing else is sent).
     assert seen["trainer"].keys() == seen["inference"].keys()
