@@ -232,6 +232,7 @@ class InferenceServer:
         self._has_weights: Optional[asyncio.Event] = None  # set once the trainers' weights are staged
         self._weights_timeout_s = weights_timeout_s
         self._slabs: Optional[SlabServer] = None  # co-located workers' shared-memory slabs (actors/shared_slab.py)
+        self.model.prepare_sampling()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

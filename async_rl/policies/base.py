@@ -79,6 +79,11 @@ class ActorCritic(torch.nn.Module):
             p.requires_grad_(False)
         return self
 
+    def prepare_sampling(self) -> None:
+        """Start, without waiting, what sampling needs outside the module (a causal LM's vLLM engine), so that it
+        overlaps the run's start rather than delaying the first batch; nothing for most policies. The inference
+        actor calls it once it holds the policy."""
+
     def close(self) -> None:
         """Release what the policy started outside its module (a causal LM's vLLM engine process and its weights'
         folder in shared memory); nothing for most policies. The inference actor calls it at shut-down."""

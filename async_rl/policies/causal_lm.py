@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
@@ -184,6 +185,10 @@ class CausalLMActorCritic(ActorCritic):
         self.max_prompt_tokens, self.max_new_tokens, self.temperature = max_prompt_tokens, max_new_tokens, self.sampling.temperature
         self.generation_engine = generation_engine
         self._vllm: Optional[VLLMGeneration] = None
+        # The engine's start (prepare_sampling's thread, or the first batch) and the first batch take turns.
+        self._engine_lock = threading.Lock()
+        self._engine_error: Optional[VLLMEngineError] = None  # a start that failed under `vllm`, raised again
+        self._engine_starter: Optional[threading.Thread] = None
         self.min_new_tokens = min(min_new_tokens, max_new_tokens)
         tokenizer = load_tokenizer(model_path)
         self.pad_id = int(tokenizer.pad_token_id)
@@ -223,24 +228,40 @@ class CausalLMActorCritic(ActorCritic):
         return response, logp
 
     # ---- the vLLM engine (lm_vllm) -----------------------------------------------------------
+    def prepare_sampling(self) -> None:
+        """Start the vLLM engine now, in a thread, rather than on the first batch: its start (imports, weights;
+        ~25 s on these CPUs) then overlaps the trainers' and workers' own start. The first batch waits for it."""
+        if self.generation_engine != "hf" and self._vllm is None and self._engine_starter is None:
+            self._engine_starter = threading.Thread(target=self._start_engine, name="vllm-engine-start", daemon=True)
+            self._engine_starter.start()
+
+    def _start_engine(self) -> None:
+        try:
+            self._uses_vllm()
+        except VLLMEngineError as exc:  # `vllm` asked for and the engine did not start: the first batch says it
+            self._engine_error = exc
+
     def _uses_vllm(self) -> bool:
         """Whether this batch goes to vLLM; on the first batch under ``auto``, whether it can (said once)."""
-        if self.generation_engine == "hf" or self._vllm is not None:
-            return self.generation_engine != "hf"
-        reason = engine_unsupported_reason(self.lm)
-        if reason is None and self.generation_engine == "auto":
-            # Measured (benchmarks/results/lm_engines.md, lm_peers.md): on these CPUs vLLM with merged weights
-            # generates ~1.5x faster than generate at 1 thread, but it takes 0.5-3 minutes to start, and an
-            # arithmetic GRPO run's updates are bound by its trainer.
-            reason = AUTO_ON_CPU
-        if reason is None:
-            try:
-                self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
-                return True
-            except VLLMEngineError as exc:  # an engine that did not start
-                reason = str(exc)
-        self._engine_unavailable(reason)
-        return False
+        with self._engine_lock:
+            if self._engine_error is not None:
+                raise self._engine_error
+            if self.generation_engine == "hf" or self._vllm is not None:
+                return self.generation_engine != "hf"
+            reason = engine_unsupported_reason(self.lm)
+            if reason is None and self.generation_engine == "auto":
+                # Measured (benchmarks/results/lm_engines.md, lm_peers.md): on these CPUs vLLM with merged weights
+                # generates ~1.5x faster than generate at 1 thread, but an arithmetic GRPO run's updates are bound
+                # by its trainer.
+                reason = AUTO_ON_CPU
+            if reason is None:
+                try:
+                    self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
+                    return True
+                except VLLMEngineError as exc:  # an engine that did not start
+                    reason = str(exc)
+            self._engine_unavailable(reason)
+            return False
 
     def _engine_logp_gap(self, obs: TensorDict, response: torch.Tensor, logp: torch.Tensor, greedy: torch.Tensor) -> float:
         """The engine's first sampled log-probs against this policy's recomputation on the same tokens (what the
@@ -266,10 +287,12 @@ class CausalLMActorCritic(ActorCritic):
         self.generation_engine = "hf"
 
     def close_engine(self) -> None:
-        """Stop the vLLM engine's process, if one runs (it also ends by itself with this process)."""
-        if self._vllm is not None:
-            self._vllm.close()
-            self._vllm = None
+        """Stop the vLLM engine's process, if one runs (it also ends by itself with this process); one still
+        starting is waited for first."""
+        with self._engine_lock:
+            if self._vllm is not None:
+                self._vllm.close()
+                self._vllm = None
 
     def close(self) -> None:
         self.close_engine()

@@ -34,7 +34,7 @@ from async_rl.policies.vllm_client import VLLMEngineClient, vllm_unavailable_rea
 
 # Architectures whose vLLM CPU path this project has run (tests/policies/test_lm_vllm.py); `auto` takes hf for others.
 ENGINE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"})
-START_TIMEOUT_S = 900.0  # first start on a busy 2-core machine: imports, weights, torch.compile (~40-140 s measured)
+START_TIMEOUT_S = 900.0  # a start on a busy 2-core machine: imports, weights (~25 s idle, minutes under load)
 CALL_TIMEOUT_S = 900.0  # one batch of generation
 SHARED_MEMORY = Path("/dev/shm")  # the weights' files: memory, not disk, where the system has it
 WEIGHTS_FOLDER_PREFIX = "vllm-weights-"  # one folder per engine, under SHARED_MEMORY
@@ -63,7 +63,8 @@ def weight_group(name: str) -> str:
 
 
 class VLLMGeneration:
-    """One policy's engine: started on the first batch, fed the policy's merged weights as they change."""
+    """One policy's engine: started when built (the policy's ``prepare_sampling``, or its first batch), fed the
+    policy's merged weights as they change."""
 
     def __init__(self, policy: Any, threads: int = 1) -> None:
         self.policy, self.lm = policy, policy.lm
@@ -78,7 +79,10 @@ class VLLMGeneration:
         self._folder = Path(tempfile.mkdtemp(prefix=WEIGHTS_FOLDER_PREFIX, dir=SHARED_MEMORY if SHARED_MEMORY.is_dir() else None))
         self.client = VLLMEngineClient(
             dict(model=self.model_path, scratch=str(self._folder), dtype=dtype, seed=int(torch.initial_seed()) % 2**31,
-                 max_model_len=policy.max_prompt_tokens + policy.max_new_tokens, max_num_seqs=256, enforce_eager=False),
+                 max_model_len=policy.max_prompt_tokens + policy.max_new_tokens, max_num_seqs=256,
+                 # No torch.compile: on these CPUs it added ~100 s to every start (cached or not) for ~6 % faster
+                 # decoding (benchmarks/results/lm_engines.md, Start-up).
+                 enforce_eager=True),
             start_timeout_s=START_TIMEOUT_S, timeout_s=CALL_TIMEOUT_S, threads=threads)
 
     def _send_changed_weights(self) -> None:

@@ -1,7 +1,7 @@
 """The causal-LM policy generating with a real vLLM engine on CPU (``generation_engine: vllm``, policies/lm_vllm.py):
 a tiny random Llama saved as a Hugging Face folder, LoRA on its projections as an RL run's inference copy holds it.
 
-One engine for the module (its start-up is ~30-140 s on 2 busy cores); the tests that end it come last. Without
+One engine for the module (its start-up is ~25-60 s on 2 busy cores), started as the inference actor starts it; the tests that end it come last. Without
 ``.venv-vllm`` (scripts/setup_vllm.sh) the engine tests skip with that reason; the choice and its errors are
 tested either way.
 """
@@ -73,6 +73,9 @@ def policy(tiny_llama):
     if vllm_unavailable_reason() is not None:
         pytest.skip(vllm_unavailable_reason())
     policy = lora_policy(tiny_llama, "vllm")
+    policy.prepare_sampling()  # as the inference actor does: the engine starts before any batch asks for it
+    policy._engine_starter.join(timeout=900)
+    assert policy._vllm is not None and policy._vllm.client.alive
     yield policy
     policy.close_engine()
 
@@ -203,6 +206,11 @@ def test_without_vllm_installed_auto_generates_with_transformers_and_vllm_is_an_
     assert "scripts/setup_vllm.sh" in capsys.readouterr().err
     with pytest.raises(VLLMEngineError, match="vLLM is not installed in /nonexistent; run bash scripts/setup_vllm.sh"):
         act(lora_policy(tiny_llama, "vllm"), obs, [True])
+    started_early = lora_policy(tiny_llama, "vllm")
+    started_early.prepare_sampling()  # the start fails in its thread: the first batch raises it, every later one too
+    for _ in range(2):
+        with pytest.raises(VLLMEngineError, match="vLLM is not installed in /nonexistent"):
+            act(started_early, obs, [True])
 
 
 def test_vllm_asked_for_where_it_is_not_installed_is_one_config_error(monkeypatch):
