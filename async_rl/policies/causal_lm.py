@@ -185,8 +185,8 @@ class CausalLMActorCritic(ActorCritic):
         self.max_prompt_tokens, self.max_new_tokens, self.temperature = max_prompt_tokens, max_new_tokens, self.sampling.temperature
         self.generation_engine = generation_engine
         self._vllm: Optional[VLLMGeneration] = None
-        # The engine's start (prepare_sampling's thread, or the first batch) and the first batch take turns.
-        self._engine_lock = threading.Lock()
+        # The engine's start in prepare_sampling's thread, which the first batch joins (no lock kept: a policy that
+        # started nothing stays copyable, as tests and the reference's set-up copy it).
         self._engine_error: Optional[VLLMEngineError] = None  # a start that failed under `vllm`, raised again
         self._engine_starter: Optional[threading.Thread] = None
         self.min_new_tokens = min(min_new_tokens, max_new_tokens)
@@ -243,25 +243,31 @@ class CausalLMActorCritic(ActorCritic):
 
     def _uses_vllm(self) -> bool:
         """Whether this batch goes to vLLM; on the first batch under ``auto``, whether it can (said once)."""
-        with self._engine_lock:
-            if self._engine_error is not None:
-                raise self._engine_error
-            if self.generation_engine == "hf" or self._vllm is not None:
-                return self.generation_engine != "hf"
-            reason = engine_unsupported_reason(self.lm)
-            if reason is None and self.generation_engine == "auto":
-                # Measured (benchmarks/results/lm_engines.md, lm_peers.md): on these CPUs vLLM with merged weights
-                # generates ~1.5x faster than generate at 1 thread, but an arithmetic GRPO run's updates are bound
-                # by its trainer.
-                reason = AUTO_ON_CPU
-            if reason is None:
-                try:
-                    self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
-                    return True
-                except VLLMEngineError as exc:  # an engine that did not start
-                    reason = str(exc)
-            self._engine_unavailable(reason)
-            return False
+        self._await_engine_start()
+        if self._engine_error is not None:
+            raise self._engine_error
+        if self.generation_engine == "hf" or self._vllm is not None:
+            return self.generation_engine != "hf"
+        reason = engine_unsupported_reason(self.lm)
+        if reason is None and self.generation_engine == "auto":
+            # Measured (benchmarks/results/lm_engines.md, lm_peers.md): on these CPUs vLLM with merged weights
+            # generates ~1.5x faster than generate at 1 thread, but an arithmetic GRPO run's updates are bound
+            # by its trainer.
+            reason = AUTO_ON_CPU
+        if reason is None:
+            try:
+                self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
+                return True
+            except VLLMEngineError as exc:  # an engine that did not start
+                reason = str(exc)
+        self._engine_unavailable(reason)
+        return False
+
+    def _await_engine_start(self) -> None:
+        """Wait for prepare_sampling's start, unless this is its thread."""
+        starter = self._engine_starter
+        if starter is not None and starter is not threading.current_thread():
+            starter.join()
 
     def _engine_logp_gap(self, obs: TensorDict, response: torch.Tensor, logp: torch.Tensor, greedy: torch.Tensor) -> float:
         """The engine's first sampled log-probs against this policy's recomputation on the same tokens (what the
@@ -289,10 +295,10 @@ class CausalLMActorCritic(ActorCritic):
     def close_engine(self) -> None:
         """Stop the vLLM engine's process, if one runs (it also ends by itself with this process); one still
         starting is waited for first."""
-        with self._engine_lock:
-            if self._vllm is not None:
-                self._vllm.close()
-                self._vllm = None
+        self._await_engine_start()
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
 
     def close(self) -> None:
         self.close_engine()
