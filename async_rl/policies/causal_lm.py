@@ -54,7 +54,7 @@ from async_rl.policies.lm_sampling import (
     zero_dropout_config,
     zero_dropout_modules,
 )
-from async_rl.policies.lm_vllm import VLLMGeneration, engine_unsupported_reason
+from async_rl.policies.lm_vllm import START_TIMEOUT_S, VLLMGeneration, engine_unsupported_reason
 from async_rl.policies.vllm_client import VLLMEngineError
 
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
@@ -186,7 +186,7 @@ class CausalLMActorCritic(ActorCritic):
         self.generation_engine = generation_engine
         self._vllm: Optional[VLLMGeneration] = None
         # The engine's start in prepare_sampling's thread, which the first batch joins (no lock kept: a policy that
-        # started nothing stays copyable, as tests and the reference's set-up copy it).
+        # started nothing stays copyable with copy.deepcopy).
         self._engine_error: Optional[VLLMEngineError] = None  # a start that failed under `vllm`, raised again
         self._engine_starter: Optional[threading.Thread] = None
         self.min_new_tokens = min(min_new_tokens, max_new_tokens)
@@ -267,7 +267,10 @@ class CausalLMActorCritic(ActorCritic):
         """Wait for prepare_sampling's start, unless this is its thread."""
         starter = self._engine_starter
         if starter is not None and starter is not threading.current_thread():
-            starter.join()
+            # The start's own calls time out (START_TIMEOUT_S); the margin covers the interpreter and imports.
+            starter.join(timeout=START_TIMEOUT_S + 60)
+            if starter.is_alive():
+                raise VLLMEngineError(f"the vLLM engine's start did not end within {START_TIMEOUT_S + 60:g} s")
 
     def _engine_logp_gap(self, obs: TensorDict, response: torch.Tensor, logp: torch.Tensor, greedy: torch.Tensor) -> float:
         """The engine's first sampled log-probs against this policy's recomputation on the same tokens (what the
