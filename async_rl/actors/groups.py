@@ -336,3 +336,16 @@ def group_minibatch_order(group_ids: torch.Tensor, members: torch.Tensor,
             turn[mine] = torch.arange(int(mine.sum()))
         order.append(rows[torch.argsort(turn * width + members[rows])])
     return torch.cat(order)
+
+
+def group_contiguous_order(group_ids: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """A random order of a batch's rows that keeps each group's rows together (groups in random order, rows in
+    random order within each). Minibatches cut from it hold as few groups, hence as few distinct prompts, as their
+    size allows: the causal LM's training forward computes each distinct prompt once (``lm_shared_prompt``)."""
+    group_ids = group_ids.cpu()
+    groups = group_ids.unique()
+    order = []
+    for g in torch.randperm(len(groups), generator=generator).tolist():
+        rows = (group_ids == groups[g]).nonzero().squeeze(-1)
+        order.append(rows[torch.randperm(len(rows), generator=generator)])
+    return torch.cat(order)

@@ -20,7 +20,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from async_rl.actors.groups import group_minibatch_order
+from async_rl.actors.groups import group_contiguous_order, group_minibatch_order
 from async_rl.actors.step_health import StepHealth, gradients_replaced
 from async_rl.actors.trainer_checkpoints import TrainerCheckpoints
 from async_rl.actors.trainer_intake import SuperBatchIntake
@@ -159,9 +159,13 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
 
     def _minibatch_order(self, batch: TensorDict) -> torch.Tensor:
         """Rows in random order; for a loss comparing a group's members whole groups stay together, members
-        taking turns (a minibatch of a multiple of group_size rows then holds every member of its groups)."""
+        taking turns (a minibatch of a multiple of group_size rows then holds every member of its groups); for a
+        policy that shares its prompts' forward (``share_prompts``), each group's rows stay together."""
         if self.whole_groups and "group_member" in batch.keys():
             return group_minibatch_order(batch["group_id"], batch["group_member"]).to(self.device)
+        if getattr(self.engine.module, "share_prompts", False) and "group_id" in batch.keys():
+            # A causal LM computes each distinct prompt of a minibatch once: a group's rows kept together.
+            return group_contiguous_order(batch["group_id"]).to(self.device)
         return torch.randperm(batch.batch_size[0], device=self.device)
 
     def _loss_and_step(self, inputs: LossInputs, critic_only: bool = False) -> dict[str, float]:

@@ -54,6 +54,7 @@ from async_rl.policies.lm_sampling import (
     zero_dropout_config,
     zero_dropout_modules,
 )
+from async_rl.policies.lm_shared_prompt import shared_prompt_hidden
 from async_rl.policies.lm_vllm import START_TIMEOUT_S, VLLMGeneration, engine_unsupported_reason
 from async_rl.policies.vllm_client import VLLMEngineError
 
@@ -157,7 +158,7 @@ class CausalLMActorCritic(ActorCritic):
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  min_p: float = 0.0, system_prompt: Optional[str] = None, min_new_tokens: int = 0,
                  gradient_checkpointing: bool = False, disable_dropout: bool = True,
-                 generation_engine: str = "auto") -> None:
+                 generation_engine: str = "auto", share_prompt_forward: bool = True) -> None:
         """``temperature``, ``top_k`` (0: off), ``top_p`` (1: off), ``min_p`` (0: off): the sampling
         distribution (``lm_sampling``; nothing else of the model's generation config applies).
         ``min_new_tokens``: eos is suppressed before that many tokens (0: a response may end at once;
@@ -169,7 +170,9 @@ class CausalLMActorCritic(ActorCritic):
         ``disable_dropout``: every dropout probability of the model is 0 (its config's and its
         ``nn.Dropout`` modules'), so a trainer in train mode computes what the sampler computes.
         ``generation_engine``: ``vllm`` generates in vLLM's engine (``lm_vllm``), ``hf`` with ``generate``, ``auto``
-        with ``generate`` for now (``AUTO_ON_CPU``: the installed vLLM is its CPU build), said on the first batch."""
+        with ``generate`` for now (``AUTO_ON_CPU``: the installed vLLM is its CPU build), said on the first batch.
+        ``share_prompt_forward``: ``evaluate`` runs the decoder once per distinct prompt of a batch and the responses
+        against its cache (``lm_shared_prompt``; the same log-probs and gradients, less work for groups)."""
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -184,6 +187,7 @@ class CausalLMActorCritic(ActorCritic):
         self.sampling = SamplingParams(float(temperature), int(top_k), float(top_p), float(min_p))
         self.max_prompt_tokens, self.max_new_tokens, self.temperature = max_prompt_tokens, max_new_tokens, self.sampling.temperature
         self.generation_engine = generation_engine
+        self.share_prompts = share_prompt_forward
         self._vllm: Optional[VLLMGeneration] = None
         # The engine's start in prepare_sampling's thread, which the first batch joins (no lock kept: a policy that
         # started nothing stays copyable with copy.deepcopy).
@@ -364,15 +368,19 @@ class CausalLMActorCritic(ActorCritic):
         used_columns = self.action_mask(action).any(dim=0).nonzero()
         response = action[:, :int(used_columns[-1]) + 1 if len(used_columns) else 1].long()
         real = self.action_mask(response)
-        tokens = torch.cat([ids, response.masked_fill(~real, self.pad_id)], dim=1)
-        mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)
-        hidden = self._hidden(tokens, mask)
-        width = ids.shape[1]
+        targets = response.masked_fill(~real, self.pad_id)
+        shared = shared_prompt_hidden(self.lm, ids, prompt_mask, targets, real) if self.share_prompts else None
+        if shared is not None:  # each distinct prompt's forward once (lm_shared_prompt)
+            prompt_last, response_hidden = shared
+        else:
+            hidden = self._hidden(torch.cat([ids, targets], dim=1),
+                                  torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1))
+            prompt_last, response_hidden = hidden[:, ids.shape[1] - 1], hidden[:, ids.shape[1]:]
         # The logits at position t predict token t + 1: the response's come from the last prompt
         # position up to the one before the last response slot.
-        logp, entropy = self._token_stats(hidden[:, width - 1:-1], tokens[:, width:])
+        logp, entropy = self._token_stats(torch.cat([prompt_last.unsqueeze(1), response_hidden[:, :-1]], dim=1), targets)
         zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-        value = self.value_head(hidden[:, width - 1]).squeeze(-1)
+        value = self.value_head(prompt_last).squeeze(-1)
         restore = (0, full_width - response.shape[1])
         return (torch.nn.functional.pad(torch.where(real, logp, zero), restore),
                 torch.nn.functional.pad(torch.where(real, entropy, zero), restore), value)

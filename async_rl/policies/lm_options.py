@@ -38,6 +38,10 @@ class CausalLMOptions(ConfigSection):
     """what generates responses: vllm (its own process, fed the policy's merged weights as they change), hf
     (transformers' generate); auto = hf for now: the installed vLLM is its CPU build, whose start-up outweighs its
     speed on these CPUs (benchmarks/results/lm_engines.md)"""
+    share_prompt_forward: bool = True
+    """training's forward runs once per distinct prompt of a minibatch, its responses against that prompt's KV cache
+    (Prefix Grouper: the same log-probs and gradients, with less work when a minibatch holds a group's members);
+    false: one forward per row over prompt + response"""
 
     @pydantic.model_validator(mode="after")
     def _lengths_ordered(self) -> "CausalLMOptions":

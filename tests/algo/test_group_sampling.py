@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from async_rl.actors.groups import group_minibatch_order, stratified_group_slots
+from async_rl.actors.groups import group_contiguous_order, group_minibatch_order, stratified_group_slots
 from async_rl.actors.replay_buffer import ReplayStorage
 
 
@@ -101,3 +101,19 @@ def test_only_a_loss_comparing_group_members_draws_whole_groups():
     assert draws_whole_groups(resolve_clip_mode("pacs"), 4)
     assert not draws_whole_groups(resolve_clip_mode("pacs"), 1)  # no groups
     assert not any(draws_whole_groups(resolve_clip_mode(mode), 4) for mode in ("clip", "soft_clip", "cispo"))
+
+
+def test_a_prompt_sharing_policys_minibatches_hold_as_few_groups_as_their_size_allows():
+    """``group_contiguous_order`` (the trainer's order for a causal LM that computes each distinct prompt once): a
+    permutation of the rows in which every group's rows are together, so minibatches of 16 cut from 4 interleaved
+    groups of 8 hold 2 groups each; groups and rows come in a random order."""
+    g = torch.Generator().manual_seed(0)
+    group_ids = torch.tensor([7, 3, 9, 5] * 8)  # rows of a batch interleaved, as a random draw leaves them
+    orders = [group_contiguous_order(group_ids, g) for _ in range(10)]
+    for order in orders:
+        assert sorted(order.tolist()) == list(range(32))
+        for start in (0, 16):
+            assert group_ids[order[start:start + 16]].unique().numel() == 2
+        assert all(group_ids[order[i:i + 8]].unique().numel() == 1 for i in range(0, 32, 8))
+    assert len({tuple(o.tolist()) for o in orders}) == 10
+    assert len({tuple(group_ids[o[::8]].tolist()) for o in orders}) > 1  # the groups' order varies

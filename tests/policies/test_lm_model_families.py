@@ -209,3 +209,48 @@ def test_real_tokens_log_probs_are_those_of_the_2d_mask(family_policy, monkeypat
     torch.testing.assert_close(sampled_now["logp"], sampled_before["logp"], rtol=0, atol=5e-6, msg=family)
     for got, want in zip(now, (torch.cat(parts) for parts in zip(*alone))):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=family)
+
+
+# ---- one forward per distinct prompt (policies/lm_shared_prompt.py) ---------------------------------------------
+def test_a_shared_prompt_forward_gives_the_log_probs_values_and_gradients_of_one_forward_per_row(family_policy,
+                                                                                              monkeypatch):
+    """A minibatch of GRPO groups (each prompt 3 times, mixed prompt and response lengths, rows interleaved), under
+    LoRA: the forward that computes each distinct prompt once gives the log-probs, entropies and values of the
+    forward per row (fp32 noise) and the same adapter gradients; a family it cannot serve (Gemma-2's sliding
+    layers) takes the forward per row."""
+    import async_rl.policies.causal_lm as causal_lm
+    from async_rl.policies.lm_shared_prompt import sharing_unsupported_reason
+    from async_rl.policies.lora import apply_lora
+
+    family, base, obs = family_policy
+    policy = apply_lora(copy.deepcopy(base), rank=2, alpha=4.0, target_modules=["q_proj", "v_proj"]).train()
+    with torch.no_grad():  # adapters away from zero, so that their gradients and outputs mean something
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    rows = torch.tensor([0, 1, 2, 3] * 3)
+    grouped = obs[rows]
+    torch.manual_seed(4)
+    response = torch.randint(3, VOCAB - 1, (len(rows), 12))
+    for i, end in enumerate([5, 12, 9, 2, 12, 7, 1, 11, 12, 3, 8, 10]):
+        response[i, end:] = -1
+    shared_calls = []
+    shared = causal_lm.shared_prompt_hidden
+    monkeypatch.setattr(causal_lm, "shared_prompt_hidden", lambda *a: (shared_calls.append(out := shared(*a)), out)[1])
+
+    def stats(share):
+        policy.share_prompts = share
+        policy.zero_grad()
+        logp, entropy, value = policy.evaluate(grouped, response)
+        (logp.sum() + 0.1 * entropy.sum() + value.sum()).backward()
+        grads = torch.cat([p.grad.flatten() for n, p in policy.named_parameters() if "lora_" in n])
+        return logp.detach(), entropy.detach(), value.detach(), grads
+
+    per_row, once = stats(False), stats(True)
+    serves = sharing_unsupported_reason(policy.lm) is None
+    assert serves == (family != "gemma2_softcap"), (family, sharing_unsupported_reason(policy.lm))
+    assert len(shared_calls) == 1 and (shared_calls[0] is not None) == serves, family
+    for got, want in zip(once[:3], per_row[:3]):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5, msg=family)
+    assert bool((once[0][response < 0] == 0).all())
+    assert per_row[3].norm() > 0 and (once[3] - per_row[3]).norm() <= 1e-5 * per_row[3].norm(), family
