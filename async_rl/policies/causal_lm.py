@@ -144,8 +144,8 @@ def _DecoderOutput(inputs_embeds: torch.Tensor, **_: Any) -> Any:  # stands in f
 
 
 ENGINE_LOGP_GAP = 1e-3  # the log-prob gap between generation and training that a run is told of (fp32 measured 5e-5)
-AUTO_ON_CPU = ("on CPU, auto takes transformers' generate (runs here are mostly bound by their trainer, and held-out "
-               "figures do not yet favour vLLM: benchmarks/results/lm_peers.md); --policy.generation-engine vllm asks for it")
+AUTO_ON_CPU = ("on CPU, auto takes transformers' generate until held-out figures over several seeds favour vLLM "
+               "(benchmarks/results/lm_peers.md); --policy.generation-engine vllm asks for it")
 
 
 class CausalLMActorCritic(ActorCritic):
