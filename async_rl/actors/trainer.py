@@ -163,8 +163,7 @@ class TrainerRank(TrainerSetup, SuperBatchIntake, WeightPublisher, TrainerCheckp
         policy that shares its prompts' forward (``share_prompts``), each group's rows stay together."""
         if self.whole_groups and "group_member" in batch.keys():
             return group_minibatch_order(batch["group_id"], batch["group_member"]).to(self.device)
-        if getattr(self.engine.module, "share_prompts", False) and "group_id" in batch.keys():
-            # A causal LM computes each distinct prompt of a minibatch once: a group's rows kept together.
+        if self.engine.module.share_prompts and "group_id" in batch.keys():
             return group_contiguous_order(batch["group_id"]).to(self.device)
         return torch.randperm(batch.batch_size[0], device=self.device)
 

@@ -37,6 +37,9 @@ class ActorCritic(torch.nn.Module):
     # The attribute holding a Hugging Face model that LoRA adapts (``lm``, ``backbone``), or "" for none: a
     # checkpoint's adapter/ folder is written relative to it, so PeftModel.from_pretrained(that model) loads it.
     hf_model_attr: str = ""
+    # Whether ``evaluate`` computes each distinct observation prefix once (the causal LM's prompts): the trainer then
+    # keeps a group's rows in one minibatch (``actors/groups.py`` ``group_contiguous_order``).
+    share_prompts: bool = False
 
     def act(self, obs: TensorDict, deterministic: bool | torch.Tensor = False) -> TensorDict:
         """Sample (or, where ``deterministic`` [B] is true, take the mode of) actions for a batch."""

@@ -254,9 +254,8 @@ class CausalLMActorCritic(ActorCritic):
             return self.generation_engine != "hf"
         reason = engine_unsupported_reason(self.lm)
         if reason is None and self.generation_engine == "auto":
-            # Measured (benchmarks/results/lm_engines.md, lm_peers.md): on these CPUs vLLM with merged weights
-            # generates ~1.5x faster than generate at 1 thread, but an arithmetic GRPO run's updates are bound
-            # by its trainer.
+            # Measured (benchmarks/results/lm_peers.md): vLLM's runs make more updates in the same minutes, but
+            # held-out accuracy over several seeds does not yet say it learns as well.
             reason = AUTO_ON_CPU
         if reason is None:
             try:

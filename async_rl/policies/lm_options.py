@@ -36,8 +36,8 @@ class CausalLMOptions(ConfigSection):
     """every dropout of the model off, so that the trainer computes what the sampler computed"""
     generation_engine: Literal["auto", "vllm", "hf"] = "auto"
     """what generates responses: vllm (its own process, fed the policy's merged weights as they change), hf
-    (transformers' generate); auto = hf for now: the installed vLLM is its CPU build, whose start-up outweighs its
-    speed on these CPUs (benchmarks/results/lm_engines.md)"""
+    (transformers' generate); auto = hf on CPU until held-out figures over several seeds favour vLLM
+    (benchmarks/results/lm_peers.md)"""
     share_prompt_forward: bool = True
     """training's forward runs once per distinct prompt of a minibatch, its responses against that prompt's KV cache
     (Prefix Grouper: the same log-probs and gradients, with less work when a minibatch holds a group's members);

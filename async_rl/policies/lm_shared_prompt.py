@@ -44,9 +44,11 @@ def shared_prompt_hidden(lm: Any, prompt_ids: torch.Tensor, prompt_mask: torch.T
     ids where ``response_real`` is False), computed once per distinct prompt: ``(prompt_last, response_hidden)``,
     the last prompt position's output ``[B, H]`` and the response positions' ``[B, R, H]``. None when ``lm`` cannot
     share (``sharing_unsupported_reason``) or every prompt is distinct (nothing to share)."""
+    if sharing_unsupported_reason(lm) is not None:
+        return None
     rows_key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
     distinct, row_of = torch.unique(rows_key, dim=0, return_inverse=True)
-    if len(distinct) == len(rows_key) or sharing_unsupported_reason(lm) is not None:
+    if len(distinct) == len(rows_key):
         return None
     from transformers import DynamicCache
 
