@@ -206,9 +206,11 @@ def run_ours(seed: int, minutes: float, sync: bool, root: Path, problems: Path, 
     generated = last(log_dir, "rollout/total_env_steps", 0.0)
     # between the first and the last log point: an --updates run ends long before its --minutes cap
     generated_per_sec = rate(scalars(log_dir, "rollout/total_env_steps"))
-    # mean real tokens of the responses the final checkpoint's buffer holds (bench_lm measures it for its memory figure)
-    tokens = stored_over_real(Path(run.summary["checkpoint"]))["response_tokens_mean"] if run.summary.get("checkpoint") \
-        else float("nan")
+    # mean real tokens of the run's completions (the mean over its log intervals, as TRL's figure is its run's
+    # mean); the final buffer's responses only where the run logged none
+    tokens = mean_of(log_dir, "rollout/completion_tokens")
+    if tokens != tokens and run.summary.get("checkpoint"):
+        tokens = stored_over_real(Path(run.summary["checkpoint"]))["response_tokens_mean"]
     out = {"completions_per_sec": trained_rate(updates), "updates": len(updates),
            "completions_generated": generated, "completions_trained": len(updates) * PER_UPDATE,
            "evicted": last(log_dir, "replay/evicted", 0.0), "evicted_untrained": last(log_dir, "replay/evicted_untrained", 0.0),
