@@ -56,7 +56,7 @@ from async_rl.policies.lm_sampling import (
 )
 from async_rl.policies.lm_shared_prompt import shared_prompt_hidden
 from async_rl.policies.lm_vllm import START_TIMEOUT_S, VLLMGeneration, engine_unsupported_reason
-from async_rl.policies.vllm_client import VLLMEngineError
+from async_rl.policies.vllm_client import VLLMEngineError, engine_failure
 
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
 
@@ -242,8 +242,8 @@ class CausalLMActorCritic(ActorCritic):
     def _start_engine(self) -> None:
         try:
             self._uses_vllm()
-        except VLLMEngineError as exc:  # `vllm` asked for and the engine did not start: the first batch says it
-            self._engine_error = exc
+        except Exception as exc:  # noqa: BLE001 (`vllm` asked for and the engine did not start, any cause: the first batch says it)
+            self._engine_error = exc if isinstance(exc, VLLMEngineError) else VLLMEngineError(engine_failure(exc))
 
     def _uses_vllm(self) -> bool:
         """Whether this batch goes to vLLM; on the first batch under ``auto``, whether it can (said once)."""
@@ -261,8 +261,8 @@ class CausalLMActorCritic(ActorCritic):
             try:
                 self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
                 return True
-            except VLLMEngineError as exc:  # an engine that did not start
-                reason = str(exc)
+            except Exception as exc:  # noqa: BLE001 (an engine that did not start, any cause: auto falls back, vllm says it)
+                reason = str(exc) if isinstance(exc, VLLMEngineError) else engine_failure(exc)
         self._engine_unavailable(reason)
         return False
 

@@ -31,6 +31,11 @@ class VLLMEngineError(RuntimeError):
     """The vLLM engine process died, timed out or answered with an error."""
 
 
+def engine_failure(exc: BaseException) -> str:
+    """An unforeseen error of the engine's start (a full disk, a broken install) as the reason it names."""
+    return f"the vLLM engine did not start: {type(exc).__name__}: {exc}"
+
+
 def vllm_site() -> Path:
     """Where the engine's packages are (``ASYNC_RL_VLLM_SITE`` overrides it; a test points it at nothing)."""
     return Path(os.environ.get("ASYNC_RL_VLLM_SITE", ROOT / ".venv-vllm" / "site-packages"))

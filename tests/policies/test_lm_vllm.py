@@ -215,6 +215,30 @@ def test_without_vllm_installed_auto_generates_with_transformers_and_vllm_is_an_
             act(started_early, obs, [True])
 
 
+def test_an_unforeseen_start_failure_is_the_named_engine_error_and_auto_falls_back(tiny_llama, monkeypatch, capsys):
+    """Not only the engine's own errors: an OSError from its start (a full /dev/shm, say) is kept by the start's
+    thread and raised by the first batch as a VLLMEngineError naming it, and ``auto`` generates with transformers."""
+    import async_rl.policies.causal_lm as causal_lm
+
+    def full_disk(*_, **__):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(causal_lm, "VLLMGeneration", full_disk)
+    monkeypatch.setattr(causal_lm, "engine_unsupported_reason", lambda lm: None)  # supported, installed or not
+    obs = batch(tiny_llama, PROMPTS[:1])
+    started_early = lora_policy(tiny_llama, "vllm")
+    started_early.prepare_sampling()
+    started_early._engine_starter.join(timeout=120)
+    named = r"the vLLM engine did not start: OSError: \[Errno 28\] No space left on device"
+    with pytest.raises(VLLMEngineError, match=named):
+        act(started_early, obs, [True])
+    monkeypatch.setattr(causal_lm, "AUTO_ON_CPU", None)  # auto as on a GPU: it tries the engine
+    auto = lora_policy(tiny_llama, "auto")
+    assert act(auto, obs, [True])["response"].shape == (1, NEW_TOKENS) and auto.generation_engine == "hf"
+    err = capsys.readouterr().err
+    assert "OSError: [Errno 28] No space left on device" in err and "Exception in thread" not in err
+
+
 def test_vllm_asked_for_where_it_is_not_installed_is_one_config_error(monkeypatch):
     monkeypatch.setenv("ASYNC_RL_VLLM_SITE", "/nonexistent")
     with pytest.raises(ConfigError, match="not installed in /nonexistent; run bash scripts/setup_vllm.sh"):
