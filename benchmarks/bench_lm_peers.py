@@ -20,6 +20,7 @@ one line, before anything starts, where no CUDA GPU is visible.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -209,7 +210,7 @@ def run_ours(seed: int, minutes: float, sync: bool, root: Path, problems: Path, 
     # mean real tokens of the run's completions (the mean over its log intervals, as TRL's figure is its run's
     # mean); the final buffer's responses only where the run logged none
     tokens = mean_of(log_dir, "rollout/completion_tokens")
-    if tokens != tokens and run.summary.get("checkpoint"):
+    if math.isnan(tokens) and run.summary.get("checkpoint"):
         tokens = stored_over_real(Path(run.summary["checkpoint"]))["response_tokens_mean"]
     out = {"completions_per_sec": trained_rate(updates), "updates": len(updates),
            "completions_generated": generated, "completions_trained": len(updates) * PER_UPDATE,

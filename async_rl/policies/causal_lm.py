@@ -56,7 +56,7 @@ from async_rl.policies.lm_sampling import (
 )
 from async_rl.policies.lm_shared_prompt import shared_prompt_hidden
 from async_rl.policies.lm_vllm import START_TIMEOUT_S, VLLMGeneration, engine_unsupported_reason
-from async_rl.policies.vllm_client import VLLMEngineError, engine_failure
+from async_rl.policies.vllm_client import VLLMEngineError, as_engine_error
 
 TOKEN_CHUNK = 32  # response positions whose vocabulary logits exist at once in training
 
@@ -243,7 +243,7 @@ class CausalLMActorCritic(ActorCritic):
         try:
             self._uses_vllm()
         except Exception as exc:  # noqa: BLE001 (`vllm` asked for and the engine did not start, any cause: the first batch says it)
-            self._engine_error = exc if isinstance(exc, VLLMEngineError) else VLLMEngineError(engine_failure(exc))
+            self._engine_error = as_engine_error(exc)
 
     def _uses_vllm(self) -> bool:
         """Whether this batch goes to vLLM; on the first batch under ``auto``, whether it can (said once)."""
@@ -254,15 +254,15 @@ class CausalLMActorCritic(ActorCritic):
             return self.generation_engine != "hf"
         reason = engine_unsupported_reason(self.lm)
         if reason is None and self.generation_engine == "auto":
-            # Measured (benchmarks/results/lm_peers.md): vLLM's runs make more updates in the same minutes, but
-            # held-out accuracy over several seeds does not yet say it learns as well.
+            # Measured (benchmarks/results/lm_peers.md): vLLM's runs make more updates in the same minutes; their
+            # held-out accuracy was higher on the two seeds run so far, too few yet to change the default.
             reason = AUTO_ON_CPU
         if reason is None:
             try:
                 self._vllm = VLLMGeneration(self, threads=torch.get_num_threads())
                 return True
             except Exception as exc:  # noqa: BLE001 (an engine that did not start, any cause: auto falls back, vllm says it)
-                reason = str(exc) if isinstance(exc, VLLMEngineError) else engine_failure(exc)
+                reason = str(as_engine_error(exc))
         self._engine_unavailable(reason)
         return False
 

@@ -31,9 +31,12 @@ class VLLMEngineError(RuntimeError):
     """The vLLM engine process died, timed out or answered with an error."""
 
 
-def engine_failure(exc: BaseException) -> str:
-    """An unforeseen error of the engine's start (a full disk, a broken install) as the reason it names."""
-    return f"the vLLM engine did not start: {type(exc).__name__}: {exc}"
+def as_engine_error(exc: Exception) -> VLLMEngineError:
+    """An error of the engine's start as a VLLMEngineError: its own as it is, an unforeseen one (a full disk, a broken
+    install) named with its type."""
+    if isinstance(exc, VLLMEngineError):
+        return exc
+    return VLLMEngineError(f"the vLLM engine did not start: {type(exc).__name__}: {exc}")
 
 
 def vllm_site() -> Path:
